@@ -1,0 +1,56 @@
+"""hostless: peer-to-peer fences, timelines, buffers and queues for heterogeneous machines.
+
+The host sets a pipeline up once; CPU processes, GPUs, an NPU and firmware-like
+programs then synchronize through one shared-memory domain::
+
+    import hostless as hl
+
+    with hl.Domain.create("demo") as dom:
+        f = dom.fence()
+        ...            # hand f.handle to another process: dom.import_fence(handle)
+        f.signal()
+"""
+
+from __future__ import annotations
+
+import os
+
+from .domain import Domain, Participant, parse_size
+from .errors import (
+    AlreadySignaled,
+    CorruptDomain,
+    DomainClosed,
+    DomainFull,
+    HostlessError,
+    InvalidHandle,
+    InvalidOperation,
+    OutOfMemory,
+)
+from .fence import Fence
+from .status import Status
+from .timeline import Timeline
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Domain",
+    "Participant",
+    "Fence",
+    "Timeline",
+    "Status",
+    "HostlessError",
+    "CorruptDomain",
+    "DomainFull",
+    "DomainClosed",
+    "InvalidHandle",
+    "AlreadySignaled",
+    "InvalidOperation",
+    "OutOfMemory",
+    "parse_size",
+    "abi_header_path",
+]
+
+
+def abi_header_path() -> str:
+    """Path of ``hostless.h``, the ABI header (for C programs and NVRTC)."""
+    return os.path.join(os.path.dirname(__file__), "hostless.h")

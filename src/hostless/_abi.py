@@ -1,0 +1,85 @@
+"""The ABI as Python sees it: constants and NumPy record types built from the
+offsets that the C extension computed from ``hostless.h`` (the single source
+of truth).  Nothing here hard-codes a field offset."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _core as C
+
+__all__ = ["C", "HEADER_DTYPE", "PARTICIPANT_DTYPE", "FENCE_DTYPE", "owner_code", "split_participant_id"]
+
+
+def _dtype(fields: list[tuple[str, int, str]], size: int) -> np.dtype:
+    return np.dtype(
+        {
+            "names": [f[0] for f in fields],
+            "offsets": [f[1] for f in fields],
+            "formats": [f[2] for f in fields],
+            "itemsize": size,
+        }
+    )
+
+
+HEADER_DTYPE = _dtype(
+    [
+        ("magic", C.H_MAGIC, "<u8"),
+        ("abi_version", C.H_ABI_VERSION, "<u4"),
+        ("header_size", C.H_HEADER_SIZE, "<u4"),
+        ("total_size", C.H_TOTAL_SIZE, "<u8"),
+        ("participant_capacity", C.H_PARTICIPANT_CAPACITY, "<u4"),
+        ("fence_capacity", C.H_FENCE_CAPACITY, "<u4"),
+        ("participants_offset", C.H_PARTICIPANTS_OFFSET, "<u8"),
+        ("fences_offset", C.H_FENCES_OFFSET, "<u8"),
+        ("queues_offset", C.H_QUEUES_OFFSET, "<u8"),
+        ("queues_size", C.H_QUEUES_SIZE, "<u8"),
+        ("trace_offset", C.H_TRACE_OFFSET, "<u8"),
+        ("trace_size", C.H_TRACE_SIZE, "<u8"),
+        ("heap_offset", C.H_HEAP_OFFSET, "<u8"),
+        ("heap_size", C.H_HEAP_SIZE, "<u8"),
+        ("tag", C.H_TAG, "<u4"),
+        ("created_ns", C.H_CREATED_NS, "<u8"),
+        ("poll_ns", C.H_POLL_NS, "<u8"),
+        ("epoch", C.H_EPOCH, "<u8"),
+        ("ready", C.H_READY, "<u4"),
+        ("stats_recovered", C.H_STATS_RECOVERED, "<u8"),
+    ],
+    C.HEADER_SIZE,
+)
+
+PARTICIPANT_DTYPE = _dtype(
+    [
+        ("ctl", C.P_CTL, "<u8"),
+        ("pid", C.P_PID, "<u4"),
+        ("start_time", C.P_START_TIME, "<u8"),
+        ("label", C.P_LABEL, "S32"),
+        ("kind", C.P_KIND, "S16"),
+    ],
+    C.PARTICIPANT_SIZE,
+)
+
+FENCE_DTYPE = _dtype(
+    [
+        ("word", C.F_WORD, "<u8"),
+        ("ctl", C.F_CTL, "<u8"),
+        ("refs", C.F_REFS, "<u8"),
+        ("waiters", C.F_WAITERS, "<u4"),
+        ("owner", C.F_OWNER, "<u4"),
+        ("aux", C.F_AUX, "<u8"),
+        ("parents", C.F_PARENTS, ("<u8", (int(C.MAX_PARENTS),))),
+        ("err", C.F_ERR, "<u8"),
+    ],
+    C.FENCE_SIZE,
+)
+
+
+def split_participant_id(pid: int) -> tuple[int, int]:
+    """Participant id -> (slot index, incarnation)."""
+    return pid & 0xFF, pid >> 8
+
+
+def owner_code(participant_id: int) -> int:
+    """Participant id -> the owner field stored in a fence slot (HL_OWNER)."""
+    idx, inc = split_participant_id(participant_id)
+    return ((inc & 0xFFFFFF) << 8) | (idx + 1)

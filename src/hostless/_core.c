@@ -1,0 +1,1419 @@
+/*
+ * _core.c -- the small C core of hostless: everything that needs atomics,
+ * futexes or speed.  The shared layout and the single-word operations come
+ * from hostless.h; this file adds what needs the whole table: allocation,
+ * references, merged fences, waits with futex sleeps, liveness and recovery.
+ *
+ * Every index read from shared memory is bounds-checked before use.
+ * Nothing here takes a lock in shared memory: every shared update is one
+ * atomic operation, so a participant killed at any instruction leaves a state
+ * that recovery (recover_participant) finishes or rolls back.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hostless.h"
+
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449
+#endif
+struct hl_futex_waitv {
+    uint64_t val;
+    uint64_t uaddr;
+    uint32_t flags;
+    uint32_t reserved;
+};
+#define HL_FUTEX2_SIZE_U32 0x02
+#define HL_FUTEX2_PRIVATE 128
+
+static PyObject *E_Hostless, *E_Corrupt, *E_Full, *E_Handle, *E_Already, *E_Invalid;
+
+/* PyErr_Format lacks %llx on older Pythons: format with vsnprintf. */
+__attribute__((format(printf, 2, 3))) static void hl_err(PyObject *exc, const char *fmt, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    PyErr_SetString(exc, buf);
+}
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline uint64_t ld(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+static inline void st(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+static inline int cas(uint64_t *p, uint64_t *e, uint64_t d) {
+    return __atomic_compare_exchange_n(p, e, d, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
+/* ------------------------------------------------------------------ */
+typedef struct {
+    PyObject_HEAD
+    char *base;
+    size_t size;
+    int fd;
+    struct hl_header *h;
+    struct hl_participant *parts;
+    struct hl_fence *fences;
+    uint32_t cap, pcap, tag;
+    int me;          /* participant index, -1 when not joined */
+    uint64_t mybit;
+    uint32_t inc;    /* incarnation of our participant slot */
+    uint32_t *lrefs; /* local reference counts per slot */
+    uint32_t *lgen;  /* generation the local count belongs to */
+    /* watchdog */
+    pthread_t wd;
+    int wd_running;
+    pthread_mutex_t wd_mu;
+    pthread_cond_t wd_cv;
+    int wd_stop;
+    uint64_t wd_interval_ns;
+    uint32_t kick; /* private futex word for wait_any */
+} Core;
+
+static int part_lock_held(Core *c, int i);
+static void propagate(Core *c, uint32_t idx, int depth);
+static int recover_participant(Core *c, int d, uint64_t pctl);
+
+/* ---- small helpers ---- */
+static inline struct hl_fence *slot(Core *c, uint32_t idx) { return &c->fences[idx]; }
+
+static void wake(struct hl_fence *f) { hl_wake_all(f); }
+
+/* Validate a handle against this domain; returns the index or -1 with an
+ * exception set.  want_kind 0 accepts any kind. */
+static int64_t check_handle(Core *c, uint64_t h, uint32_t want_kind, int need_held) {
+    int64_t idx = HL_HANDLE_INDEX(h);
+    if (HL_HANDLE_TAG(h) != c->tag || idx < 0 || (uint64_t)idx >= c->cap) {
+        hl_err(E_Handle, "handle 0x%llx does not belong to this domain", (unsigned long long)h);
+        return -1;
+    }
+    uint32_t k = HL_HANDLE_KIND(h);
+    if (k != HL_KIND_FENCE && k != HL_KIND_TIMELINE && k != HL_KIND_MERGED) {
+        hl_err(E_Handle, "handle 0x%llx has an unknown kind %u", (unsigned long long)h, k);
+        return -1;
+    }
+    if (want_kind == HL_KIND_FENCE && k == HL_KIND_TIMELINE) {
+        hl_err(E_Handle, "handle 0x%llx is a timeline, not a fence", (unsigned long long)h);
+        return -1;
+    }
+    if (want_kind == HL_KIND_TIMELINE && k != HL_KIND_TIMELINE) {
+        hl_err(E_Handle, "handle 0x%llx is a fence, not a timeline", (unsigned long long)h);
+        return -1;
+    }
+    uint64_t ctl = ld(&slot(c, (uint32_t)idx)->ctl);
+    if (HL_CTL_STATE(ctl) != HL_SLOT_LIVE || (HL_CTL_GEN(ctl) & 0xffffffu) != HL_HANDLE_GEN(h) ||
+        HL_CTL_KIND(ctl) != k) {
+        hl_err(E_Handle, "handle 0x%llx is stale or forged (slot %lld is not that object)",
+                     (unsigned long long)h, (long long)idx);
+        return -1;
+    }
+    if (need_held && (c->lrefs[idx] == 0 || c->lgen[idx] != HL_HANDLE_GEN(h))) {
+        hl_err(E_Handle, "handle 0x%llx is not held by this participant (released?)", (unsigned long long)h);
+        return -1;
+    }
+    return idx;
+}
+
+/* ------------------------------------------------------------------ */
+/* merged fences */
+
+/* Clear child position `pos` in parent's pending mask; resolve the parent
+ * when it reaches zero.  Idempotent. */
+static void propagate_link(Core *c, uint64_t link, uint32_t status, int depth) {
+    int64_t pidx = HL_LINK_INDEX(link);
+    if (pidx < 0 || (uint64_t)pidx >= c->cap) return; /* corrupt link: ignored, check() reports it */
+    struct hl_fence *p = slot(c, (uint32_t)pidx);
+    uint32_t gen = HL_LINK_GEN(link);
+    uint64_t ctl = ld(&p->ctl);
+    if (HL_CTL_KIND(ctl) != HL_KIND_MERGED || (HL_CTL_GEN(ctl) & 0xffffffu) != gen) return;
+    uint32_t pos = HL_LINK_POS(link);
+    if (pos >= HL_MERGE_MAX_CHILDREN) return;
+    if (status != HL_STATUS_SUCCESS) {
+        uint64_t e = ld(&p->err);
+        while (((e >> 32) & 0xffffffu) == gen && (uint32_t)e == 0) {
+            if (cas(&p->err, &e, ((uint64_t)gen << 32) | status)) break;
+        }
+    }
+    uint64_t a = ld(&p->aux);
+    for (;;) {
+        if (((a >> 32) & 0xffffffu) != gen) return;
+        if (!(a & (1ull << pos))) break;
+        if (cas(&p->aux, &a, a & ~(1ull << pos))) {
+            a &= ~(1ull << pos);
+            break;
+        }
+    }
+    if ((uint32_t)a != 0) return;
+    /* all children done: resolve (idempotent CAS) */
+    uint64_t e = ld(&p->err);
+    uint32_t fin = (((e >> 32) & 0xffffffu) == gen && (uint32_t)e) ? (uint32_t)e : HL_STATUS_SUCCESS;
+    uint64_t z = 0;
+    ctl = ld(&p->ctl);
+    if ((HL_CTL_GEN(ctl) & 0xffffffu) != gen) return;
+    if (cas(&p->word, &z, fin)) {
+        wake(p);
+        if (depth < 64) propagate(c, (uint32_t)pidx, depth + 1);
+    }
+}
+
+static void propagate(Core *c, uint32_t idx, int depth) {
+    struct hl_fence *f = slot(c, idx);
+    uint64_t w = ld(&f->word);
+    if (w == 0) return;
+    for (int k = 0; k < HL_MAX_PARENTS; k++) {
+        uint64_t l = ld(&f->parents[k]);
+        if (l) propagate_link(c, l, (uint32_t)w, depth);
+    }
+}
+
+/* Finish what signals by plain stores (devices, firmware) left undone:
+ * propagate signaled children to their parents and resolve merged fences
+ * whose pending mask is empty. */
+static void sweep(Core *c) {
+    for (uint32_t i = 0; i < c->cap; i++) {
+        struct hl_fence *f = slot(c, i);
+        uint64_t ctl = ld(&f->ctl);
+        if (HL_CTL_STATE(ctl) != HL_SLOT_LIVE) continue;
+        uint32_t k = HL_CTL_KIND(ctl);
+        if (k == HL_KIND_TIMELINE) continue;
+        if ((f->parents[0] || f->parents[1]) && ld(&f->word)) propagate(c, i, 0);
+        if (k == HL_KIND_MERGED && ld(&f->word) == 0) {
+            uint64_t a = ld(&f->aux);
+            if ((uint32_t)a == 0 && ((a >> 32) & 0xffffffu) == (HL_CTL_GEN(ctl) & 0xffffffu)) {
+                uint64_t e = ld(&f->err);
+                uint32_t fin = (((e >> 32) & 0xffffffu) == (HL_CTL_GEN(ctl) & 0xffffffu) && (uint32_t)e)
+                                   ? (uint32_t)e
+                                   : HL_STATUS_SUCCESS;
+                uint64_t z = 0;
+                if (cas(&f->word, &z, fin)) {
+                    wake(f);
+                    propagate(c, i, 0);
+                }
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* slot life cycle */
+
+/* Free a DYING slot (mask already zero).  Idempotent. */
+static void finalize(Core *c, uint32_t idx, uint64_t dying) {
+    struct hl_fence *f = slot(c, idx);
+    uint32_t k = HL_CTL_KIND(dying);
+    if (k != HL_KIND_TIMELINE) {
+        uint64_t z = 0;
+        if (cas(&f->word, &z, HL_STATUS_CANCEL)) wake(f);
+        propagate(c, idx, 0);
+    }
+    wake(f);
+    uint64_t e = dying;
+    if (cas(&f->ctl, &e, HL_CTL(HL_CTL_GEN(dying), k, 0, HL_SLOT_FREE)))
+        __atomic_store_n(&c->h->alloc_hint, idx, __ATOMIC_RELAXED);
+}
+
+/* Drop participant bit `bit` from slot idx (on our behalf or, in recovery,
+ * on a dead participant's).  The one whose drop empties the mask of a LIVE
+ * slot frees it.  `actor` is recorded in the DYING ctl. */
+static void drop_ref(Core *c, uint32_t idx, uint64_t bit, uint32_t actor) {
+    struct hl_fence *f = slot(c, idx);
+    for (;;) {
+        uint64_t m = ld(&f->refs);
+        if (!(m & bit)) return;
+        if (m & ~bit) {
+            if (cas(&f->refs, &m, m & ~bit)) return;
+            continue;
+        }
+        uint64_t ctl = ld(&f->ctl);
+        if (HL_CTL_STATE(ctl) != HL_SLOT_LIVE) {
+            /* a stale bit on a slot that is being freed or initialised */
+            if (cas(&f->refs, &m, 0)) return;
+            continue;
+        }
+        uint64_t dying = HL_CTL(HL_CTL_GEN(ctl), HL_CTL_KIND(ctl), actor, HL_SLOT_DYING);
+        uint64_t e = ctl;
+        if (!cas(&f->ctl, &e, dying)) continue;
+        uint64_t mm = bit;
+        if (cas(&f->refs, &mm, 0)) {
+            finalize(c, idx, dying);
+            return;
+        }
+        /* someone took a reference meanwhile: back to LIVE and retry */
+        e = dying;
+        cas(&f->ctl, &e, ctl);
+    }
+}
+
+static int alloc_slot(Core *c, uint32_t kind, uint32_t owner, uint64_t *handle_out) {
+    uint32_t start = __atomic_load_n(&c->h->alloc_hint, __ATOMIC_RELAXED);
+    if (start >= c->cap) start = 0;
+    for (uint32_t n = 0; n < c->cap; n++) {
+        uint32_t idx = start + n;
+        if (idx >= c->cap) idx -= c->cap;
+        struct hl_fence *f = slot(c, idx);
+        uint64_t ctl = ld(&f->ctl);
+        if (HL_CTL_STATE(ctl) != HL_SLOT_FREE) continue;
+        uint32_t gen = HL_CTL_GEN(ctl) + 1;
+        if ((gen & 0xffffffu) == 0) gen++; /* keep handle gen nonzero after wrap */
+        if (!cas(&f->ctl, &ctl, HL_CTL(gen, kind, (uint32_t)c->me, HL_SLOT_ALLOC))) continue;
+        st(&f->word, 0);
+        __atomic_store_n(&f->waiters, 0, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&f->owner, owner, __ATOMIC_SEQ_CST);
+        st(&f->aux, kind == HL_KIND_MERGED ? ((uint64_t)(gen & 0xffffffu) << 32) : 0);
+        st(&f->err, (uint64_t)(gen & 0xffffffu) << 32);
+        st(&f->parents[0], 0);
+        st(&f->parents[1], 0);
+        st(&f->refs, c->mybit);
+        st(&f->ctl, HL_CTL(gen, kind, 0, HL_SLOT_LIVE));
+        __atomic_store_n(&c->h->alloc_hint, idx + 1 < c->cap ? idx + 1 : 0, __ATOMIC_RELAXED);
+        c->lrefs[idx] = 1;
+        c->lgen[idx] = gen & 0xffffffu;
+        *handle_out = HL_HANDLE(c->tag, kind, gen, idx);
+        return (int)idx;
+    }
+    return -1;
+}
+
+/* After creating a fence owned by another participant: if that owner is no
+ * longer the live incarnation we named, its recovery may have missed the
+ * fence, so signal OWNER_DIED ourselves. */
+static void owner_recheck(Core *c, uint32_t idx, uint32_t owner) {
+    int oi = HL_OWNER_INDEX(owner);
+    if (oi < 0 || (uint32_t)oi >= c->pcap || oi == c->me) return;
+    uint64_t pc = ld(&c->parts[oi].ctl);
+    if (HL_PCTL_STATE(pc) == HL_PART_ALIVE && (HL_PCTL_INC(pc) & 0xffffffu) == HL_OWNER_INC(owner)) return;
+    struct hl_fence *f = slot(c, idx);
+    uint64_t ctl = ld(&f->ctl);
+    if (HL_CTL_KIND(ctl) == HL_KIND_TIMELINE) {
+        uint64_t cur = ld(&f->word);
+        while (!(cur & HL_TIMELINE_FAILED)) {
+            st(&f->aux, cur);
+            if (cas(&f->word, &cur, HL_TIMELINE_FAILED | HL_STATUS_OWNER_DIED)) break;
+        }
+    } else {
+        uint64_t z = 0;
+        cas(&f->word, &z, HL_STATUS_OWNER_DIED);
+    }
+    wake(f);
+    propagate(c, idx, 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* liveness and recovery */
+
+static int part_lock_held(Core *c, int i) {
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)(HL_LOCK_BASE + (uint64_t)i);
+    fl.l_len = 1;
+    if (fcntl(c->fd, F_OFD_GETLK, &fl) != 0) return 1; /* unknown: assume alive */
+    return fl.l_type != F_UNLCK;
+}
+
+static int take_lock(int fd, int i) {
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)(HL_LOCK_BASE + (uint64_t)i);
+    fl.l_len = 1;
+    return fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+static void drop_lock(int fd, int i) {
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_UNLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)(HL_LOCK_BASE + (uint64_t)i);
+    fl.l_len = 1;
+    (void)fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+static void fail_timeline_word(struct hl_fence *f, uint32_t status) {
+    uint64_t cur = ld(&f->word);
+    while (!(cur & HL_TIMELINE_FAILED)) {
+        st(&f->aux, cur);
+        if (cas(&f->word, &cur, HL_TIMELINE_FAILED | status)) break;
+    }
+}
+
+/* Recover participant d, whose ctl we already moved to RECOVERING(us).
+ * Idempotent: a recoverer that dies is replaced by another that repeats it. */
+static int recover_participant(Core *c, int d, uint64_t pctl) {
+    uint64_t dbit = 1ull << d;
+    uint32_t dinc = HL_PCTL_INC(pctl) & 0xffffffu;
+    uint32_t actor = (uint32_t)(c->me >= 0 ? c->me : d);
+    for (uint32_t i = 0; i < c->cap; i++) {
+        struct hl_fence *f = slot(c, i);
+        uint64_t ctl = ld(&f->ctl);
+        uint32_t s = HL_CTL_STATE(ctl);
+        if (s == HL_SLOT_ALLOC && HL_CTL_PIDX(ctl) == (uint32_t)d) {
+            /* died while initialising: nobody else can hold it yet */
+            st(&f->refs, 0);
+            uint64_t e = ctl;
+            cas(&f->ctl, &e, HL_CTL(HL_CTL_GEN(ctl), HL_CTL_KIND(ctl), 0, HL_SLOT_FREE));
+            continue;
+        }
+        if (s == HL_SLOT_DYING && HL_CTL_PIDX(ctl) == (uint32_t)d) {
+            uint64_t m = ld(&f->refs);
+            if ((m & ~dbit) == 0) {
+                if (m) cas(&f->refs, &m, 0);
+                if (ld(&f->refs) == 0) {
+                    finalize(c, i, ctl);
+                    continue;
+                }
+            }
+            uint64_t e = ctl;
+            cas(&f->ctl, &e, HL_CTL(HL_CTL_GEN(ctl), HL_CTL_KIND(ctl), 0, HL_SLOT_LIVE));
+            ctl = ld(&f->ctl);
+            s = HL_CTL_STATE(ctl);
+        }
+        if (s == HL_SLOT_LIVE) {
+            uint32_t o = __atomic_load_n(&f->owner, __ATOMIC_SEQ_CST);
+            if (o && HL_OWNER_INDEX(o) == d && HL_OWNER_INC(o) == dinc) {
+                if (HL_CTL_KIND(ctl) == HL_KIND_TIMELINE) {
+                    fail_timeline_word(f, HL_STATUS_OWNER_DIED);
+                    wake(f);
+                } else {
+                    uint64_t z = 0;
+                    if (cas(&f->word, &z, HL_STATUS_OWNER_DIED)) wake(f);
+                    propagate(c, i, 0);
+                }
+            }
+        }
+        if (ld(&f->refs) & dbit) drop_ref(c, i, dbit, actor);
+    }
+    struct hl_participant *p = &c->parts[d];
+    p->pid = 0;
+    p->start_time = 0;
+    memset(p->label, 0, sizeof p->label);
+    memset(p->kind, 0, sizeof p->kind);
+    uint64_t e = ld(&p->ctl);
+    if (HL_PCTL_STATE(e) == HL_PART_RECOVERING &&
+        cas(&p->ctl, &e, HL_PCTL(HL_PCTL_INC(pctl), 0, HL_PART_FREE))) {
+        __atomic_add_fetch(&c->h->epoch, 1, __ATOMIC_SEQ_CST);
+        __atomic_add_fetch(&c->h->stats_recovered, 1, __ATOMIC_SEQ_CST);
+        return 1;
+    }
+    return 0;
+}
+
+/* Check every participant; recover the dead ones.  Writes recovered
+ * participant ids into out (up to outcap); returns their count. */
+static int reap_all(Core *c, uint64_t *out, int outcap) {
+    int n = 0;
+    for (int i = 0; i < (int)c->pcap; i++) {
+        if (i == c->me) continue;
+        uint64_t pc = ld(&c->parts[i].ctl);
+        uint32_t s = HL_PCTL_STATE(pc);
+        if (s == HL_PART_FREE) continue;
+        if (s == HL_PART_ALIVE) {
+            if (part_lock_held(c, i)) continue;
+            /* re-read: a joiner may have just taken this slot */
+            if (ld(&c->parts[i].ctl) != pc) continue;
+        } else if (s == HL_PART_RECOVERING) {
+            int r = (int)HL_PCTL_RECOVERER(pc);
+            if (r == c->me) {
+                /* ours from an earlier call that was interrupted: continue it */
+            } else if (r < (int)c->pcap && HL_PCTL_STATE(ld(&c->parts[r].ctl)) != HL_PART_FREE &&
+                       part_lock_held(c, r)) {
+                continue; /* someone alive is on it */
+            }
+        } else {
+            continue; /* unknown state: check() reports it */
+        }
+        uint64_t claimed = HL_PCTL(HL_PCTL_INC(pc), (uint32_t)(c->me >= 0 ? c->me : 0), HL_PART_RECOVERING);
+        uint64_t e = pc;
+        if (pc != claimed && !cas(&c->parts[i].ctl, &e, claimed)) continue;
+        if (recover_participant(c, i, claimed) && n < outcap) out[n++] = ((uint64_t)HL_PCTL_INC(pc) << 8) | (uint64_t)i;
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------------ */
+/* watchdog thread: periodic liveness check, recovery and merge sweep */
+
+static void *watchdog_main(void *arg) {
+    Core *c = (Core *)arg;
+    pthread_mutex_lock(&c->wd_mu);
+    while (!c->wd_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t t = (uint64_t)ts.tv_nsec + c->wd_interval_ns;
+        ts.tv_sec += (time_t)(t / 1000000000ull);
+        ts.tv_nsec = (long)(t % 1000000000ull);
+        pthread_cond_timedwait(&c->wd_cv, &c->wd_mu, &ts);
+        if (c->wd_stop) break;
+        pthread_mutex_unlock(&c->wd_mu);
+        uint64_t ids[HL_MAX_PARTICIPANTS];
+        reap_all(c, ids, HL_MAX_PARTICIPANTS);
+        sweep(c);
+        pthread_mutex_lock(&c->wd_mu);
+    }
+    pthread_mutex_unlock(&c->wd_mu);
+    return NULL;
+}
+
+static void stop_watchdog(Core *c) {
+    if (!c->wd_running) return;
+    pthread_mutex_lock(&c->wd_mu);
+    c->wd_stop = 1;
+    pthread_cond_signal(&c->wd_cv);
+    pthread_mutex_unlock(&c->wd_mu);
+    Py_BEGIN_ALLOW_THREADS pthread_join(c->wd, NULL);
+    Py_END_ALLOW_THREADS c->wd_running = 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Python type */
+
+static void core_unmap(Core *c) {
+    stop_watchdog(c);
+    if (c->base) munmap(c->base, c->size);
+    c->base = NULL;
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    PyMem_Free(c->lrefs);
+    PyMem_Free(c->lgen);
+    c->lrefs = c->lgen = NULL;
+    c->me = -1;
+}
+
+static void Core_dealloc(Core *c) {
+    core_unmap(c);
+    pthread_mutex_destroy(&c->wd_mu);
+    pthread_cond_destroy(&c->wd_cv);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+static PyObject *Core_new(PyTypeObject *t, PyObject *a, PyObject *k) {
+    Core *c = (Core *)t->tp_alloc(t, 0);
+    if (!c) return NULL;
+    c->fd = -1;
+    c->me = -1;
+    pthread_mutex_init(&c->wd_mu, NULL);
+    pthread_cond_init(&c->wd_cv, NULL);
+    return (PyObject *)c;
+}
+
+#define ALIGN_UP(x, a) (((x) + (a)-1) / (a) * (a))
+
+/* _core.layout(fences, participants, queues_size, trace_size, heap_size) -> dict of offsets */
+static int compute_layout(uint64_t fences, uint64_t parts, uint64_t qsize, uint64_t tsize, uint64_t hsize,
+                          struct hl_header *h) {
+    memset(h, 0, sizeof *h);
+    h->magic = HL_MAGIC;
+    h->abi_version = HL_ABI_VERSION;
+    h->header_size = HL_HEADER_SIZE;
+    h->participant_size = HL_PARTICIPANT_SIZE;
+    h->participant_capacity = (uint32_t)parts;
+    h->fence_size = HL_FENCE_SIZE;
+    h->fence_capacity = (uint32_t)fences;
+    uint64_t off = HL_HEADER_SIZE;
+    h->participants_offset = off;
+    off = ALIGN_UP(off + parts * HL_PARTICIPANT_SIZE, HL_PAGE);
+    h->fences_offset = off;
+    off = ALIGN_UP(off + fences * HL_FENCE_SIZE, HL_PAGE);
+    h->queues_offset = off;
+    h->queues_size = ALIGN_UP(qsize, HL_PAGE);
+    off += h->queues_size;
+    h->trace_offset = off;
+    h->trace_size = ALIGN_UP(tsize, HL_PAGE);
+    off += h->trace_size;
+    h->heap_offset = off;
+    h->heap_size = ALIGN_UP(hsize, HL_PAGE);
+    off += h->heap_size;
+    h->total_size = off;
+    return 0;
+}
+
+static PyObject *py_layout(PyObject *m, PyObject *args) {
+    unsigned long long f, p, q, t, hs;
+    if (!PyArg_ParseTuple(args, "KKKKK", &f, &p, &q, &t, &hs)) return NULL;
+    struct hl_header h;
+    compute_layout(f, p, q, t, hs, &h);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "total_size", (unsigned long long)h.total_size,
+                         "participants_offset", (unsigned long long)h.participants_offset, "fences_offset",
+                         (unsigned long long)h.fences_offset, "queues_offset", (unsigned long long)h.queues_offset,
+                         "queues_size", (unsigned long long)h.queues_size, "trace_offset",
+                         (unsigned long long)h.trace_offset, "trace_size", (unsigned long long)h.trace_size,
+                         "heap_offset", (unsigned long long)h.heap_offset, "heap_size",
+                         (unsigned long long)h.heap_size);
+}
+
+static uint64_t proc_start_time(pid_t pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p) return 0;
+    /* field 3 starts at p+2; start_time is field 22 */
+    int field = 2;
+    for (; *p && field < 22; p++)
+        if (*p == ' ') field++;
+    return strtoull(p, NULL, 10);
+}
+
+/* Core.attach(fd, init: dict|None, label, kind, watchdog_ns) -- map the domain
+ * (initialising it when init is given), validate, join. */
+static PyObject *Core_attach(Core *c, PyObject *args) {
+    int fd;
+    PyObject *init;
+    const char *label, *kind;
+    unsigned long long wd_ns;
+    if (!PyArg_ParseTuple(args, "iOssK", &fd, &init, &label, &kind, &wd_ns)) return NULL;
+    if (c->base) {
+        PyErr_SetString(E_Invalid, "core already attached");
+        return NULL;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    size_t size = (size_t)sb.st_size;
+    if (init != Py_None) {
+        unsigned long long f, p, q, t, hs, tag, poll;
+        if (!PyArg_ParseTuple(init, "KKKKKKK", &f, &p, &q, &t, &hs, &tag, &poll)) return NULL;
+        struct hl_header hh;
+        compute_layout(f, p, q, t, hs, &hh);
+        if (hh.total_size != size) {
+            hl_err(E_Corrupt, "file size %zu does not match layout size %llu", size,
+                         (unsigned long long)hh.total_size);
+            return NULL;
+        }
+        void *b = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (b == MAP_FAILED) return PyErr_SetFromErrno(PyExc_OSError);
+        hh.tag = (uint32_t)tag;
+        hh.poll_ns = poll;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        hh.created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+        hh.ready = 0;
+        memcpy(b, &hh, sizeof hh); /* tables are zero (fresh file): FREE everywhere */
+        __atomic_store_n(&((struct hl_header *)b)->ready, 1, __ATOMIC_SEQ_CST);
+        c->base = (char *)b;
+    } else {
+        if (size < HL_HEADER_SIZE) {
+            hl_err(E_Corrupt, "domain file is %zu bytes, smaller than a header", size);
+            return NULL;
+        }
+        void *b = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (b == MAP_FAILED) return PyErr_SetFromErrno(PyExc_OSError);
+        c->base = (char *)b;
+    }
+    c->size = size;
+    c->fd = fd;
+    c->h = (struct hl_header *)c->base;
+    if (__atomic_load_n(&c->h->ready, __ATOMIC_ACQUIRE) != 1 || hl_domain_validate(c->base, size) != HL_OK) {
+        const struct hl_header *h = c->h;
+        char why[160];
+        if (h->magic != HL_MAGIC)
+            snprintf(why, sizeof why, "bad magic 0x%llx", (unsigned long long)h->magic);
+        else if (h->abi_version != HL_ABI_VERSION)
+            snprintf(why, sizeof why, "ABI version %u, this library speaks %u", h->abi_version, HL_ABI_VERSION);
+        else if (h->ready != 1)
+            snprintf(why, sizeof why, "creator has not finished initialising it");
+        else
+            snprintf(why, sizeof why, "header sizes or offsets do not match a %zu-byte domain", size);
+        munmap(c->base, size);
+        c->base = NULL;
+        c->fd = -1;
+        hl_err(E_Corrupt, "not a valid hostless domain: %s", why);
+        return NULL;
+    }
+    c->parts = hl_participants(c->base);
+    c->fences = (struct hl_fence *)(c->base + c->h->fences_offset);
+    c->cap = c->h->fence_capacity;
+    c->pcap = c->h->participant_capacity;
+    c->tag = c->h->tag;
+    c->lrefs = PyMem_Calloc(c->cap, sizeof(uint32_t));
+    c->lgen = PyMem_Calloc(c->cap, sizeof(uint32_t));
+    if (!c->lrefs || !c->lgen) {
+        core_unmap(c);
+        return PyErr_NoMemory();
+    }
+    /* join: lock byte i first, then claim slot i; the lock is our liveness */
+    pid_t pid = getpid();
+    for (int round = 0; round < 2 && c->me < 0; round++) {
+        for (uint32_t i = 0; i < c->pcap; i++) {
+            uint64_t pc = ld(&c->parts[i].ctl);
+            if (HL_PCTL_STATE(pc) != HL_PART_FREE) continue;
+            if (take_lock(fd, (int)i) != 0) continue;
+            uint32_t inc = HL_PCTL_INC(pc) + 1;
+            if (!cas(&c->parts[i].ctl, &pc, HL_PCTL(inc, 0, HL_PART_ALIVE))) {
+                drop_lock(fd, (int)i);
+                continue;
+            }
+            struct hl_participant *p = &c->parts[i];
+            p->pid = (uint32_t)pid;
+            p->start_time = proc_start_time(pid);
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            p->joined_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+            memset(p->label, 0, sizeof p->label);
+            strncpy(p->label, label, sizeof p->label - 1);
+            memset(p->kind, 0, sizeof p->kind);
+            strncpy(p->kind, kind, sizeof p->kind - 1);
+            c->me = (int)i;
+            c->mybit = 1ull << i;
+            c->inc = inc;
+            break;
+        }
+        if (c->me < 0 && round == 0) {
+            /* full: maybe some participants are dead */
+            uint64_t ids[HL_MAX_PARTICIPANTS];
+            Py_BEGIN_ALLOW_THREADS reap_all(c, ids, HL_MAX_PARTICIPANTS);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    if (c->me < 0) {
+        munmap(c->base, c->size);
+        c->base = NULL;
+        c->fd = -1;
+        PyMem_Free(c->lrefs);
+        PyMem_Free(c->lgen);
+        c->lrefs = c->lgen = NULL;
+        hl_err(E_Full, "domain has no free participant slot (capacity %u)", c->pcap);
+        return NULL;
+    }
+    if (wd_ns) {
+        c->wd_interval_ns = wd_ns;
+        c->wd_stop = 0;
+        if (pthread_create(&c->wd, NULL, watchdog_main, c) == 0) c->wd_running = 1;
+    }
+    Py_RETURN_NONE;
+}
+
+#define NEED_ATTACHED(c)                                                     \
+    do {                                                                     \
+        if (!(c)->base || (c)->me < 0) {                                     \
+            PyErr_SetString(E_Invalid, "domain is closed");                  \
+            return NULL;                                                     \
+        }                                                                    \
+    } while (0)
+
+/* leave: recover ourselves (drops every reference, owned ACTIVE fences become
+ * OWNER_DIED), free our slot, unlock, unmap. */
+static PyObject *Core_leave(Core *c, PyObject *noargs) {
+    if (!c->base) Py_RETURN_NONE;
+    stop_watchdog(c);
+    if (c->me >= 0) {
+        int me = c->me;
+        uint64_t pc = ld(&c->parts[me].ctl);
+        uint64_t claimed = HL_PCTL(HL_PCTL_INC(pc), (uint32_t)me, HL_PART_RECOVERING);
+        if (cas(&c->parts[me].ctl, &pc, claimed)) {
+            Py_BEGIN_ALLOW_THREADS recover_participant(c, me, claimed);
+            Py_END_ALLOW_THREADS
+        }
+        drop_lock(c->fd, me);
+    }
+    core_unmap(c);
+    Py_RETURN_NONE;
+}
+
+/* forget the mapping without touching shared state (after fork, in the child) */
+static PyObject *Core_abandon(Core *c, PyObject *noargs) {
+    c->wd_running = 0; /* the thread does not exist in a forked child */
+    if (c->base) munmap(c->base, c->size);
+    c->base = NULL;
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    c->me = -1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_create(Core *c, PyObject *args) {
+    unsigned int kind, owner;
+    NEED_ATTACHED(c);
+    if (!PyArg_ParseTuple(args, "II", &kind, &owner)) return NULL;
+    if (kind != HL_KIND_FENCE && kind != HL_KIND_TIMELINE) {
+        PyErr_SetString(PyExc_ValueError, "kind must be FENCE or TIMELINE");
+        return NULL;
+    }
+    if (owner) {
+        int oi = HL_OWNER_INDEX(owner);
+        if (oi < 0 || (uint32_t)oi >= c->pcap) {
+            hl_err(PyExc_ValueError, "owner id %u names no participant slot", owner);
+            return NULL;
+        }
+        uint64_t pc = ld(&c->parts[oi].ctl);
+        if (HL_PCTL_STATE(pc) != HL_PART_ALIVE || (HL_PCTL_INC(pc) & 0xffffffu) != HL_OWNER_INC(owner)) {
+            hl_err(PyExc_ValueError, "owner participant %u is not alive", owner);
+            return NULL;
+        }
+    } else {
+        owner = HL_OWNER(c->inc, c->me);
+    }
+    uint64_t h;
+    int idx = alloc_slot(c, kind, owner, &h);
+    if (idx < 0) {
+        hl_err(E_Full, "fence table full (%u slots)", c->cap);
+        return NULL;
+    }
+    owner_recheck(c, (uint32_t)idx, owner);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject *Core_merge(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    PyObject *seq = PySequence_Fast(arg, "merge expects a sequence of handles");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > HL_MERGE_MAX_CHILDREN) {
+        Py_DECREF(seq);
+        hl_err(PyExc_ValueError, "merge takes 1..%d handles per node, got %zd", HL_MERGE_MAX_CHILDREN, n);
+        return NULL;
+    }
+    int64_t idxs[HL_MERGE_MAX_CHILDREN];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t h = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        idxs[i] = check_handle(c, h, HL_KIND_FENCE, 1);
+        if (idxs[i] < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        for (Py_ssize_t j = 0; j < i; j++)
+            if (idxs[j] == idxs[i]) {
+                Py_DECREF(seq);
+                PyErr_SetString(PyExc_ValueError, "the same fence appears twice in a merge");
+                return NULL;
+            }
+        struct hl_fence *f = slot(c, (uint32_t)idxs[i]);
+        if (ld(&f->parents[0]) && ld(&f->parents[1])) {
+            Py_DECREF(seq);
+            hl_err(E_Invalid, "fence 0x%llx is already part of %d merged fences (the most a fence can join)",
+                         (unsigned long long)h, HL_MAX_PARENTS);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    uint64_t ph;
+    int pidx = alloc_slot(c, HL_KIND_MERGED, 0, &ph);
+    if (pidx < 0) {
+        hl_err(E_Full, "fence table full (%u slots)", c->cap);
+        return NULL;
+    }
+    struct hl_fence *p = slot(c, (uint32_t)pidx);
+    uint32_t pgen = HL_HANDLE_GEN(ph);
+    uint64_t mask = (n == 32) ? 0xffffffffull : ((1ull << n) - 1);
+    st(&p->aux, ((uint64_t)pgen << 32) | mask);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        struct hl_fence *f = slot(c, (uint32_t)idxs[i]);
+        uint64_t link = HL_LINK((uint32_t)i, pgen, (uint32_t)pidx);
+        int done = 0;
+        for (int k = 0; k < HL_MAX_PARENTS && !done; k++) {
+            uint64_t z = 0;
+            if (cas(&f->parents[k], &z, link)) done = 1;
+        }
+        if (!done) {
+            /* lost a race for the last link: count this child as failed */
+            propagate_link(c, link, HL_STATUS_ERROR, 0);
+            continue;
+        }
+        if (ld(&f->word)) propagate_link(c, link, (uint32_t)ld(&f->word), 0);
+    }
+    return PyLong_FromUnsignedLongLong(ph);
+}
+
+static PyObject *Core_import(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(E_Handle, "a handle is a non-negative 64-bit integer");
+        return NULL;
+    }
+    int64_t idx = check_handle(c, h, 0, 0);
+    if (idx < 0) return NULL;
+    if (c->lrefs[idx] && c->lgen[idx] == HL_HANDLE_GEN(h)) {
+        c->lrefs[idx]++;
+        Py_RETURN_NONE;
+    }
+    struct hl_fence *f = slot(c, (uint32_t)idx);
+    uint64_t t0 = 0;
+    for (;;) {
+        uint64_t ctl = ld(&f->ctl);
+        if ((HL_CTL_GEN(ctl) & 0xffffffu) != HL_HANDLE_GEN(h) || HL_CTL_KIND(ctl) != HL_HANDLE_KIND(h) ||
+            (HL_CTL_STATE(ctl) != HL_SLOT_LIVE && HL_CTL_STATE(ctl) != HL_SLOT_DYING))
+            goto stale;
+        if (HL_CTL_STATE(ctl) == HL_SLOT_LIVE) {
+            uint64_t old = __atomic_fetch_or(&f->refs, c->mybit, __ATOMIC_SEQ_CST);
+            uint64_t c2 = ld(&f->ctl);
+            if (c2 == ctl) break;
+            if (!(old & c->mybit)) drop_ref(c, (uint32_t)idx, c->mybit, (uint32_t)c->me);
+            if ((HL_CTL_GEN(c2) & 0xffffffu) != HL_HANDLE_GEN(h)) goto stale;
+        }
+        /* DYING: its last holder is releasing it; wait for LIVE (revert) or FREE */
+        if (!t0) t0 = now_ns();
+        if (now_ns() - t0 > 2000000000ull) goto stale;
+        sched_yield();
+    }
+    c->lrefs[idx] = 1;
+    c->lgen[idx] = HL_HANDLE_GEN(h);
+    Py_RETURN_NONE;
+stale:
+    hl_err(E_Handle, "handle 0x%llx is stale (the object was released)", (unsigned long long)h);
+    return NULL;
+}
+
+static PyObject *Core_release(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    int64_t idx = HL_HANDLE_INDEX(h);
+    if (HL_HANDLE_TAG(h) != c->tag || idx < 0 || (uint64_t)idx >= c->cap || c->lrefs[idx] == 0 ||
+        c->lgen[idx] != HL_HANDLE_GEN(h)) {
+        hl_err(E_Handle, "handle 0x%llx is not held by this participant", (unsigned long long)h);
+        return NULL;
+    }
+    if (--c->lrefs[idx] == 0) drop_ref(c, (uint32_t)idx, c->mybit, (uint32_t)c->me);
+    Py_RETURN_NONE;
+}
+
+static int status_ok(unsigned long long s) {
+    return s == HL_STATUS_SUCCESS || s == HL_STATUS_ERROR || s == HL_STATUS_CANCEL || s == HL_STATUS_OWNER_DIED ||
+           (s >= HL_STATUS_CUSTOM_MIN && s <= 0xffffffffull);
+}
+
+static PyObject *Core_signal(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "signal(handle, status)");
+        return NULL;
+    }
+    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
+    unsigned long long s = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    int64_t idx = check_handle(c, h, HL_KIND_FENCE, 1);
+    if (idx < 0) return NULL;
+    if (HL_HANDLE_KIND(h) == HL_KIND_MERGED) {
+        PyErr_SetString(E_Invalid, "a merged fence completes from its children and cannot be signaled directly");
+        return NULL;
+    }
+    if (!status_ok(s)) {
+        hl_err(PyExc_ValueError, "invalid status %llu (SUCCESS, ERROR, CANCEL, OWNER_DIED or 64..2^32-1)", s);
+        return NULL;
+    }
+    struct hl_fence *f = slot(c, (uint32_t)idx);
+    uint64_t z = 0;
+    if (!cas(&f->word, &z, s)) {
+        hl_err(E_Already, "fence 0x%llx was already signaled with status %llu", (unsigned long long)h,
+                     (unsigned long long)z);
+        return NULL;
+    }
+    wake(f);
+    if (f->parents[0] || f->parents[1]) propagate(c, (uint32_t)idx, 0);
+    Py_RETURN_NONE;
+}
+
+/* word(handle) -> current completion word (any kind, must be held) */
+static PyObject *Core_word(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    int64_t idx = check_handle(c, h, 0, 1);
+    if (idx < 0) return NULL;
+    struct hl_fence *f = slot(c, (uint32_t)idx);
+    uint64_t w = ld(&f->word);
+    if (w == 0 && HL_HANDLE_KIND(h) == HL_KIND_MERGED) {
+        sweep(c);
+        w = ld(&f->word);
+    }
+    return PyLong_FromUnsignedLongLong(w);
+}
+
+/* aux(handle) -> aux word (timeline: value before failure) */
+static PyObject *Core_aux(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    int64_t idx = check_handle(c, h, 0, 1);
+    if (idx < 0) return NULL;
+    return PyLong_FromUnsignedLongLong(ld(&slot(c, (uint32_t)idx)->aux));
+}
+
+static PyObject *Core_tl_signal(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "tl_signal(handle, value)");
+        return NULL;
+    }
+    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
+    if (PyErr_Occurred()) return NULL;
+    unsigned long long v = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "timeline values are integers in 0..2^62-1");
+        return NULL;
+    }
+    int64_t idx = check_handle(c, h, HL_KIND_TIMELINE, 1);
+    if (idx < 0) return NULL;
+    struct hl_fence *f = slot(c, (uint32_t)idx);
+    if (v > HL_TIMELINE_MAX) {
+        hl_err(PyExc_ValueError, "timeline value %llu exceeds the maximum 2^62-1", v);
+        return NULL;
+    }
+    uint64_t cur = ld(&f->word);
+    for (;;) {
+        if (cur & HL_TIMELINE_FAILED) {
+            hl_err(E_Already, "timeline failed with status %llu; it cannot be signaled",
+                         (unsigned long long)(cur & 0xffffffffull));
+            return NULL;
+        }
+        if (v <= cur) {
+            hl_err(PyExc_ValueError, "timeline value must grow: current %llu, asked %llu",
+                         (unsigned long long)cur, v);
+            return NULL;
+        }
+        if (cas(&f->word, &cur, v)) break;
+    }
+    wake(f);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_tl_fail(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "tl_fail(handle, status)");
+        return NULL;
+    }
+    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
+    unsigned long long s = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    int64_t idx = check_handle(c, h, HL_KIND_TIMELINE, 1);
+    if (idx < 0) return NULL;
+    if (!status_ok(s) || s == HL_STATUS_SUCCESS) {
+        hl_err(PyExc_ValueError, "invalid failure status %llu (ERROR, CANCEL, OWNER_DIED or 64..2^32-1)", s);
+        return NULL;
+    }
+    struct hl_fence *f = slot(c, (uint32_t)idx);
+    uint64_t cur = ld(&f->word);
+    for (;;) {
+        if (cur & HL_TIMELINE_FAILED) {
+            hl_err(E_Already, "timeline already failed with status %llu",
+                         (unsigned long long)(cur & 0xffffffffull));
+            return NULL;
+        }
+        st(&f->aux, cur);
+        if (cas(&f->word, &cur, HL_TIMELINE_FAILED | s)) break;
+    }
+    wake(f);
+    Py_RETURN_NONE;
+}
+
+/* Wait until word >= threshold.  Spins (first with the GIL, then without)
+ * for spin_ns, then sleeps on the futex in slices of at most poll_ns.
+ * timeout_ns < 0: forever.  Returns the word, or None on timeout. */
+static PyObject *Core_wait(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "wait(handle, threshold, timeout_ns, spin_ns)");
+        return NULL;
+    }
+    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
+    uint64_t thr = PyLong_AsUnsignedLongLong(args[1]);
+    long long timeout = PyLong_AsLongLong(args[2]);
+    long long spin = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    int64_t idx = check_handle(c, h, 0, 1);
+    if (idx < 0) return NULL;
+    struct hl_fence *f = slot(c, (uint32_t)idx);
+    uint64_t w = ld(&f->word);
+    if (w >= thr) return PyLong_FromUnsignedLongLong(w);
+    /* short spin with the GIL: the fast cross-process round trip */
+    uint64_t t0 = now_ns();
+    uint64_t gil_spin = spin > 2000 ? 2000 : (spin > 0 ? (uint64_t)spin : 0);
+    if (gil_spin) {
+        for (unsigned it = 0;; it++) {
+            w = __atomic_load_n(&f->word, __ATOMIC_ACQUIRE);
+            if (w >= thr) return PyLong_FromUnsignedLongLong(w);
+            cpu_relax();
+            if ((it & 63) == 63 && now_ns() - t0 >= gil_spin) break;
+        }
+    }
+    int is_merged = HL_HANDLE_KIND(h) == HL_KIND_MERGED;
+    uint64_t poll = c->h->poll_ns ? c->h->poll_ns : 1000000ull;
+    uint64_t deadline = timeout < 0 ? UINT64_MAX : t0 + (uint64_t)timeout;
+    int timed_out = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (unsigned it = 0;; it++) {
+        w = __atomic_load_n(&f->word, __ATOMIC_ACQUIRE);
+        if (w >= thr) break;
+        if ((it & 63) != 63) {
+            cpu_relax();
+            continue;
+        }
+        uint64_t t = now_ns();
+        if (t >= deadline) {
+            timed_out = 1;
+            break;
+        }
+        if (t - t0 < (uint64_t)(spin > 0 ? spin : 0)) continue;
+        /* sleep phase */
+        if (is_merged) sweep(c);
+        __atomic_add_fetch(&f->waiters, 1, __ATOMIC_SEQ_CST);
+        w = ld(&f->word);
+        if (w < thr) {
+            uint64_t left = deadline - t;
+            uint64_t nap = left < poll ? left : poll;
+            struct timespec ts = {(time_t)(nap / 1000000000ull), (long)(nap % 1000000000ull)};
+            syscall(SYS_futex, (uint32_t *)&f->word, FUTEX_WAIT, (uint32_t)w, &ts, 0, 0);
+        }
+        __atomic_sub_fetch(&f->waiters, 1, __ATOMIC_SEQ_CST);
+    }
+    Py_END_ALLOW_THREADS;
+    if (timed_out) Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(w);
+}
+
+/* wait_any([(handle, threshold), ...], timeout_ns) -> list of ready positions.
+ * Sleeps with futex_waitv on all words plus the private kick word. */
+static PyObject *Core_wait_any(Core *c, PyObject *args) {
+    PyObject *lst;
+    long long timeout;
+    unsigned int kick_seen;
+    NEED_ATTACHED(c);
+    if (!PyArg_ParseTuple(args, "OLI", &lst, &timeout, &kick_seen)) return NULL;
+    PyObject *seq = PySequence_Fast(lst, "wait_any expects a list");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > 127) n = 127;
+    struct hl_futex_waitv wv[128];
+    uint64_t thr[128];
+    struct hl_fence *fs[128];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(seq, i);
+        unsigned long long h, th;
+        if (!PyArg_ParseTuple(t, "KK", &h, &th)) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        int64_t idx = check_handle(c, h, 0, 0);
+        if (idx < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        fs[i] = slot(c, (uint32_t)idx);
+        thr[i] = th;
+    }
+    Py_DECREF(seq);
+    uint64_t poll = c->h->poll_ns ? c->h->poll_ns : 1000000ull;
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    int any = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    uint64_t t0 = now_ns();
+    for (;;) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (ld(&fs[i]->word) >= thr[i]) any = 1;
+        if (any || __atomic_load_n(&c->kick, __ATOMIC_SEQ_CST) != kick_seen) break;
+        uint64_t t = now_ns();
+        if (timeout >= 0 && t - t0 >= (uint64_t)timeout) break;
+        for (Py_ssize_t i = 0; i < n; i++) __atomic_add_fetch(&fs[i]->waiters, 1, __ATOMIC_SEQ_CST);
+        int ready = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t w = ld(&fs[i]->word);
+            if (w >= thr[i]) ready = 1;
+            wv[i].val = (uint32_t)w;
+            wv[i].uaddr = (uint64_t)(uintptr_t)&fs[i]->word;
+            wv[i].flags = HL_FUTEX2_SIZE_U32;
+            wv[i].reserved = 0;
+        }
+        wv[n].val = kick_seen;
+        wv[n].uaddr = (uint64_t)(uintptr_t)&c->kick;
+        wv[n].flags = HL_FUTEX2_SIZE_U32 | HL_FUTEX2_PRIVATE;
+        wv[n].reserved = 0;
+        if (!ready && __atomic_load_n(&c->kick, __ATOMIC_SEQ_CST) == kick_seen) {
+            uint64_t nap = poll;
+            if (timeout >= 0) {
+                uint64_t left = (uint64_t)timeout - (t - t0);
+                if (left < nap) nap = left;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            uint64_t abs_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + nap;
+            ts.tv_sec = (time_t)(abs_ns / 1000000000ull);
+            ts.tv_nsec = (long)(abs_ns % 1000000000ull);
+            long r = syscall(SYS_futex_waitv, wv, (unsigned)(n + 1), 0, &ts, CLOCK_MONOTONIC);
+            if (r < 0 && errno == ENOSYS) {
+                struct timespec s2 = {0, (long)(nap < 200000 ? nap : 200000)};
+                nanosleep(&s2, NULL);
+            }
+        }
+        for (Py_ssize_t i = 0; i < n; i++) __atomic_sub_fetch(&fs[i]->waiters, 1, __ATOMIC_SEQ_CST);
+    }
+    Py_END_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ld(&fs[i]->word) >= thr[i]) {
+            PyObject *v = PyLong_FromSsize_t(i);
+            PyList_Append(out, v);
+            Py_DECREF(v);
+        }
+    }
+    return out;
+}
+
+static PyObject *Core_kick(Core *c, PyObject *noargs) {
+    __atomic_add_fetch(&c->kick, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, &c->kick, FUTEX_WAKE_PRIVATE, 0x7fffffff, 0, 0, 0);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_kick_value(Core *c, PyObject *noargs) {
+    return PyLong_FromUnsignedLong(__atomic_load_n(&c->kick, __ATOMIC_SEQ_CST));
+}
+
+static PyObject *Core_reap(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    uint64_t ids[HL_MAX_PARTICIPANTS];
+    int n;
+    Py_BEGIN_ALLOW_THREADS n = reap_all(c, ids, HL_MAX_PARTICIPANTS);
+    sweep(c);
+    Py_END_ALLOW_THREADS PyObject *out = PyList_New(n);
+    for (int i = 0; i < n; i++) PyList_SET_ITEM(out, i, PyLong_FromUnsignedLongLong(ids[i]));
+    return out;
+}
+
+/* participants() -> [(index, incarnation, state, recoverer, pid, start_time, joined_ns, label, kind, lock_held)] */
+static PyObject *Core_participants(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    PyObject *out = PyList_New(0);
+    for (uint32_t i = 0; i < c->pcap; i++) {
+        struct hl_participant *p = &c->parts[i];
+        uint64_t pc = ld(&p->ctl);
+        if (HL_PCTL_STATE(pc) == HL_PART_FREE) continue;
+        char label[33], kind[17];
+        memcpy(label, p->label, 32);
+        label[32] = 0;
+        memcpy(kind, p->kind, 16);
+        kind[16] = 0;
+        int held = ((int)i == c->me) ? 1 : part_lock_held(c, (int)i);
+        PyObject *t = Py_BuildValue("(IIIIIKKyyi)", i, HL_PCTL_INC(pc), HL_PCTL_STATE(pc), HL_PCTL_RECOVERER(pc),
+                                    p->pid, (unsigned long long)p->start_time, (unsigned long long)p->joined_ns,
+                                    label, kind, held);
+        if (!t) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_Append(out, t);
+        Py_DECREF(t);
+    }
+    return out;
+}
+
+static PyObject *Core_lock_held(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    long i = PyLong_AsLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    if (i < 0 || (unsigned long)i >= c->pcap) {
+        PyErr_SetString(PyExc_IndexError, "participant index out of range");
+        return NULL;
+    }
+    return PyBool_FromLong(i == c->me ? 1 : part_lock_held(c, (int)i));
+}
+
+static PyObject *Core_info(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    return Py_BuildValue("{s:i,s:I,s:K,s:I,s:I,s:I,s:K}", "me", c->me, "incarnation", c->inc, "size",
+                         (unsigned long long)c->size, "fences", c->cap, "participants", c->pcap, "tag", c->tag,
+                         "poll_ns", (unsigned long long)c->h->poll_ns);
+}
+
+static PyObject *Core_local_count(Core *c, PyObject *arg) {
+    uint64_t h = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    int64_t idx = HL_HANDLE_INDEX(h);
+    if (!c->lrefs || idx < 0 || (uint64_t)idx >= c->cap || c->lgen[idx] != HL_HANDLE_GEN(h))
+        return PyLong_FromLong(0);
+    return PyLong_FromUnsignedLong(c->lrefs[idx]);
+}
+
+/* Test hook: store a word like a device would (one plain 64-bit store, no wake, no propagation). */
+static PyObject *Core_device_store(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "device_store(handle, word)");
+        return NULL;
+    }
+    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
+    uint64_t v = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    int64_t idx = check_handle(c, h, 0, 1);
+    if (idx < 0) return NULL;
+    __atomic_store_n(&slot(c, (uint32_t)idx)->word, v, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_address(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    return PyLong_FromVoidPtr(c->base);
+}
+
+static PyMethodDef Core_methods[] = {
+    {"attach", (PyCFunction)Core_attach, METH_VARARGS, NULL},
+    {"leave", (PyCFunction)Core_leave, METH_NOARGS, NULL},
+    {"abandon", (PyCFunction)Core_abandon, METH_NOARGS, NULL},
+    {"create", (PyCFunction)Core_create, METH_VARARGS, NULL},
+    {"merge", (PyCFunction)Core_merge, METH_O, NULL},
+    {"import_", (PyCFunction)Core_import, METH_O, NULL},
+    {"release", (PyCFunction)Core_release, METH_O, NULL},
+    {"signal", (PyCFunction)(void (*)(void))Core_signal, METH_FASTCALL, NULL},
+    {"word", (PyCFunction)Core_word, METH_O, NULL},
+    {"aux", (PyCFunction)Core_aux, METH_O, NULL},
+    {"tl_signal", (PyCFunction)(void (*)(void))Core_tl_signal, METH_FASTCALL, NULL},
+    {"tl_fail", (PyCFunction)(void (*)(void))Core_tl_fail, METH_FASTCALL, NULL},
+    {"wait", (PyCFunction)(void (*)(void))Core_wait, METH_FASTCALL, NULL},
+    {"wait_any", (PyCFunction)Core_wait_any, METH_VARARGS, NULL},
+    {"kick", (PyCFunction)Core_kick, METH_NOARGS, NULL},
+    {"kick_value", (PyCFunction)Core_kick_value, METH_NOARGS, NULL},
+    {"reap", (PyCFunction)Core_reap, METH_NOARGS, NULL},
+    {"participants", (PyCFunction)Core_participants, METH_NOARGS, NULL},
+    {"lock_held", (PyCFunction)Core_lock_held, METH_O, NULL},
+    {"info", (PyCFunction)Core_info, METH_NOARGS, NULL},
+    {"local_count", (PyCFunction)Core_local_count, METH_O, NULL},
+    {"device_store", (PyCFunction)(void (*)(void))Core_device_store, METH_FASTCALL, NULL},
+    {"address", (PyCFunction)Core_address, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hostless._core.Core",
+    .tp_basicsize = sizeof(Core),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Core_new,
+    .tp_dealloc = (destructor)Core_dealloc,
+    .tp_methods = Core_methods,
+};
+
+static PyObject *py_set_exceptions(PyObject *m, PyObject *args) {
+    PyObject *a, *b, *cc, *d, *e, *f;
+    if (!PyArg_ParseTuple(args, "OOOOOO", &a, &b, &cc, &d, &e, &f)) return NULL;
+    Py_XSETREF(E_Hostless, Py_NewRef(a));
+    Py_XSETREF(E_Corrupt, Py_NewRef(b));
+    Py_XSETREF(E_Full, Py_NewRef(cc));
+    Py_XSETREF(E_Handle, Py_NewRef(d));
+    Py_XSETREF(E_Already, Py_NewRef(e));
+    Py_XSETREF(E_Invalid, Py_NewRef(f));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"layout", py_layout, METH_VARARGS, "layout(fences, participants, queues, trace, heap) -> offsets"},
+    {"set_exceptions", py_set_exceptions, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef coremodule = {PyModuleDef_HEAD_INIT, "hostless._core", "hostless C core", -1,
+                                        module_methods};
+
+#define ADD_INT(m, name, v) PyModule_AddObject(m, name, PyLong_FromUnsignedLongLong((unsigned long long)(v)))
+
+PyMODINIT_FUNC PyInit__core(void) {
+    if (PyType_Ready(&CoreType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&coremodule);
+    if (!m) return NULL;
+    Py_INCREF(&CoreType);
+    PyModule_AddObject(m, "Core", (PyObject *)&CoreType);
+    E_Hostless = Py_NewRef(PyExc_RuntimeError);
+    E_Corrupt = Py_NewRef(PyExc_RuntimeError);
+    E_Full = Py_NewRef(PyExc_RuntimeError);
+    E_Handle = Py_NewRef(PyExc_ValueError);
+    E_Already = Py_NewRef(PyExc_RuntimeError);
+    E_Invalid = Py_NewRef(PyExc_RuntimeError);
+    /* the ABI, exported so that Python reads the layout from the header */
+    ADD_INT(m, "MAGIC", HL_MAGIC);
+    ADD_INT(m, "ABI_VERSION", HL_ABI_VERSION);
+    ADD_INT(m, "HEADER_SIZE", HL_HEADER_SIZE);
+    ADD_INT(m, "PARTICIPANT_SIZE", HL_PARTICIPANT_SIZE);
+    ADD_INT(m, "FENCE_SIZE", HL_FENCE_SIZE);
+    ADD_INT(m, "MAX_PARTICIPANTS", HL_MAX_PARTICIPANTS);
+    ADD_INT(m, "MAX_FENCES", HL_MAX_FENCES);
+    ADD_INT(m, "TIMELINE_FAILED", HL_TIMELINE_FAILED);
+    ADD_INT(m, "TIMELINE_MAX", HL_TIMELINE_MAX);
+    ADD_INT(m, "KIND_FENCE", HL_KIND_FENCE);
+    ADD_INT(m, "KIND_TIMELINE", HL_KIND_TIMELINE);
+    ADD_INT(m, "KIND_MERGED", HL_KIND_MERGED);
+    ADD_INT(m, "SLOT_FREE", HL_SLOT_FREE);
+    ADD_INT(m, "SLOT_ALLOC", HL_SLOT_ALLOC);
+    ADD_INT(m, "SLOT_LIVE", HL_SLOT_LIVE);
+    ADD_INT(m, "SLOT_DYING", HL_SLOT_DYING);
+    ADD_INT(m, "PART_FREE", HL_PART_FREE);
+    ADD_INT(m, "PART_ALIVE", HL_PART_ALIVE);
+    ADD_INT(m, "PART_RECOVERING", HL_PART_RECOVERING);
+    ADD_INT(m, "MERGE_MAX_CHILDREN", HL_MERGE_MAX_CHILDREN);
+    ADD_INT(m, "MAX_PARENTS", HL_MAX_PARENTS);
+    ADD_INT(m, "LOCK_BASE", HL_LOCK_BASE);
+#define OFF(name, type, field) ADD_INT(m, name, offsetof(struct type, field))
+    OFF("H_MAGIC", hl_header, magic);
+    OFF("H_ABI_VERSION", hl_header, abi_version);
+    OFF("H_HEADER_SIZE", hl_header, header_size);
+    OFF("H_TOTAL_SIZE", hl_header, total_size);
+    OFF("H_PARTICIPANT_CAPACITY", hl_header, participant_capacity);
+    OFF("H_FENCE_CAPACITY", hl_header, fence_capacity);
+    OFF("H_PARTICIPANTS_OFFSET", hl_header, participants_offset);
+    OFF("H_FENCES_OFFSET", hl_header, fences_offset);
+    OFF("H_QUEUES_OFFSET", hl_header, queues_offset);
+    OFF("H_QUEUES_SIZE", hl_header, queues_size);
+    OFF("H_TRACE_OFFSET", hl_header, trace_offset);
+    OFF("H_TRACE_SIZE", hl_header, trace_size);
+    OFF("H_HEAP_OFFSET", hl_header, heap_offset);
+    OFF("H_HEAP_SIZE", hl_header, heap_size);
+    OFF("H_TAG", hl_header, tag);
+    OFF("H_POLL_NS", hl_header, poll_ns);
+    OFF("H_EPOCH", hl_header, epoch);
+    OFF("H_READY", hl_header, ready);
+    OFF("H_STATS_RECOVERED", hl_header, stats_recovered);
+    OFF("H_CREATED_NS", hl_header, created_ns);
+    OFF("P_CTL", hl_participant, ctl);
+    OFF("P_PID", hl_participant, pid);
+    OFF("P_START_TIME", hl_participant, start_time);
+    OFF("P_LABEL", hl_participant, label);
+    OFF("P_KIND", hl_participant, kind);
+    OFF("F_WORD", hl_fence, word);
+    OFF("F_CTL", hl_fence, ctl);
+    OFF("F_REFS", hl_fence, refs);
+    OFF("F_WAITERS", hl_fence, waiters);
+    OFF("F_OWNER", hl_fence, owner);
+    OFF("F_AUX", hl_fence, aux);
+    OFF("F_PARENTS", hl_fence, parents);
+    OFF("F_ERR", hl_fence, err);
+    return m;
+}

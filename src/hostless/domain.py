@@ -1,0 +1,529 @@
+"""The domain: one shared-memory region holding the tables every participant uses.
+
+A domain is a file in /dev/shm (or any file descriptor that can be mapped
+shared, passed over a Unix socket).  No process owns it: any process opens it
+by name, joins as a participant, and leaves with :meth:`Domain.close`.  A
+participant that dies without leaving is recovered by any live participant
+(see :mod:`hostless.recovery`).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import secrets
+import threading
+import time
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from . import _core
+from ._abi import HEADER_DTYPE, C, owner_code
+from .errors import (
+    AlreadySignaled,
+    CorruptDomain,
+    DomainClosed,
+    DomainFull,
+    HostlessError,
+    InvalidHandle,
+    InvalidOperation,
+)
+
+if TYPE_CHECKING:
+    from ._aio import Notifier
+    from .fence import Fence
+    from .timeline import Timeline
+
+_core.set_exceptions(HostlessError, CorruptDomain, DomainFull, InvalidHandle, AlreadySignaled, InvalidOperation)
+
+__all__ = ["Domain", "Participant", "SHM_DIR"]
+
+SHM_DIR = "/dev/shm"
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+_live: weakref.WeakSet[Domain] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child shares the parent's open file description, hence its
+    # liveness lock: keeping it would hide the parent's death.  The child must
+    # open the domain again.
+    for d in list(_live):
+        d._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _path(name: str) -> str:
+    name = name[1:] if name.startswith("/") else name
+    if not _NAME_RE.match(name) or name in (".", ".."):
+        raise ValueError(f"invalid domain name {name!r}: use 1-200 characters from [A-Za-z0-9._-]")
+    return os.path.join(SHM_DIR, name)
+
+
+def parse_size(size: int | str) -> int:
+    """``4096``, ``"64K"``, ``"256M"``, ``"8G"`` -> bytes."""
+    if isinstance(size, bool):
+        raise TypeError("size must be an int or a string such as '256M'")
+    if isinstance(size, int):
+        if size < 0:
+            raise ValueError(f"size must not be negative, got {size}")
+        return size
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(i?B)?\s*", str(size), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"cannot parse size {size!r} (examples: 4096, '64K', '256M', '8G')")
+    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
+    return int(m.group(1)) * mult
+
+
+@dataclass(frozen=True)
+class Participant:
+    """A participant of a domain as recorded in its participant table."""
+
+    id: int
+    """Domain-wide id: incarnation << 8 | slot index (unique over the domain's life)."""
+    index: int
+    pid: int
+    start_time: int
+    joined_ns: int
+    label: str
+    kind: str
+    state: str
+    """'alive', 'dead' (lock released, not recovered yet) or 'recovering'."""
+
+
+class Domain:
+    """A joined domain.  Create one with :meth:`create`, :meth:`open` or :meth:`from_fd`.
+
+    The object is this process's participant: the references it takes, the
+    fences it owns and its liveness lock belong to it.  It is safe to use from
+    several threads.  After ``fork()`` the child's copy is closed: open the
+    domain again in the child.
+    """
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        raise TypeError("use Domain.create(), Domain.open() or Domain.from_fd()")
+
+    # ------------------------------------------------------------------ setup
+    @classmethod
+    def _attach(
+        cls,
+        fd: int,
+        name: str | None,
+        init: tuple[int, ...] | None,
+        label: str | None,
+        kind: str,
+        watchdog_interval: float,
+        spin: float,
+    ) -> Domain:
+        self = object.__new__(cls)
+        self._core = _core.Core()
+        self._name = name
+        self._closed = False
+        self._lock = threading.Lock()
+        self._notifier: Notifier | None = None
+        self._map: mmap.mmap | None = None
+        self.spin = spin
+        if label is None:
+            label = f"pid{os.getpid()}"
+        if not isinstance(kind, str) or not kind:
+            raise ValueError("kind must be a non-empty string such as 'cpu'")
+        wd_ns = int(watchdog_interval * 1e9) if watchdog_interval else 0
+        self._core.attach(fd, init, label.encode()[:31].decode(errors="ignore"), kind[:15], wd_ns)
+        self._fd = fd
+        info = self._core.info()
+        self._index = int(info["me"])
+        self._incarnation = int(info["incarnation"])
+        _live.add(self)
+        return self
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        *,
+        fences: int = 4096,
+        participants: int = 64,
+        mode: int = 0o600,
+        heap: int | str = 0,
+        queues: int | str = 0,
+        trace: int | str = 0,
+        poll_interval: float = 1e-3,
+        spin: float = 50e-6,
+        watchdog_interval: float = 0.02,
+        label: str | None = None,
+        kind: str = "cpu",
+    ) -> Domain:
+        """Create the domain ``/dev/shm/<name>`` and join it.
+
+        ``fences``: fence/timeline slots (1..2**24).  ``participants``: at most
+        64 processes joined at once.  ``mode``: file permissions.
+        ``poll_interval``: the longest a sleeping host waiter goes without
+        re-reading a word (bounds how late it sees a device's plain store).
+        ``spin``: how long a wait spins before it sleeps (per-wait override).
+        ``watchdog_interval``: how often this participant checks the others'
+        liveness and recovers the dead (0 disables; recovery then happens on
+        :meth:`reap` and in other participants).
+
+        Raises FileExistsError if the name exists, ValueError on bad sizes.
+        """
+        path = _path(name)
+        if not 1 <= fences <= int(C.MAX_FENCES):
+            raise ValueError(f"fences must be in 1..{int(C.MAX_FENCES)}, got {fences}")
+        if not 1 <= participants <= int(C.MAX_PARTICIPANTS):
+            raise ValueError(f"participants must be in 1..{int(C.MAX_PARTICIPANTS)}, got {participants}")
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be positive")
+        sizes = (parse_size(queues), parse_size(trace), parse_size(heap))
+        lay = _core.layout(fences, participants, *sizes)
+        tag = secrets.randbelow(255) + 1
+        init = (fences, participants, *sizes, tag, int(poll_interval * 1e9))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        try:
+            os.fchmod(fd, mode)
+            os.ftruncate(fd, lay["total_size"])
+            return cls._attach(fd, name, init, label, kind, watchdog_interval, spin)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+
+    @classmethod
+    def open(
+        cls,
+        name: str,
+        *,
+        label: str | None = None,
+        kind: str = "cpu",
+        spin: float = 50e-6,
+        watchdog_interval: float = 0.02,
+        timeout: float = 2.0,
+    ) -> Domain:
+        """Open ``/dev/shm/<name>`` and join it.
+
+        Waits up to ``timeout`` seconds for a creator that is still
+        initialising.  Raises FileNotFoundError when missing, CorruptDomain when
+        the file is not a domain of this ABI, DomainFull when every participant
+        slot is taken by a live participant.
+        """
+        path = _path(name)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            _wait_ready(fd, timeout)
+            return cls._attach(fd, name, None, label, kind, watchdog_interval, spin)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def from_fd(
+        cls,
+        fd: int,
+        *,
+        label: str | None = None,
+        kind: str = "cpu",
+        spin: float = 50e-6,
+        watchdog_interval: float = 0.02,
+    ) -> Domain:
+        """Join the domain behind ``fd`` (for example received with SCM_RIGHTS).
+
+        The domain is reopened through /proc/self/fd so that this participant
+        has its own open file description (its liveness lock is its own); the
+        caller keeps ownership of ``fd``.
+        """
+        own = os.open(f"/proc/self/fd/{int(fd)}", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            _wait_ready(own, 2.0)
+            return cls._attach(own, None, None, label, kind, watchdog_interval, spin)
+        except BaseException:
+            os.close(own)
+            raise
+
+    @staticmethod
+    def unlink(name: str) -> None:
+        """Remove the name.  Participants that have it open keep using it."""
+        os.unlink(_path(name))
+
+    def fileno(self) -> int:
+        """The domain's file descriptor (to pass to another process)."""
+        self._check_open()
+        return self._fd
+
+    # ------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Leave the domain.
+
+        Drops every reference this participant holds (objects nobody else holds
+        are freed, ACTIVE ones signaled CANCEL); ACTIVE fences and timelines it
+        owns are signaled OWNER_DIED.  Idempotent.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._notifier is not None:
+            self._notifier.stop()
+        self._core.leave()
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass
+        _live.discard(self)
+
+    def _forked(self) -> None:
+        self._closed = True
+        self._core.abandon()
+        self._notifier = None
+
+    def __enter__(self) -> Domain:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"participant {self.participant_id}"
+        return f"<hostless.Domain {self._name or '(fd)'} {state}>"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DomainClosed("domain is closed")
+
+    # ------------------------------------------------------------ properties
+    @property
+    def name(self) -> str | None:
+        """The /dev/shm name, or None for a domain opened from an fd."""
+        return self._name
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def participant_id(self) -> int:
+        """This participant's id (incarnation << 8 | slot index)."""
+        return (self._incarnation << 8) | self._index
+
+    @property
+    def capacity(self) -> dict[str, int]:
+        """Table capacities: fences, participants, heap/queue/trace bytes."""
+        h = self.header()
+        return {
+            "fences": int(h["fence_capacity"]),
+            "participants": int(h["participant_capacity"]),
+            "heap": int(h["heap_size"]),
+            "queues": int(h["queues_size"]),
+            "trace": int(h["trace_size"]),
+        }
+
+    def raw(self) -> mmap.mmap:
+        """A read-write mmap of the whole domain (for inspection and tools)."""
+        self._check_open()
+        if self._map is None:
+            self._map = mmap.mmap(self._fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        return self._map
+
+    def header(self) -> Any:
+        """The header as a NumPy record (a copy)."""
+        import numpy as np
+
+        return np.frombuffer(self.raw(), dtype=HEADER_DTYPE, count=1)[0].copy()
+
+    @property
+    def participants(self) -> list[Participant]:
+        """Every non-free participant slot."""
+        self._check_open()
+        out = []
+        for idx, inc, state, _rec, pid, st, joined, label, kind, held in self._core.participants():
+            if state == C.PART_RECOVERING:
+                s = "recovering"
+            else:
+                s = "alive" if held else "dead"
+            out.append(
+                Participant(
+                    id=(inc << 8) | idx,
+                    index=idx,
+                    pid=pid,
+                    start_time=st,
+                    joined_ns=joined,
+                    label=label.decode(errors="replace"),
+                    kind=kind.decode(errors="replace"),
+                    state=s,
+                )
+            )
+        return out
+
+    # --------------------------------------------------------------- objects
+    def _owner(self, owner: int | Participant | None) -> int:
+        if owner is None:
+            return 0
+        if isinstance(owner, Participant):
+            owner = owner.id
+        if isinstance(owner, bool) or not isinstance(owner, int) or owner < 0:
+            raise TypeError("owner must be a participant id (int) or a Participant")
+        return owner_code(owner)
+
+    def fence(self, owner: int | Participant | None = None) -> Fence:
+        """Create an ACTIVE fence and take a reference to it.
+
+        ``owner`` is the participant expected to signal it (default: this
+        one); if the owner dies before signaling, recovery signals OWNER_DIED.
+        Raises DomainFull when the fence table is full.
+        """
+        from .fence import Fence
+
+        self._check_open()
+        return Fence._adopt(self, self._core.create(int(C.KIND_FENCE), self._owner(owner)))
+
+    def import_fence(self, handle: int) -> Fence:
+        """Take a reference to the fence (or merged fence) ``handle``.
+
+        Raises InvalidHandle for a stale, forged or foreign handle or for a
+        timeline handle.
+        """
+        from .fence import Fence
+
+        self._check_open()
+        h = _handle(handle)
+        if (h >> 48) & 0xFF == int(C.KIND_TIMELINE):
+            raise InvalidHandle(f"handle {h:#x} is a timeline; use import_timeline()")
+        self._core.import_(h)
+        return Fence._adopt(self, h)
+
+    def merge(self, fences: Iterable[Fence]) -> Fence:
+        """A composite fence that completes when every child has.
+
+        Its status is SUCCESS when all children succeeded, otherwise the first
+        failure status propagated.  It cannot be signaled directly.  More than
+        32 children build a tree of composites.  A fence can belong to at most
+        two composites.
+        """
+        from .fence import Fence
+
+        self._check_open()
+        fs = list(fences)
+        if not fs:
+            raise ValueError("merge() needs at least one fence")
+        for f in fs:
+            if not isinstance(f, Fence):
+                raise TypeError(f"merge() takes Fence objects, got {type(f).__name__}")
+            if f._dom is not self:
+                raise InvalidHandle("merge() of a fence that belongs to another domain object")
+            f._check_held()
+        n = int(C.MERGE_MAX_CHILDREN)
+        inner: list[Fence] = []
+        try:
+            while len(fs) > n:
+                nxt = []
+                for i in range(0, len(fs), n):
+                    chunk = fs[i : i + n]
+                    node = Fence._adopt(self, self._core.merge([f.handle for f in chunk]))
+                    inner.append(node)
+                    nxt.append(node)
+                fs = nxt
+            root = Fence._adopt(self, self._core.merge([f.handle for f in fs]))
+        except BaseException:
+            for node in inner:
+                node.release()
+            raise
+        # The inner nodes of a large merge belong to the root object: they are
+        # released with it (a node released before it completes is CANCELed,
+        # as every fence is).
+        root._inner = inner
+        return root
+
+    def timeline(self, initial: int = 0, owner: int | Participant | None = None) -> Timeline:
+        """Create a timeline at ``initial`` and take a reference to it."""
+        from .timeline import Timeline
+
+        self._check_open()
+        if isinstance(initial, bool) or not isinstance(initial, int):
+            raise TypeError("initial must be an int")
+        if not 0 <= initial <= int(C.TIMELINE_MAX):
+            raise ValueError(f"initial must be in 0..2**62-1, got {initial}")
+        t = Timeline._adopt(self, self._core.create(int(C.KIND_TIMELINE), self._owner(owner)))
+        if initial:
+            self._core.tl_signal(t.handle, initial)
+        return t
+
+    def import_timeline(self, handle: int) -> Timeline:
+        """Take a reference to the timeline ``handle`` (InvalidHandle otherwise)."""
+        from .timeline import Timeline
+
+        self._check_open()
+        h = _handle(handle)
+        if (h >> 48) & 0xFF != int(C.KIND_TIMELINE):
+            raise InvalidHandle(f"handle {h:#x} is not a timeline; use import_fence()")
+        self._core.import_(h)
+        return Timeline._adopt(self, h)
+
+    # -------------------------------------------------------------- recovery
+    def reap(self) -> list[int]:
+        """Recover every dead participant now; returns the ids recovered.
+
+        Their ACTIVE fences and timelines become OWNER_DIED (waiters wake),
+        their references are dropped and objects nobody holds are freed.
+        """
+        self._check_open()
+        return [int(x) for x in self._core.reap()]
+
+    def check(self) -> list[str]:
+        """Every invariant violation found in the shared tables (empty when consistent).
+
+        Exact when the domain is quiescent; operations in flight in other
+        processes can show up as transient findings.
+        """
+        from .recovery import check_tables
+
+        self._check_open()
+        return check_tables(bytes(self.raw()), self._core.lock_held, self._index)
+
+    def notifier(self) -> Notifier:
+        """The per-domain thread that completes asyncio waits and callbacks."""
+        from ._aio import Notifier
+
+        self._check_open()
+        with self._lock:
+            if self._notifier is None:
+                self._notifier = Notifier(self._core)
+            return self._notifier
+
+
+def _handle(handle: int) -> int:
+    if isinstance(handle, bool) or not isinstance(handle, int):
+        raise InvalidHandle(f"a handle is an int, got {type(handle).__name__}")
+    if not 0 < handle < (1 << 64):
+        raise InvalidHandle(f"handle {handle} is out of the 64-bit range")
+    return handle
+
+
+def _wait_ready(fd: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    hsize = int(C.HEADER_SIZE)
+    while True:
+        st = os.fstat(fd)
+        if st.st_size >= hsize:
+            head = os.pread(fd, hsize, 0)
+            ready = int.from_bytes(head[int(C.H_READY) : int(C.H_READY) + 4], "little")
+            magic = int.from_bytes(head[0:8], "little")
+            if ready == 1:
+                return
+            if magic not in (0, int(C.MAGIC)):
+                raise CorruptDomain(f"not a hostless domain (magic {magic:#x})")
+        if time.monotonic() >= deadline:
+            raise CorruptDomain("domain is not initialised (its creator died or is still starting)")
+        time.sleep(0.001)

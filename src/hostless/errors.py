@@ -1,0 +1,46 @@
+"""Errors raised by hostless.  Every error is a :class:`HostlessError`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "HostlessError",
+    "CorruptDomain",
+    "DomainFull",
+    "InvalidHandle",
+    "AlreadySignaled",
+    "InvalidOperation",
+    "OutOfMemory",
+    "DomainClosed",
+]
+
+
+class HostlessError(Exception):
+    """Base class of every hostless error."""
+
+
+class CorruptDomain(HostlessError):
+    """The file is not a domain of this ABI: bad magic, version, sizes or tables."""
+
+
+class DomainFull(HostlessError):
+    """A fixed-capacity table of the domain (fences, participants, queues) is exhausted."""
+
+
+class InvalidHandle(HostlessError, ValueError):
+    """A handle is stale (its object was released), forged, foreign or not held."""
+
+
+class AlreadySignaled(HostlessError):
+    """A fence was signaled twice, or a failed timeline was signaled or failed again."""
+
+
+class InvalidOperation(HostlessError):
+    """The operation does not apply to this object (for example signaling a merged fence)."""
+
+
+class OutOfMemory(HostlessError, MemoryError):
+    """The shared heap cannot satisfy an allocation."""
+
+
+class DomainClosed(InvalidOperation):
+    """The domain (or the object's domain) was closed, or belongs to the parent of a fork."""

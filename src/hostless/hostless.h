@@ -1,0 +1,388 @@
+/*
+ * hostless.h -- the hostless domain ABI.  Single source of truth for the
+ * shared-memory layout; Python (through the _core extension), C programs and
+ * CUDA/NVRTC kernels all include this file and nothing else of hostless.
+ *
+ * Valid C11, C++11 and CUDA (nvcc and NVRTC).  A C program that includes only
+ * this header can map a domain, validate it, signal fences, advance timelines
+ * and poll them ("firmware" participants).  Creating objects, taking
+ * references and crash recovery are done by the _core extension.
+ *
+ * ------------------------------------------------------------------------
+ * Layout (all offsets from the start of the mapping, all little-endian):
+ *
+ *   [0, 4096)            struct hl_header
+ *   participants_offset  participant_capacity x struct hl_participant (128 B)
+ *   fences_offset        fence_capacity x struct hl_fence (64 B, one cache line)
+ *   queues_offset        queues_size bytes (reserved for command queues)
+ *   trace_offset         trace_size bytes (reserved for the trace ring)
+ *   heap_offset          heap_size bytes (shared heap, page aligned)
+ *
+ * Every region starts on a 4096-byte boundary.  A reader must check magic,
+ * abi_version, header_size, the slot sizes and that every region lies inside
+ * total_size before it touches anything else: hl_domain_validate() does it.
+ *
+ * ------------------------------------------------------------------------
+ * The completion word.  Every fence and timeline completes through ONE
+ * naturally aligned 64-bit word, hl_fence.word, so that a device can signal
+ * with a single 64-bit store and wait with "word >= value":
+ *
+ *   binary fence:  0 = ACTIVE; nonzero = signaled, the word IS the status
+ *                  (HL_STATUS_SUCCESS, _ERROR, _CANCEL, _OWNER_DIED, or a
+ *                  custom code >= 64, all < 2^32).  A ">= 1" waiter wakes on
+ *                  every outcome, failures included.
+ *   timeline:      the value, always < HL_TIMELINE_FAILED (2^62).  A failed
+ *                  timeline holds HL_TIMELINE_FAILED | status: larger than
+ *                  every legal value, so every ">= v" waiter wakes, also with
+ *                  CUDA's cyclic GEQ ((int64)(word - v) >= 0) since the
+ *                  distance stays below 2^63.
+ *
+ * Memory ordering: a signal is a release store (or CAS) of the word; a wait
+ * is an acquire load of it.  Data written before a signal is visible to a
+ * waiter that observed the signal.
+ *
+ * Host sleepers: a waiter that stops spinning increments hl_fence.waiters and
+ * sleeps in FUTEX_WAIT on the LOW 32 BITS of the word (offset 0, shared
+ * futex), with a bounded timeout (hl_header.poll_ns): a signaler that can
+ * make system calls calls FUTEX_WAKE when waiters != 0; a device store wakes
+ * nobody, and is seen at the latest when the bounded sleep ends.
+ *
+ * ------------------------------------------------------------------------
+ * Slot state machine (hl_fence.ctl, 64 bits, changed only by CAS):
+ *
+ *   ctl = gen[63:32] | kind[31:24] | pidx[15:8] | state[7:0]
+ *
+ *   FREE --alloc CAS (gen+1, pidx=allocator)--> ALLOC --init--> LIVE
+ *   LIVE --last reference dropped (pidx=releaser)--> DYING --finalize--> FREE
+ *
+ * References: hl_fence.refs is a bitmask of the participants that hold a
+ * reference (bit i = participant slot i; one bit per participant, a process
+ * counts its own handles locally).  A slot is freed when the bitmask drops to
+ * zero; an ACTIVE fence freed that way is first signaled CANCEL.
+ *
+ * Handles: handle = tag[63:56] | kind[55:48] | gen[47:24] | (index+1)[23:0]
+ * where tag is hl_header.tag (per-domain, nonzero), gen the low 24 bits of
+ * the slot generation.  0 is never a valid handle.
+ *
+ * Recovery: see docs/abi.md.  Every step is a single atomic operation, so a
+ * participant killed at any instruction leaves a state that another
+ * participant can finish or roll back; no lock exists in this layout.
+ */
+#ifndef HOSTLESS_H
+#define HOSTLESS_H
+
+#if defined(__CUDACC_RTC__)
+typedef unsigned long long hl_u64;
+typedef long long hl_i64;
+typedef unsigned int hl_u32;
+typedef unsigned short hl_u16;
+typedef unsigned char hl_u8;
+#define HL_DEVICE_CODE 1
+#else
+#include <stdint.h>
+#include <stddef.h>
+typedef uint64_t hl_u64;
+typedef int64_t hl_i64;
+typedef uint32_t hl_u32;
+typedef uint16_t hl_u16;
+typedef uint8_t hl_u8;
+#if defined(__CUDA_ARCH__)
+#define HL_DEVICE_CODE 1
+#endif
+#endif
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define HL_INLINE static __host__ __device__ __forceinline__
+#else
+#define HL_INLINE static inline
+#endif
+
+#if !defined(HL_DEVICE_CODE) && defined(__linux__) && !defined(HL_NO_SYSCALLS)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <time.h>
+#define HL_HAVE_FUTEX 1
+#endif
+
+#define HL_MAGIC 0x3153534c54534f48ULL /* "HOSTLSS1" little-endian */
+#define HL_ABI_VERSION 1u
+#define HL_HEADER_SIZE 4096u
+#define HL_PAGE 4096u
+#define HL_CACHELINE 64u
+#define HL_MAX_PARTICIPANTS 64u
+#define HL_MAX_FENCES (1u << 24) /* index field of a handle is 24 bits */
+#define HL_PARTICIPANT_SIZE 128u
+#define HL_FENCE_SIZE 64u
+
+/* ---- statuses (binary fence word values; Synx numbering) ---- */
+#define HL_STATUS_ACTIVE 1u     /* reported for word == 0, never stored */
+#define HL_STATUS_SUCCESS 2u
+#define HL_STATUS_ERROR 3u
+#define HL_STATUS_CANCEL 4u
+#define HL_STATUS_OWNER_DIED 6u
+#define HL_STATUS_CUSTOM_MIN 64u /* custom codes: 64 .. 2^32-1 */
+
+#define HL_TIMELINE_FAILED (1ULL << 62)
+#define HL_TIMELINE_MAX (HL_TIMELINE_FAILED - 1)
+
+/* ---- slot states and kinds ---- */
+#define HL_SLOT_FREE 0u
+#define HL_SLOT_ALLOC 1u
+#define HL_SLOT_LIVE 2u
+#define HL_SLOT_DYING 3u
+
+#define HL_KIND_FENCE 1u
+#define HL_KIND_TIMELINE 2u
+#define HL_KIND_MERGED 3u
+
+#define HL_CTL(gen, kind, pidx, state) \
+    (((hl_u64)(gen) << 32) | ((hl_u64)((kind) & 0xffu) << 24) | ((hl_u64)((pidx) & 0xffu) << 8) | ((hl_u64)(state) & 0xffu))
+#define HL_CTL_STATE(c) ((hl_u32)((c) & 0xffu))
+#define HL_CTL_PIDX(c) ((hl_u32)(((c) >> 8) & 0xffu))
+#define HL_CTL_KIND(c) ((hl_u32)(((c) >> 24) & 0xffu))
+#define HL_CTL_GEN(c) ((hl_u32)((c) >> 32))
+
+#define HL_HANDLE(tag, kind, gen, index) \
+    (((hl_u64)((tag) & 0xffu) << 56) | ((hl_u64)((kind) & 0xffu) << 48) | ((hl_u64)((gen) & 0xffffffu) << 24) | \
+     ((hl_u64)(index) + 1u))
+#define HL_HANDLE_TAG(h) ((hl_u32)((h) >> 56))
+#define HL_HANDLE_KIND(h) ((hl_u32)(((h) >> 48) & 0xffu))
+#define HL_HANDLE_GEN(h) ((hl_u32)(((h) >> 24) & 0xffffffu))
+#define HL_HANDLE_INDEX(h) ((hl_i64)((h) & 0xffffffu) - 1)
+
+/* A link from a child fence to a merged (composite) parent:
+ * link = pos[62:56] | gen24[55:32] | (parent index + 1)[31:0]; 0 = none.
+ * pos is the child's bit in the parent's pending mask (aux[31:0]).
+ * Propagation clears that bit with a CAS that checks the parent's gen, so it
+ * is idempotent: recovery and sweeps may repeat it safely. */
+#define HL_LINK(pos, gen, index) \
+    ((((hl_u64)(pos) & 0x7fu) << 56) | (((hl_u64)(gen) & 0xffffffu) << 32) | ((hl_u64)(index) + 1u))
+#define HL_LINK_INDEX(l) ((hl_i64)((l) & 0xffffffffu) - 1)
+#define HL_LINK_GEN(l) ((hl_u32)(((l) >> 32) & 0xffffffu))
+#define HL_LINK_POS(l) ((hl_u32)(((l) >> 56) & 0x7fu))
+#define HL_MAX_PARENTS 2
+#define HL_MERGE_MAX_CHILDREN 32 /* per composite slot; larger merges build a tree */
+
+/* ---- participant slot states; ctl = incarnation[47:16] | recoverer[15:8] | state[7:0] ---- */
+#define HL_PART_FREE 0u
+#define HL_PART_ALIVE 1u
+#define HL_PART_RECOVERING 2u
+#define HL_PCTL(inc, rec, state) (((hl_u64)(inc) << 16) | ((hl_u64)((rec) & 0xffu) << 8) | ((hl_u64)(state) & 0xffu))
+#define HL_PCTL_STATE(c) ((hl_u32)((c) & 0xffu))
+#define HL_PCTL_RECOVERER(c) ((hl_u32)(((c) >> 8) & 0xffu))
+#define HL_PCTL_INC(c) ((hl_u32)(((c) >> 16) & 0xffffffffu))
+
+/* Owner field of a fence: (incarnation & 0xffffff) << 8 | (participant index + 1); 0 = none. */
+#define HL_OWNER(inc, idx) ((((hl_u32)(inc) & 0xffffffu) << 8) | ((hl_u32)(idx) + 1u))
+#define HL_OWNER_INDEX(o) ((int)((o) & 0xffu) - 1)
+#define HL_OWNER_INC(o) ((hl_u32)((o) >> 8))
+
+/* Byte offset (beyond any real data) of participant i's liveness lock: each
+ * live participant holds an OFD write lock on byte HL_LOCK_BASE + i of the
+ * domain file; the kernel drops it when the process dies. */
+#define HL_LOCK_BASE (1ULL << 40)
+
+/* ---- the header: page 0 of the domain ---- */
+struct hl_header {
+    hl_u64 magic;                 /*   0 HL_MAGIC */
+    hl_u32 abi_version;           /*   8 HL_ABI_VERSION */
+    hl_u32 header_size;           /*  12 HL_HEADER_SIZE */
+    hl_u64 total_size;            /*  16 size of the whole mapping */
+    hl_u32 participant_size;      /*  24 HL_PARTICIPANT_SIZE */
+    hl_u32 participant_capacity;  /*  28 <= HL_MAX_PARTICIPANTS */
+    hl_u32 fence_size;            /*  32 HL_FENCE_SIZE */
+    hl_u32 fence_capacity;        /*  36 <= HL_MAX_FENCES */
+    hl_u64 participants_offset;   /*  40 */
+    hl_u64 fences_offset;         /*  48 */
+    hl_u64 queues_offset;         /*  56 */
+    hl_u64 queues_size;           /*  64 */
+    hl_u64 trace_offset;          /*  72 */
+    hl_u64 trace_size;            /*  80 */
+    hl_u64 heap_offset;           /*  88 */
+    hl_u64 heap_size;             /*  96 */
+    hl_u32 tag;                   /* 104 handle tag, 1..255 */
+    hl_u32 flags;                 /* 108 reserved, 0 */
+    hl_u64 created_ns;            /* 112 CLOCK_REALTIME at creation */
+    hl_u64 poll_ns;               /* 120 longest host sleep before re-reading a word */
+    hl_u64 epoch;                 /* 128 bumped by every completed recovery */
+    hl_u32 alloc_hint;            /* 136 where fence allocation starts scanning */
+    hl_u32 ready;                 /* 140 1 once the creator finished initialising */
+    hl_u64 stats_recovered;       /* 144 participants recovered so far */
+    hl_u8 reserved[HL_HEADER_SIZE - 152];
+};
+
+struct hl_participant {
+    hl_u64 ctl;                   /*   0 HL_PCTL(incarnation, recoverer, state) */
+    hl_u32 pid;                   /*   8 OS process id */
+    hl_u32 flags;                 /*  12 reserved */
+    hl_u64 start_time;            /*  16 process start time (clock ticks since boot, /proc/pid/stat field 22) */
+    hl_u64 joined_ns;             /*  24 CLOCK_REALTIME when it joined */
+    char label[32];               /*  32 NUL-terminated label */
+    char kind[16];                /*  64 "cpu", "npu", "cuda", ... */
+    hl_u8 reserved[HL_PARTICIPANT_SIZE - 80];
+};
+
+struct hl_fence {
+    hl_u64 word;                  /*   0 completion word (see above); futex on its low 32 bits */
+    hl_u64 ctl;                   /*   8 HL_CTL(gen, kind, pidx, state) */
+    hl_u64 refs;                  /*  16 bitmask of participants holding a reference */
+    hl_u32 waiters;               /*  24 host threads asleep on the word */
+    hl_u32 owner;                 /*  28 HL_OWNER of the expected signaler, 0 = none */
+    hl_u64 aux;                   /*  32 timeline: last value before failure;
+                                             merged: gen24[55:32] | pending-children bitmask[31:0] */
+    hl_u64 parents[HL_MAX_PARENTS]; /* 40 HL_LINK(gen, index) of merged parents, 0 = none */
+    hl_u64 err;                   /*  56 merged: gen24[55:32] | first error status[31:0] */
+};
+
+#if defined(__cplusplus) && __cplusplus >= 201103L
+static_assert(sizeof(struct hl_header) == HL_HEADER_SIZE, "hl_header size");
+static_assert(sizeof(struct hl_participant) == HL_PARTICIPANT_SIZE, "hl_participant size");
+static_assert(sizeof(struct hl_fence) == HL_FENCE_SIZE, "hl_fence size");
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(struct hl_header) == HL_HEADER_SIZE, "hl_header size");
+_Static_assert(sizeof(struct hl_participant) == HL_PARTICIPANT_SIZE, "hl_participant size");
+_Static_assert(sizeof(struct hl_fence) == HL_FENCE_SIZE, "hl_fence size");
+#endif
+
+/* ---- error codes of the inline operations (negative) ---- */
+#define HL_OK 0
+#define HL_E_CORRUPT -1     /* header or table does not match this ABI */
+#define HL_E_HANDLE -2      /* stale, forged or foreign handle */
+#define HL_E_ALREADY -3     /* fence already signaled */
+#define HL_E_KIND -4        /* wrong kind of object for this operation */
+#define HL_E_VALUE -5       /* bad status or timeline value */
+#define HL_E_FAILED -6      /* timeline already failed */
+
+/* ---- atomics: GCC/Clang builtins on the host, CUDA intrinsics on a device ---- */
+#if defined(HL_DEVICE_CODE)
+HL_INLINE hl_u64 hl_load64(const hl_u64 *p) { hl_u64 v = *(const volatile hl_u64 *)p; __threadfence_system(); return v; }
+HL_INLINE void hl_store64(hl_u64 *p, hl_u64 v) { __threadfence_system(); *(volatile hl_u64 *)p = v; __threadfence_system(); }
+HL_INLINE int hl_cas64(hl_u64 *p, hl_u64 *expected, hl_u64 desired) {
+    hl_u64 old = (hl_u64)atomicCAS_system((unsigned long long *)p, (unsigned long long)*expected, (unsigned long long)desired);
+    if (old == *expected) return 1;
+    *expected = old;
+    return 0;
+}
+HL_INLINE hl_u32 hl_load32(const hl_u32 *p) { return *(const volatile hl_u32 *)p; }
+#else
+HL_INLINE hl_u64 hl_load64(const hl_u64 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+HL_INLINE void hl_store64(hl_u64 *p, hl_u64 v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+HL_INLINE int hl_cas64(hl_u64 *p, hl_u64 *expected, hl_u64 desired) {
+    return __atomic_compare_exchange_n(p, expected, desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE);
+}
+HL_INLINE hl_u32 hl_load32(const hl_u32 *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+#endif
+
+/* ---- validation: call once after mapping `size` bytes at `base` ---- */
+HL_INLINE int hl_region_ok(hl_u64 off, hl_u64 len, hl_u64 total) {
+    return (off % HL_PAGE) == 0 && off <= total && len <= total - off;
+}
+
+HL_INLINE int hl_domain_validate(const void *base, hl_u64 size) {
+    const struct hl_header *h = (const struct hl_header *)base;
+    if (size < HL_HEADER_SIZE) return HL_E_CORRUPT;
+    if (h->magic != HL_MAGIC || h->abi_version != HL_ABI_VERSION || h->header_size != HL_HEADER_SIZE) return HL_E_CORRUPT;
+    if (h->total_size != size) return HL_E_CORRUPT;
+    if (h->participant_size != HL_PARTICIPANT_SIZE || h->fence_size != HL_FENCE_SIZE) return HL_E_CORRUPT;
+    if (h->participant_capacity == 0 || h->participant_capacity > HL_MAX_PARTICIPANTS) return HL_E_CORRUPT;
+    if (h->fence_capacity == 0 || h->fence_capacity > HL_MAX_FENCES) return HL_E_CORRUPT;
+    if (h->tag == 0 || h->tag > 255) return HL_E_CORRUPT;
+    if (!hl_region_ok(h->participants_offset, (hl_u64)h->participant_capacity * HL_PARTICIPANT_SIZE, size)) return HL_E_CORRUPT;
+    if (!hl_region_ok(h->fences_offset, (hl_u64)h->fence_capacity * HL_FENCE_SIZE, size)) return HL_E_CORRUPT;
+    if (!hl_region_ok(h->queues_offset, h->queues_size, size)) return HL_E_CORRUPT;
+    if (!hl_region_ok(h->trace_offset, h->trace_size, size)) return HL_E_CORRUPT;
+    if (!hl_region_ok(h->heap_offset, h->heap_size, size)) return HL_E_CORRUPT;
+    if (h->participants_offset < HL_HEADER_SIZE || h->fences_offset < HL_HEADER_SIZE) return HL_E_CORRUPT;
+    return HL_OK;
+}
+
+HL_INLINE struct hl_participant *hl_participants(void *base) {
+    struct hl_header *h = (struct hl_header *)base;
+    return (struct hl_participant *)((char *)base + h->participants_offset);
+}
+
+/* Slot of `handle`, or 0 when the handle is not one of this domain's (tag,
+ * index bounds, kind match when want_kind != 0).  The generation is checked
+ * by the callers against the slot's ctl. */
+HL_INLINE struct hl_fence *hl_fence_slot(void *base, hl_u64 handle, hl_u32 want_kind) {
+    struct hl_header *h = (struct hl_header *)base;
+    hl_i64 idx = HL_HANDLE_INDEX(handle);
+    if (HL_HANDLE_TAG(handle) != h->tag) return 0;
+    if (idx < 0 || (hl_u64)idx >= (hl_u64)h->fence_capacity) return 0;
+    if (want_kind && HL_HANDLE_KIND(handle) != want_kind) return 0;
+    return (struct hl_fence *)((char *)base + h->fences_offset) + idx;
+}
+
+/* 1 when the slot is live and belongs to `handle` (same generation and kind). */
+HL_INLINE int hl_fence_matches(const struct hl_fence *f, hl_u64 handle) {
+    hl_u64 c = hl_load64(&f->ctl);
+    return HL_CTL_STATE(c) == HL_SLOT_LIVE && (HL_CTL_GEN(c) & 0xffffffu) == HL_HANDLE_GEN(handle) &&
+           HL_CTL_KIND(c) == HL_HANDLE_KIND(handle);
+}
+
+/* Address of the completion word: what a device waits on (>= value) and stores to. */
+HL_INLINE hl_u64 *hl_word(void *base, hl_u64 handle) {
+    struct hl_fence *f = hl_fence_slot(base, handle, 0);
+    return f ? &f->word : 0;
+}
+
+#if defined(HL_HAVE_FUTEX)
+HL_INLINE void hl_wake_all(struct hl_fence *f) {
+    if (hl_load32(&f->waiters) != 0) syscall(SYS_futex, (hl_u32 *)&f->word, FUTEX_WAKE, 0x7fffffff, 0, 0, 0);
+}
+#else
+HL_INLINE void hl_wake_all(struct hl_fence *f) { (void)f; /* device: sleepers see the store within poll_ns */ }
+#endif
+
+/* Signal a binary fence with `status` (SUCCESS, ERROR, CANCEL, OWNER_DIED or
+ * >= 64).  One CAS 0 -> status; HL_E_ALREADY when it was signaled before.
+ * Propagation to merged parents is done by the _core library (and by any
+ * host waiter of the parent); a participant using only this header leaves it
+ * to them. */
+HL_INLINE int hl_fence_signal(void *base, hl_u64 handle, hl_u32 status) {
+    struct hl_fence *f = hl_fence_slot(base, handle, HL_KIND_FENCE);
+    hl_u64 expected = 0;
+    if (!f || !hl_fence_matches(f, handle)) return HL_E_HANDLE;
+    if (status < HL_STATUS_SUCCESS || (status > HL_STATUS_OWNER_DIED && status < HL_STATUS_CUSTOM_MIN) || status == 5u)
+        return HL_E_VALUE;
+    if (!hl_cas64(&f->word, &expected, (hl_u64)status)) return HL_E_ALREADY;
+    hl_wake_all(f);
+    return HL_OK;
+}
+
+/* Status of a binary (or merged) fence: HL_STATUS_ACTIVE while the word is 0. */
+HL_INLINE int hl_fence_poll(void *base, hl_u64 handle, hl_u32 *status) {
+    struct hl_fence *f = hl_fence_slot(base, handle, 0);
+    hl_u64 w;
+    if (!f || !hl_fence_matches(f, handle)) return HL_E_HANDLE;
+    w = hl_load64(&f->word);
+    *status = w ? (hl_u32)w : HL_STATUS_ACTIVE;
+    return HL_OK;
+}
+
+/* Advance a timeline to `value` (must be greater than the current value). */
+HL_INLINE int hl_timeline_signal(void *base, hl_u64 handle, hl_u64 value) {
+    struct hl_fence *f = hl_fence_slot(base, handle, HL_KIND_TIMELINE);
+    hl_u64 cur;
+    if (!f || !hl_fence_matches(f, handle)) return HL_E_HANDLE;
+    if (value > HL_TIMELINE_MAX) return HL_E_VALUE;
+    cur = hl_load64(&f->word);
+    for (;;) {
+        if (cur & HL_TIMELINE_FAILED) return HL_E_FAILED;
+        if (value <= cur) return HL_E_VALUE;
+        if (hl_cas64(&f->word, &cur, value)) break;
+    }
+    hl_wake_all(f);
+    return HL_OK;
+}
+
+/* Current timeline word (value, or HL_TIMELINE_FAILED | status). */
+HL_INLINE int hl_timeline_poll(void *base, hl_u64 handle, hl_u64 *word) {
+    struct hl_fence *f = hl_fence_slot(base, handle, HL_KIND_TIMELINE);
+    if (!f || !hl_fence_matches(f, handle)) return HL_E_HANDLE;
+    *word = hl_load64(&f->word);
+    return HL_OK;
+}
+
+#endif /* HOSTLESS_H */

@@ -1,0 +1,155 @@
+"""Recovery and the invariant checker.
+
+Recovery itself runs in the C core (``_core.c: reap_all``) because it must be
+made of the same single atomic steps as every other operation.  The rules:
+
+* Each live participant holds an OFD lock on one byte of the domain file; the
+  kernel drops it when the process dies, so "lock free while the slot says
+  ALIVE" is death, with no pid-reuse ambiguity.
+* Any participant that notices (its watchdog thread every 20 ms by default,
+  ``Domain.reap()``, or a join that finds the table full) claims the dead slot
+  with one CAS (ALIVE -> RECOVERING(me)), then for every fence slot: frees
+  slots the dead one was initialising, finishes or rolls back a release it was
+  in the middle of, signals OWNER_DIED on ACTIVE fences it owned (timelines
+  fail with OWNER_DIED), and drops its reference bit (freeing slots nobody
+  holds any more).  Then the participant slot becomes FREE.
+* Every step is idempotent: a recoverer that dies is itself dead, and the next
+  recoverer repeats the work.
+
+This module holds the checker: it reads a snapshot of the tables and lists
+every violated invariant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ._abi import FENCE_DTYPE, HEADER_DTYPE, PARTICIPANT_DTYPE, C
+
+__all__ = ["check_tables"]
+
+_VALID_STATUS = {2, 3, 4, 6}
+
+
+def _status_ok(w: int) -> bool:
+    return w in _VALID_STATUS or 64 <= w <= 0xFFFFFFFF
+
+
+def check_tables(buf: bytes, lock_held: Callable[[int], bool], me: int) -> list[str]:
+    """Return every invariant violation in a snapshot ``buf`` of a domain."""
+    out: list[str] = []
+    if len(buf) < int(C.HEADER_SIZE):
+        return [f"domain is {len(buf)} bytes, smaller than a header"]
+    h = np.frombuffer(buf, dtype=HEADER_DTYPE, count=1)[0]
+    if int(h["magic"]) != int(C.MAGIC) or int(h["abi_version"]) != int(C.ABI_VERSION):
+        return ["header magic or ABI version is wrong"]
+    if int(h["total_size"]) != len(buf):
+        return [f"header total_size {int(h['total_size'])} != mapping size {len(buf)}"]
+    pcap, fcap = int(h["participant_capacity"]), int(h["fence_capacity"])
+    poff, foff = int(h["participants_offset"]), int(h["fences_offset"])
+    if not (0 < pcap <= int(C.MAX_PARTICIPANTS)) or poff + pcap * int(C.PARTICIPANT_SIZE) > len(buf):
+        return ["participant table lies outside the domain"]
+    if not (0 < fcap <= int(C.MAX_FENCES)) or foff + fcap * int(C.FENCE_SIZE) > len(buf):
+        return ["fence table lies outside the domain"]
+    parts = np.frombuffer(buf, dtype=PARTICIPANT_DTYPE, count=pcap, offset=poff)
+    fences = np.frombuffer(buf, dtype=FENCE_DTYPE, count=fcap, offset=foff)
+
+    alive_mask = 0
+    alive_inc: dict[int, int] = {}
+    for i in range(pcap):
+        ctl = int(parts[i]["ctl"])
+        st = ctl & 0xFF
+        if st == int(C.PART_FREE):
+            continue
+        if st == int(C.PART_ALIVE):
+            if i == me or lock_held(i):
+                alive_mask |= 1 << i
+                alive_inc[i] = (ctl >> 16) & 0xFFFFFF
+            else:
+                out.append(f"participant {i} (pid {int(parts[i]['pid'])}) is dead and not recovered")
+        elif st == int(C.PART_RECOVERING):
+            out.append(f"participant {i} is being recovered (recovery in flight or its recoverer died)")
+        else:
+            out.append(f"participant {i} has an invalid state {st}")
+
+    ctl = fences["ctl"].astype(np.uint64)
+    state = (ctl & np.uint64(0xFF)).astype(np.int64)
+    kind = ((ctl >> np.uint64(24)) & np.uint64(0xFF)).astype(np.int64)
+    gen24 = ((ctl >> np.uint64(32)) & np.uint64(0xFFFFFF)).astype(np.int64)
+    refs = fences["refs"]
+    words = fences["word"]
+    tl_failed = int(C.TIMELINE_FAILED)
+
+    bad_state = np.nonzero(state > int(C.SLOT_DYING))[0]
+    for i in bad_state:
+        out.append(f"fence slot {i} has an invalid state {int(state[i])}")
+    for i in np.nonzero((state == int(C.SLOT_ALLOC)) | (state == int(C.SLOT_DYING)))[0]:
+        pidx = (int(ctl[i]) >> 8) & 0xFF
+        out.append(f"fence slot {i} is stuck in a transient state {int(state[i])} (participant {pidx})")
+    for i in np.nonzero((state == int(C.SLOT_FREE)) & (refs != 0))[0]:
+        out.append(f"free fence slot {i} still has references {int(refs[i]):#x}")
+
+    pending: dict[int, int] = {}
+    live = np.nonzero(state == int(C.SLOT_LIVE))[0]
+    for i in live:
+        i = int(i)
+        r, k, w = int(refs[i]), int(kind[i]), int(words[i])
+        if r == 0:
+            out.append(f"live fence slot {i} has no reference (leaked)")
+        if r & ~alive_mask:
+            out.append(f"fence slot {i} is referenced by dead or absent participants {r & ~alive_mask:#x}")
+        if k not in (int(C.KIND_FENCE), int(C.KIND_TIMELINE), int(C.KIND_MERGED)):
+            out.append(f"fence slot {i} has an invalid kind {k}")
+            continue
+        if k == int(C.KIND_TIMELINE):
+            if w & tl_failed and (w & ~tl_failed) > 0xFFFFFFFF:
+                out.append(f"timeline slot {i} has an invalid failure word {w:#x}")
+            if w & tl_failed and not _status_ok(w & 0xFFFFFFFF):
+                out.append(f"timeline slot {i} failed with an invalid status {w & 0xFFFFFFFF}")
+        elif w and not _status_ok(w):
+            out.append(f"fence slot {i} holds an invalid status word {w:#x}")
+        owner = int(fences[i]["owner"])
+        if owner:
+            oi, oinc = (owner & 0xFF) - 1, owner >> 8
+            active = (w == 0) if k != int(C.KIND_TIMELINE) else not (w & tl_failed)
+            if not (0 <= oi < pcap):
+                out.append(f"fence slot {i} names an owner slot {oi} outside the table")
+            elif active and alive_inc.get(oi) != oinc:
+                out.append(f"fence slot {i} is ACTIVE but its owner {oi} is gone (not recovered)")
+        if k == int(C.KIND_MERGED):
+            aux = int(fences[i]["aux"])
+            if (aux >> 32) & 0xFFFFFF != int(gen24[i]):
+                out.append(f"merged slot {i} has a pending mask of another generation")
+            elif w == 0 and aux & 0xFFFFFFFF == 0:
+                out.append(f"merged slot {i} has no pending child but is not signaled")
+            pending[i] = aux & 0xFFFFFFFF if w == 0 else 0
+        for link in fences[i]["parents"]:
+            link = int(link)
+            if not link:
+                continue
+            p = (link & 0xFFFFFFFF) - 1
+            if not 0 <= p < fcap:
+                out.append(f"fence slot {i} links to a parent {p} outside the table")
+    # every pending child bit of an unsignaled merged fence must belong to an
+    # ACTIVE child that still links to it
+    if pending:
+        covered: dict[int, int] = {p: 0 for p in pending}
+        for i in live:
+            i = int(i)
+            for link in fences[i]["parents"]:
+                link = int(link)
+                if not link:
+                    continue
+                p = (link & 0xFFFFFFFF) - 1
+                if p in covered and (link >> 32) & 0xFFFFFF == int(gen24[p]):
+                    bit = 1 << ((link >> 56) & 0x7F)
+                    if int(words[i]) == 0:
+                        covered[p] |= bit
+                    elif pending[p] & bit:
+                        out.append(f"merged slot {p}: child {i} is signaled but not propagated")
+        for p, m in pending.items():
+            if m & ~covered[p]:
+                out.append(f"merged slot {p} waits for children that no longer exist (mask {m & ~covered[p]:#x})")
+    return out
