@@ -41,6 +41,10 @@ struct hl_futex_waitv {
 #define HL_FUTEX2_SIZE_U32 0x02
 #define HL_FUTEX2_PRIVATE 128
 
+#define ALIGN_UP(x, a) (((x) + (a)-1) / (a) * (a))
+#define HL_KIND_SYNC 255u /* check_handle: any fence, merged fence or timeline */
+
+static PyObject *E_OOM;
 static PyObject *E_Hostless, *E_Corrupt, *E_Full, *E_Handle, *E_Already, *E_Invalid;
 
 /* PyErr_Format lacks %llx on older Pythons: format with vsnprintf. */
@@ -96,6 +100,7 @@ typedef struct {
     int wd_stop;
     uint64_t wd_interval_ns;
     uint32_t kick; /* private futex word for wait_any */
+    long long spin_ns; /* default spin of waits through Handle */
 } Core;
 
 static int part_lock_held(Core *c, int i);
@@ -116,16 +121,16 @@ static int64_t check_handle(Core *c, uint64_t h, uint32_t want_kind, int need_he
         return -1;
     }
     uint32_t k = HL_HANDLE_KIND(h);
-    if (k != HL_KIND_FENCE && k != HL_KIND_TIMELINE && k != HL_KIND_MERGED) {
+    if (k != HL_KIND_FENCE && k != HL_KIND_TIMELINE && k != HL_KIND_MERGED && k != HL_KIND_BUFFER) {
         hl_err(E_Handle, "handle 0x%llx has an unknown kind %u", (unsigned long long)h, k);
         return -1;
     }
-    if (want_kind == HL_KIND_FENCE && k == HL_KIND_TIMELINE) {
-        hl_err(E_Handle, "handle 0x%llx is a timeline, not a fence", (unsigned long long)h);
-        return -1;
-    }
-    if (want_kind == HL_KIND_TIMELINE && k != HL_KIND_TIMELINE) {
-        hl_err(E_Handle, "handle 0x%llx is a fence, not a timeline", (unsigned long long)h);
+    static const char *names[] = {"?", "fence", "timeline", "merged fence", "buffer"};
+    int ok = want_kind == 0 || k == want_kind || (want_kind == HL_KIND_FENCE && k == HL_KIND_MERGED) ||
+             (want_kind == HL_KIND_SYNC && k != HL_KIND_BUFFER);
+    if (!ok) {
+        hl_err(E_Handle, "handle 0x%llx is a %s, not a %s", (unsigned long long)h, names[k],
+               want_kind == HL_KIND_SYNC ? "fence or timeline" : names[want_kind]);
         return -1;
     }
     uint64_t ctl = ld(&slot(c, (uint32_t)idx)->ctl);
@@ -223,13 +228,204 @@ static void sweep(Core *c) {
 }
 
 /* ------------------------------------------------------------------ */
+/* the shared heap (layout and rules in hostless.h, "Buffers") */
+
+static struct hl_heap *heap(Core *c) {
+    if (c->h->heap_size < HL_PAGE) return NULL;
+    struct hl_heap *hp = (struct hl_heap *)(c->base + c->h->heap_offset);
+    if (hp->magic != HL_HEAP_MAGIC) return NULL;
+    /* bounds were checked at attach (heap_ok) */
+    return hp;
+}
+
+static inline uint64_t *heap_bitmap(Core *c, struct hl_heap *hp) {
+    return (uint64_t *)((char *)hp + hp->bitmap_offset);
+}
+
+/* Validate the heap header against the region (called at attach). */
+static int heap_ok(struct hl_header *h, const char *base) {
+    if (h->heap_size == 0) return 1;
+    if (h->heap_size < HL_PAGE) return 0;
+    const struct hl_heap *hp = (const struct hl_heap *)(base + h->heap_offset);
+    if (hp->magic != HL_HEAP_MAGIC) return 0;
+    uint64_t bm_bytes = (hp->granules + 63) / 64 * 8;
+    if (hp->bitmap_offset < sizeof(struct hl_heap) || hp->bitmap_offset > h->heap_size ||
+        bm_bytes > h->heap_size - hp->bitmap_offset)
+        return 0;
+    if (hp->data_offset % HL_PAGE || hp->data_offset < hp->bitmap_offset + bm_bytes || hp->data_offset > h->heap_size)
+        return 0;
+    if (hp->data_size != hp->granules * HL_GRANULE || hp->data_size > h->heap_size - hp->data_offset) return 0;
+    return 1;
+}
+
+/* Layout of a heap region able to hold `want` data bytes. */
+static void heap_layout(uint64_t want, uint64_t *bitmap_off, uint64_t *granules, uint64_t *data_off,
+                        uint64_t *region) {
+    uint64_t g = ALIGN_UP(want, HL_PAGE) / HL_GRANULE;
+    uint64_t bm_bytes = (g + 63) / 64 * 8;
+    *bitmap_off = sizeof(struct hl_heap);
+    *granules = g;
+    *data_off = ALIGN_UP(sizeof(struct hl_heap) + bm_bytes, HL_PAGE);
+    *region = *data_off + g * HL_GRANULE;
+}
+
+static int owner_alive(Core *c, uint64_t o) {
+    int i = HL_OWNER_INDEX((uint32_t)o);
+    if (o >> 32 || i < 0 || (uint32_t)i >= c->pcap) return 0;
+    uint64_t pc = ld(&c->parts[i].ctl);
+    if (HL_PCTL_STATE(pc) != HL_PART_ALIVE || (HL_PCTL_INC(pc) & 0xffffffu) != HL_OWNER_INC((uint32_t)o)) return 0;
+    return i == c->me || part_lock_held(c, i);
+}
+
+static void heap_repair(Core *c, struct hl_heap *hp);
+
+/* Take the heap lock.  A lock held by a dead participant (or holding a
+ * corrupt value) is broken, and the bitmap rebuilt from the slots. */
+static void heap_lock(Core *c, struct hl_heap *hp) {
+    uint64_t me = HL_OWNER(c->inc, c->me);
+    for (unsigned n = 0;; n++) {
+        uint64_t cur = 0;
+        if (cas(&hp->lock, &cur, me)) return;
+        if (n < 64) {
+            cpu_relax();
+            continue;
+        }
+        if ((n & 63) == 0 && !owner_alive(c, cur)) {
+            if (cas(&hp->lock, &cur, me)) {
+                heap_repair(c, hp);
+                return;
+            }
+        }
+        sched_yield();
+    }
+}
+
+static void heap_unlock(struct hl_heap *hp) { st(&hp->lock, 0); }
+
+static void bits_set(uint64_t *bm, uint64_t g, uint64_t n, int on) {
+    while (n) {
+        uint64_t w = g / 64, b = g % 64;
+        uint64_t k = 64 - b < n ? 64 - b : n;
+        uint64_t m = (k == 64) ? ~0ull : (((1ull << k) - 1) << b);
+        if (on)
+            bm[w] |= m;
+        else
+            bm[w] &= ~m;
+        g += k;
+        n -= k;
+    }
+}
+
+/* Rebuild the bitmap from the buffer slots (lock held). */
+static void heap_repair(Core *c, struct hl_heap *hp) {
+    uint64_t *bm = heap_bitmap(c, hp);
+    memset(bm, 0, (hp->granules + 63) / 64 * 8);
+    uint64_t used = 0;
+    for (uint32_t i = 0; i < c->cap; i++) {
+        struct hl_fence *f = slot(c, i);
+        uint64_t ctl = ld(&f->ctl);
+        if (HL_CTL_STATE(ctl) == HL_SLOT_FREE || HL_CTL_KIND(ctl) != HL_KIND_BUFFER) continue;
+        uint64_t g = ld(&f->parents[0]), n = ld(&f->parents[1]);
+        if (n == 0 || g > hp->granules || n > hp->granules - g) continue; /* check() reports bad extents */
+        bits_set(bm, g, n, 1);
+        used += n;
+    }
+    hp->used_granules = used;
+    hp->repairs++;
+}
+
+/* First fit of n granules starting at a multiple of `align` granules, from
+ * the hint, wrapping once.  Returns the first granule or UINT64_MAX. */
+static uint64_t heap_find(struct hl_heap *hp, const uint64_t *bm, uint64_t n, uint64_t align) {
+    uint64_t G = hp->granules;
+    if (n > G) return UINT64_MAX;
+    uint64_t hint = hp->hint < G ? hp->hint : 0;
+    for (int pass = 0; pass < 2; pass++) {
+        uint64_t g = pass == 0 ? hint : 0;
+        uint64_t end = pass == 0 ? G : hint + n;
+        if (end > G) end = G;
+        g = ALIGN_UP(g, align);
+        while (g + n <= end) {
+            /* skip full words quickly */
+            if (g % 64 == 0 && bm[g / 64] == ~0ull) {
+                g = ALIGN_UP(g + 64, align);
+                continue;
+            }
+            uint64_t run = 0;
+            while (run < n) {
+                uint64_t x = g + run;
+                if (x % 64 == 0 && n - run >= 64 && bm[x / 64] == 0) {
+                    run += 64;
+                    continue;
+                }
+                if (bm[x / 64] & (1ull << (x % 64))) break;
+                run++;
+            }
+            if (run >= n) return g;
+            g = ALIGN_UP(g + run + 1, align);
+        }
+    }
+    return UINT64_MAX;
+}
+
+/* Largest free run and free total, for stats (lock held). */
+static void heap_scan(struct hl_heap *hp, const uint64_t *bm, uint64_t *free_g, uint64_t *largest, uint64_t *runs) {
+    uint64_t cur = 0, fr = 0, lg = 0, nr = 0;
+    for (uint64_t g = 0; g < hp->granules; g++) {
+        if (g % 64 == 0 && hp->granules - g >= 64 && (bm[g / 64] == 0 || bm[g / 64] == ~0ull)) {
+            if (bm[g / 64] == 0) {
+                if (cur == 0) nr++;
+                cur += 64;
+                fr += 64;
+            } else {
+                if (cur > lg) lg = cur;
+                cur = 0;
+            }
+            g += 63;
+            continue;
+        }
+        if (bm[g / 64] & (1ull << (g % 64))) {
+            if (cur > lg) lg = cur;
+            cur = 0;
+        } else {
+            if (cur == 0) nr++;
+            cur++;
+            fr++;
+        }
+    }
+    if (cur > lg) lg = cur;
+    *free_g = fr;
+    *largest = lg;
+    *runs = nr;
+}
+
+/* Free the block of buffer slot idx (idempotent: the extent is zeroed under
+ * the lock together with the bits). */
+static void heap_free_block(Core *c, uint32_t idx) {
+    struct hl_heap *hp = heap(c);
+    if (!hp) return;
+    struct hl_fence *f = slot(c, idx);
+    heap_lock(c, hp);
+    uint64_t g = ld(&f->parents[0]), n = ld(&f->parents[1]);
+    if (n && g <= hp->granules && n <= hp->granules - g) {
+        bits_set(heap_bitmap(c, hp), g, n, 0);
+        hp->used_granules -= n <= hp->used_granules ? n : hp->used_granules;
+        if (g < hp->hint) hp->hint = g;
+    }
+    st(&f->parents[1], 0);
+    heap_unlock(hp);
+}
+
+/* ------------------------------------------------------------------ */
 /* slot life cycle */
 
 /* Free a DYING slot (mask already zero).  Idempotent. */
 static void finalize(Core *c, uint32_t idx, uint64_t dying) {
     struct hl_fence *f = slot(c, idx);
     uint32_t k = HL_CTL_KIND(dying);
-    if (k != HL_KIND_TIMELINE) {
+    if (k == HL_KIND_BUFFER) {
+        heap_free_block(c, idx);
+    } else if (k != HL_KIND_TIMELINE) {
         uint64_t z = 0;
         if (cas(&f->word, &z, HL_STATUS_CANCEL)) wake(f);
         propagate(c, idx, 0);
@@ -272,7 +468,9 @@ static void drop_ref(Core *c, uint32_t idx, uint64_t bit, uint32_t actor) {
     }
 }
 
-static int alloc_slot(Core *c, uint32_t kind, uint32_t owner, uint64_t *handle_out) {
+/* Claim a FREE slot: it is left in ALLOC state with its fields reset and our
+ * reference bit set; alloc_publish() makes it LIVE.  Returns the index or -1. */
+static int alloc_begin(Core *c, uint32_t kind, uint32_t owner, uint32_t *gen_out) {
     uint32_t start = __atomic_load_n(&c->h->alloc_hint, __ATOMIC_RELAXED);
     if (start >= c->cap) start = 0;
     for (uint32_t n = 0; n < c->cap; n++) {
@@ -292,14 +490,33 @@ static int alloc_slot(Core *c, uint32_t kind, uint32_t owner, uint64_t *handle_o
         st(&f->parents[0], 0);
         st(&f->parents[1], 0);
         st(&f->refs, c->mybit);
-        st(&f->ctl, HL_CTL(gen, kind, 0, HL_SLOT_LIVE));
-        __atomic_store_n(&c->h->alloc_hint, idx + 1 < c->cap ? idx + 1 : 0, __ATOMIC_RELAXED);
-        c->lrefs[idx] = 1;
-        c->lgen[idx] = gen & 0xffffffu;
-        *handle_out = HL_HANDLE(c->tag, kind, gen, idx);
+        *gen_out = gen;
         return (int)idx;
     }
     return -1;
+}
+
+static uint64_t alloc_publish(Core *c, uint32_t idx, uint32_t kind, uint32_t gen) {
+    st(&slot(c, idx)->ctl, HL_CTL(gen, kind, 0, HL_SLOT_LIVE));
+    __atomic_store_n(&c->h->alloc_hint, idx + 1 < c->cap ? idx + 1 : 0, __ATOMIC_RELAXED);
+    c->lrefs[idx] = 1;
+    c->lgen[idx] = gen & 0xffffffu;
+    return HL_HANDLE(c->tag, kind, gen, idx);
+}
+
+/* Give back a slot we hold in ALLOC state (nothing was published). */
+static void alloc_abort(Core *c, uint32_t idx, uint32_t kind, uint32_t gen) {
+    struct hl_fence *f = slot(c, idx);
+    st(&f->refs, 0);
+    st(&f->ctl, HL_CTL(gen, kind, 0, HL_SLOT_FREE));
+}
+
+static int alloc_slot(Core *c, uint32_t kind, uint32_t owner, uint64_t *handle_out) {
+    uint32_t gen;
+    int idx = alloc_begin(c, kind, owner, &gen);
+    if (idx < 0) return -1;
+    *handle_out = alloc_publish(c, (uint32_t)idx, kind, gen);
+    return idx;
 }
 
 /* After creating a fence owned by another participant: if that owner is no
@@ -380,6 +597,7 @@ static int recover_participant(Core *c, int d, uint64_t pctl) {
         uint32_t s = HL_CTL_STATE(ctl);
         if (s == HL_SLOT_ALLOC && HL_CTL_PIDX(ctl) == (uint32_t)d) {
             /* died while initialising: nobody else can hold it yet */
+            if (HL_CTL_KIND(ctl) == HL_KIND_BUFFER) heap_free_block(c, i);
             st(&f->refs, 0);
             uint64_t e = ctl;
             cas(&f->ctl, &e, HL_CTL(HL_CTL_GEN(ctl), HL_CTL_KIND(ctl), 0, HL_SLOT_FREE));
@@ -401,7 +619,7 @@ static int recover_participant(Core *c, int d, uint64_t pctl) {
         }
         if (s == HL_SLOT_LIVE) {
             uint32_t o = __atomic_load_n(&f->owner, __ATOMIC_SEQ_CST);
-            if (o && HL_OWNER_INDEX(o) == d && HL_OWNER_INC(o) == dinc) {
+            if (o && HL_OWNER_INDEX(o) == d && HL_OWNER_INC(o) == dinc && HL_CTL_KIND(ctl) != HL_KIND_BUFFER) {
                 if (HL_CTL_KIND(ctl) == HL_KIND_TIMELINE) {
                     fail_timeline_word(f, HL_STATUS_OWNER_DIED);
                     wake(f);
@@ -413,6 +631,14 @@ static int recover_participant(Core *c, int d, uint64_t pctl) {
             }
         }
         if (ld(&f->refs) & dbit) drop_ref(c, i, dbit, actor);
+    }
+    struct hl_heap *hp = heap(c);
+    if (hp) {
+        uint64_t l = ld(&hp->lock);
+        if (l && HL_OWNER_INDEX((uint32_t)l) == d && !owner_alive(c, l)) {
+            heap_lock(c, hp); /* breaks it and rebuilds the bitmap */
+            heap_unlock(hp);
+        }
     }
     struct hl_participant *p = &c->parts[d];
     p->pid = 0;
@@ -527,7 +753,6 @@ static PyObject *Core_new(PyTypeObject *t, PyObject *a, PyObject *k) {
     return (PyObject *)c;
 }
 
-#define ALIGN_UP(x, a) (((x) + (a)-1) / (a) * (a))
 
 /* _core.layout(fences, participants, queues_size, trace_size, heap_size) -> dict of offsets */
 static int compute_layout(uint64_t fences, uint64_t parts, uint64_t qsize, uint64_t tsize, uint64_t hsize,
@@ -552,7 +777,13 @@ static int compute_layout(uint64_t fences, uint64_t parts, uint64_t qsize, uint6
     h->trace_size = ALIGN_UP(tsize, HL_PAGE);
     off += h->trace_size;
     h->heap_offset = off;
-    h->heap_size = ALIGN_UP(hsize, HL_PAGE);
+    if (hsize) {
+        uint64_t bo, g, dof, region;
+        heap_layout(hsize, &bo, &g, &dof, &region);
+        h->heap_size = region;
+    } else {
+        h->heap_size = 0;
+    }
     off += h->heap_size;
     h->total_size = off;
     return 0;
@@ -624,6 +855,13 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
         hh.created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
         hh.ready = 0;
         memcpy(b, &hh, sizeof hh); /* tables are zero (fresh file): FREE everywhere */
+        if (hs) {
+            struct hl_heap *hp = (struct hl_heap *)((char *)b + hh.heap_offset);
+            uint64_t region;
+            heap_layout(hs, &hp->bitmap_offset, &hp->granules, &hp->data_offset, &region);
+            hp->data_size = hp->granules * HL_GRANULE;
+            hp->magic = HL_HEAP_MAGIC;
+        }
         __atomic_store_n(&((struct hl_header *)b)->ready, 1, __ATOMIC_SEQ_CST);
         c->base = (char *)b;
     } else {
@@ -638,7 +876,8 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
     c->size = size;
     c->fd = fd;
     c->h = (struct hl_header *)c->base;
-    if (__atomic_load_n(&c->h->ready, __ATOMIC_ACQUIRE) != 1 || hl_domain_validate(c->base, size) != HL_OK) {
+    if (__atomic_load_n(&c->h->ready, __ATOMIC_ACQUIRE) != 1 || hl_domain_validate(c->base, size) != HL_OK ||
+        !heap_ok(c->h, c->base)) {
         const struct hl_header *h = c->h;
         char why[160];
         if (h->magic != HL_MAGIC)
@@ -647,6 +886,8 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
             snprintf(why, sizeof why, "ABI version %u, this library speaks %u", h->abi_version, HL_ABI_VERSION);
         else if (h->ready != 1)
             snprintf(why, sizeof why, "creator has not finished initialising it");
+        else if (hl_domain_validate(c->base, size) == HL_OK)
+            snprintf(why, sizeof why, "the heap header is inconsistent");
         else
             snprintf(why, sizeof why, "header sizes or offsets do not match a %zu-byte domain", size);
         munmap(c->base, size);
@@ -853,19 +1094,14 @@ static PyObject *Core_merge(Core *c, PyObject *arg) {
     return PyLong_FromUnsignedLongLong(ph);
 }
 
-static PyObject *Core_import(Core *c, PyObject *arg) {
-    NEED_ATTACHED(c);
-    uint64_t h = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        PyErr_SetString(E_Handle, "a handle is a non-negative 64-bit integer");
-        return NULL;
-    }
-    int64_t idx = check_handle(c, h, 0, 0);
-    if (idx < 0) return NULL;
+/* ---- the operations behind both the Core methods and the Handle type ---- */
+
+static int do_import(Core *c, uint64_t h, uint32_t want_kind) {
+    int64_t idx = check_handle(c, h, want_kind, 0);
+    if (idx < 0) return -1;
     if (c->lrefs[idx] && c->lgen[idx] == HL_HANDLE_GEN(h)) {
         c->lrefs[idx]++;
-        Py_RETURN_NONE;
+        return 0;
     }
     struct hl_fence *f = slot(c, (uint32_t)idx);
     uint64_t t0 = 0;
@@ -888,24 +1124,21 @@ static PyObject *Core_import(Core *c, PyObject *arg) {
     }
     c->lrefs[idx] = 1;
     c->lgen[idx] = HL_HANDLE_GEN(h);
-    Py_RETURN_NONE;
+    return 0;
 stale:
     hl_err(E_Handle, "handle 0x%llx is stale (the object was released)", (unsigned long long)h);
-    return NULL;
+    return -1;
 }
 
-static PyObject *Core_release(Core *c, PyObject *arg) {
-    NEED_ATTACHED(c);
-    uint64_t h = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred()) return NULL;
+static int do_release(Core *c, uint64_t h) {
     int64_t idx = HL_HANDLE_INDEX(h);
     if (HL_HANDLE_TAG(h) != c->tag || idx < 0 || (uint64_t)idx >= c->cap || c->lrefs[idx] == 0 ||
         c->lgen[idx] != HL_HANDLE_GEN(h)) {
         hl_err(E_Handle, "handle 0x%llx is not held by this participant", (unsigned long long)h);
-        return NULL;
+        return -1;
     }
     if (--c->lrefs[idx] == 0) drop_ref(c, (uint32_t)idx, c->mybit, (uint32_t)c->me);
-    Py_RETURN_NONE;
+    return 0;
 }
 
 static int status_ok(unsigned long long s) {
@@ -913,158 +1146,76 @@ static int status_ok(unsigned long long s) {
            (s >= HL_STATUS_CUSTOM_MIN && s <= 0xffffffffull);
 }
 
-static PyObject *Core_signal(Core *c, PyObject *const *args, Py_ssize_t nargs) {
-    NEED_ATTACHED(c);
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "signal(handle, status)");
-        return NULL;
-    }
-    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
-    unsigned long long s = PyLong_AsUnsignedLongLong(args[1]);
-    if (PyErr_Occurred()) return NULL;
+static int do_signal(Core *c, uint64_t h, unsigned long long s) {
     int64_t idx = check_handle(c, h, HL_KIND_FENCE, 1);
-    if (idx < 0) return NULL;
+    if (idx < 0) return -1;
     if (HL_HANDLE_KIND(h) == HL_KIND_MERGED) {
         PyErr_SetString(E_Invalid, "a merged fence completes from its children and cannot be signaled directly");
-        return NULL;
+        return -1;
     }
     if (!status_ok(s)) {
         hl_err(PyExc_ValueError, "invalid status %llu (SUCCESS, ERROR, CANCEL, OWNER_DIED or 64..2^32-1)", s);
-        return NULL;
+        return -1;
     }
     struct hl_fence *f = slot(c, (uint32_t)idx);
     uint64_t z = 0;
     if (!cas(&f->word, &z, s)) {
         hl_err(E_Already, "fence 0x%llx was already signaled with status %llu", (unsigned long long)h,
-                     (unsigned long long)z);
-        return NULL;
+               (unsigned long long)z);
+        return -1;
     }
     wake(f);
     if (f->parents[0] || f->parents[1]) propagate(c, (uint32_t)idx, 0);
-    Py_RETURN_NONE;
+    return 0;
 }
 
-/* word(handle) -> current completion word (any kind, must be held) */
-static PyObject *Core_word(Core *c, PyObject *arg) {
-    NEED_ATTACHED(c);
-    uint64_t h = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred()) return NULL;
-    int64_t idx = check_handle(c, h, 0, 1);
-    if (idx < 0) return NULL;
-    struct hl_fence *f = slot(c, (uint32_t)idx);
-    uint64_t w = ld(&f->word);
-    if (w == 0 && HL_HANDLE_KIND(h) == HL_KIND_MERGED) {
-        sweep(c);
-        w = ld(&f->word);
-    }
-    return PyLong_FromUnsignedLongLong(w);
-}
-
-/* aux(handle) -> aux word (timeline: value before failure) */
-static PyObject *Core_aux(Core *c, PyObject *arg) {
-    NEED_ATTACHED(c);
-    uint64_t h = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred()) return NULL;
-    int64_t idx = check_handle(c, h, 0, 1);
-    if (idx < 0) return NULL;
-    return PyLong_FromUnsignedLongLong(ld(&slot(c, (uint32_t)idx)->aux));
-}
-
-static PyObject *Core_tl_signal(Core *c, PyObject *const *args, Py_ssize_t nargs) {
-    NEED_ATTACHED(c);
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "tl_signal(handle, value)");
-        return NULL;
-    }
-    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
-    if (PyErr_Occurred()) return NULL;
-    unsigned long long v = PyLong_AsUnsignedLongLong(args[1]);
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_ValueError, "timeline values are integers in 0..2^62-1");
-        return NULL;
-    }
+static int do_tl_signal(Core *c, uint64_t h, unsigned long long v) {
     int64_t idx = check_handle(c, h, HL_KIND_TIMELINE, 1);
-    if (idx < 0) return NULL;
+    if (idx < 0) return -1;
     struct hl_fence *f = slot(c, (uint32_t)idx);
     if (v > HL_TIMELINE_MAX) {
         hl_err(PyExc_ValueError, "timeline value %llu exceeds the maximum 2^62-1", v);
-        return NULL;
+        return -1;
     }
     uint64_t cur = ld(&f->word);
     for (;;) {
         if (cur & HL_TIMELINE_FAILED) {
             hl_err(E_Already, "timeline failed with status %llu; it cannot be signaled",
-                         (unsigned long long)(cur & 0xffffffffull));
-            return NULL;
+                   (unsigned long long)(cur & 0xffffffffull));
+            return -1;
         }
         if (v <= cur) {
-            hl_err(PyExc_ValueError, "timeline value must grow: current %llu, asked %llu",
-                         (unsigned long long)cur, v);
-            return NULL;
+            hl_err(PyExc_ValueError, "timeline value must grow: current %llu, asked %llu", (unsigned long long)cur, v);
+            return -1;
         }
         if (cas(&f->word, &cur, v)) break;
     }
     wake(f);
-    Py_RETURN_NONE;
-}
-
-static PyObject *Core_tl_fail(Core *c, PyObject *const *args, Py_ssize_t nargs) {
-    NEED_ATTACHED(c);
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "tl_fail(handle, status)");
-        return NULL;
-    }
-    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
-    unsigned long long s = PyLong_AsUnsignedLongLong(args[1]);
-    if (PyErr_Occurred()) return NULL;
-    int64_t idx = check_handle(c, h, HL_KIND_TIMELINE, 1);
-    if (idx < 0) return NULL;
-    if (!status_ok(s) || s == HL_STATUS_SUCCESS) {
-        hl_err(PyExc_ValueError, "invalid failure status %llu (ERROR, CANCEL, OWNER_DIED or 64..2^32-1)", s);
-        return NULL;
-    }
-    struct hl_fence *f = slot(c, (uint32_t)idx);
-    uint64_t cur = ld(&f->word);
-    for (;;) {
-        if (cur & HL_TIMELINE_FAILED) {
-            hl_err(E_Already, "timeline already failed with status %llu",
-                         (unsigned long long)(cur & 0xffffffffull));
-            return NULL;
-        }
-        st(&f->aux, cur);
-        if (cas(&f->word, &cur, HL_TIMELINE_FAILED | s)) break;
-    }
-    wake(f);
-    Py_RETURN_NONE;
+    return 0;
 }
 
 /* Wait until word >= threshold.  Spins (first with the GIL, then without)
  * for spin_ns, then sleeps on the futex in slices of at most poll_ns.
- * timeout_ns < 0: forever.  Returns the word, or None on timeout. */
-static PyObject *Core_wait(Core *c, PyObject *const *args, Py_ssize_t nargs) {
-    NEED_ATTACHED(c);
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "wait(handle, threshold, timeout_ns, spin_ns)");
-        return NULL;
-    }
-    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
-    uint64_t thr = PyLong_AsUnsignedLongLong(args[1]);
-    long long timeout = PyLong_AsLongLong(args[2]);
-    long long spin = PyLong_AsLongLong(args[3]);
-    if (PyErr_Occurred()) return NULL;
+ * timeout_ns < 0: forever.  Returns 0 with *out = word, 1 on timeout, -1 on error. */
+static int do_wait(Core *c, uint64_t h, uint64_t thr, long long timeout, long long spin, uint64_t *out) {
     int64_t idx = check_handle(c, h, 0, 1);
-    if (idx < 0) return NULL;
+    if (idx < 0) return -1;
     struct hl_fence *f = slot(c, (uint32_t)idx);
     uint64_t w = ld(&f->word);
-    if (w >= thr) return PyLong_FromUnsignedLongLong(w);
+    if (w >= thr) {
+        *out = w;
+        return 0;
+    }
     /* short spin with the GIL: the fast cross-process round trip */
     uint64_t t0 = now_ns();
     uint64_t gil_spin = spin > 2000 ? 2000 : (spin > 0 ? (uint64_t)spin : 0);
     if (gil_spin) {
         for (unsigned it = 0;; it++) {
             w = __atomic_load_n(&f->word, __ATOMIC_ACQUIRE);
-            if (w >= thr) return PyLong_FromUnsignedLongLong(w);
+            if (w >= thr) {
+                *out = w;
+                return 0;
+            }
             cpu_relax();
             if ((it & 63) == 63 && now_ns() - t0 >= gil_spin) break;
         }
@@ -1100,7 +1251,135 @@ static PyObject *Core_wait(Core *c, PyObject *const *args, Py_ssize_t nargs) {
         __atomic_sub_fetch(&f->waiters, 1, __ATOMIC_SEQ_CST);
     }
     Py_END_ALLOW_THREADS;
-    if (timed_out) Py_RETURN_NONE;
+    *out = w;
+    return timed_out;
+}
+
+static int get_handle_arg(PyObject *o, uint64_t *h) {
+    *h = PyLong_AsUnsignedLongLong(o);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(E_Handle, "a handle is a non-negative 64-bit integer");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Core_import(Core *c, PyObject *arg) {
+    uint64_t h;
+    NEED_ATTACHED(c);
+    if (get_handle_arg(arg, &h) < 0 || do_import(c, h, 0) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_release(Core *c, PyObject *arg) {
+    uint64_t h;
+    NEED_ATTACHED(c);
+    if (get_handle_arg(arg, &h) < 0 || do_release(c, h) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_signal(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "signal(handle, status)");
+        return NULL;
+    }
+    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
+    unsigned long long s = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    if (do_signal(c, h, s) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* word(handle) -> current completion word (any kind, must be held) */
+static PyObject *Core_word(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    int64_t idx = check_handle(c, h, HL_KIND_SYNC, 1);
+    if (idx < 0) return NULL;
+    struct hl_fence *f = slot(c, (uint32_t)idx);
+    uint64_t w = ld(&f->word);
+    if (w == 0 && HL_HANDLE_KIND(h) == HL_KIND_MERGED) {
+        sweep(c);
+        w = ld(&f->word);
+    }
+    return PyLong_FromUnsignedLongLong(w);
+}
+
+/* aux(handle) -> aux word (timeline: value before failure) */
+static PyObject *Core_aux(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    int64_t idx = check_handle(c, h, HL_KIND_SYNC, 1);
+    if (idx < 0) return NULL;
+    return PyLong_FromUnsignedLongLong(ld(&slot(c, (uint32_t)idx)->aux));
+}
+
+static PyObject *Core_tl_signal(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "tl_signal(handle, value)");
+        return NULL;
+    }
+    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
+    if (PyErr_Occurred()) return NULL;
+    unsigned long long v = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "timeline values are integers in 0..2^62-1");
+        return NULL;
+    }
+    if (do_tl_signal(c, h, v) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_tl_fail(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "tl_fail(handle, status)");
+        return NULL;
+    }
+    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
+    unsigned long long s = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    int64_t idx = check_handle(c, h, HL_KIND_TIMELINE, 1);
+    if (idx < 0) return NULL;
+    if (!status_ok(s) || s == HL_STATUS_SUCCESS) {
+        hl_err(PyExc_ValueError, "invalid failure status %llu (ERROR, CANCEL, OWNER_DIED or 64..2^32-1)", s);
+        return NULL;
+    }
+    struct hl_fence *f = slot(c, (uint32_t)idx);
+    uint64_t cur = ld(&f->word);
+    for (;;) {
+        if (cur & HL_TIMELINE_FAILED) {
+            hl_err(E_Already, "timeline already failed with status %llu", (unsigned long long)(cur & 0xffffffffull));
+            return NULL;
+        }
+        st(&f->aux, cur);
+        if (cas(&f->word, &cur, HL_TIMELINE_FAILED | s)) break;
+    }
+    wake(f);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_wait(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "wait(handle, threshold, timeout_ns, spin_ns)");
+        return NULL;
+    }
+    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
+    uint64_t thr = PyLong_AsUnsignedLongLong(args[1]);
+    long long timeout = PyLong_AsLongLong(args[2]);
+    long long spin = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    uint64_t w;
+    int r = do_wait(c, h, thr, timeout, spin, &w);
+    if (r < 0) return NULL;
+    if (r == 1) Py_RETURN_NONE;
     return PyLong_FromUnsignedLongLong(w);
 }
 
@@ -1287,7 +1566,181 @@ static PyObject *Core_address(Core *c, PyObject *noargs) {
     return PyLong_FromVoidPtr(c->base);
 }
 
+/* Allocate a buffer of nbytes with its metadata; returns 0 and the handle
+ * and the data's offset in the mapping, or -1 with an exception. */
+static int do_buffer_new(Core *c, uint64_t nbytes, const void *meta, uint64_t *handle, uint64_t *abs_off) {
+    struct hl_heap *hp = heap(c);
+    if (!hp) {
+        PyErr_SetString(E_OOM, "this domain has no heap (create it with heap=...)");
+        return -1;
+    }
+    if (nbytes == 0) {
+        PyErr_SetString(PyExc_ValueError, "a buffer needs at least one byte");
+        return -1;
+    }
+    if (nbytes > hp->data_size) {
+        hl_err(E_OOM, "cannot allocate %llu bytes: the heap holds %llu bytes in all", (unsigned long long)nbytes,
+               (unsigned long long)hp->data_size);
+        return -1;
+    }
+    int large = nbytes >= HL_LARGE_BUFFER;
+    uint64_t head = large ? HL_PAGE : HL_BUFFER_META_SIZE;
+    uint64_t body = large ? ALIGN_UP(nbytes, HL_PAGE) : ALIGN_UP(nbytes, HL_GRANULE);
+    uint64_t n = (head + body) / HL_GRANULE;
+    uint64_t align = large ? HL_PAGE / HL_GRANULE : 1;
+    uint32_t gen;
+    int idx = alloc_begin(c, HL_KIND_BUFFER, 0, &gen);
+    if (idx < 0) {
+        hl_err(E_Full, "fence table full (%u slots; buffers use slots too)", c->cap);
+        return -1;
+    }
+    struct hl_fence *f = slot(c, (uint32_t)idx);
+    uint64_t g, used;
+    heap_lock(c, hp);
+    uint64_t *bm = heap_bitmap(c, hp);
+    g = heap_find(hp, bm, n, align);
+    if (g != UINT64_MAX) {
+        bits_set(bm, g, n, 1);
+        hp->used_granules += n;
+        hp->allocs++;
+        hp->hint = g + n < hp->granules ? g + n : 0;
+        st(&f->parents[0], g);
+        st(&f->parents[1], n);
+        st(&f->word, g * HL_GRANULE + head);
+        st(&f->aux, nbytes);
+    }
+    used = hp->used_granules;
+    heap_unlock(hp);
+    if (g == UINT64_MAX) {
+        alloc_abort(c, (uint32_t)idx, HL_KIND_BUFFER, gen);
+        hl_err(E_OOM,
+               "cannot allocate %llu bytes from the shared heap: %llu of %llu bytes free (no free run large enough)",
+               (unsigned long long)nbytes, (unsigned long long)((hp->granules - used) * HL_GRANULE),
+               (unsigned long long)hp->data_size);
+        return -1;
+    }
+    uint64_t data = c->h->heap_offset + hp->data_offset + g * HL_GRANULE + head;
+    memcpy(c->base + data - HL_BUFFER_META_SIZE, meta, HL_BUFFER_META_SIZE);
+    *handle = alloc_publish(c, (uint32_t)idx, HL_KIND_BUFFER, gen);
+    *abs_off = data;
+    return 0;
+}
+
+/* buffer_new(nbytes, meta) -> handle */
+static PyObject *Core_buffer_new(Core *c, PyObject *args) {
+    unsigned long long nbytes;
+    Py_buffer meta;
+    NEED_ATTACHED(c);
+    if (!PyArg_ParseTuple(args, "Ky*", &nbytes, &meta)) return NULL;
+    if (meta.len != HL_BUFFER_META_SIZE) {
+        PyBuffer_Release(&meta);
+        PyErr_SetString(PyExc_ValueError, "buffer metadata must be 128 bytes");
+        return NULL;
+    }
+    uint64_t h, off;
+    int r = do_buffer_new(c, nbytes, meta.buf, &h, &off);
+    PyBuffer_Release(&meta);
+    if (r < 0) return NULL;
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+/* buffer_info(handle) -> (absolute data offset in the mapping, nbytes, meta bytes) */
+static PyObject *Core_buffer_info(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    int64_t idx = check_handle(c, h, HL_KIND_BUFFER, 1);
+    if (idx < 0) return NULL;
+    uint64_t nbytes = 0;
+    char *p = (char *)hl_buffer_data(c->base, h, &nbytes);
+    if (!p || (uint64_t)(p - c->base) < HL_BUFFER_META_SIZE) {
+        hl_err(E_Corrupt, "buffer 0x%llx has an extent outside the heap", (unsigned long long)h);
+        return NULL;
+    }
+    return Py_BuildValue("(KKy#)", (unsigned long long)(p - c->base), (unsigned long long)nbytes,
+                         p - HL_BUFFER_META_SIZE, (Py_ssize_t)HL_BUFFER_META_SIZE);
+}
+
+static PyObject *Core_heap_stats(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    struct hl_heap *hp = heap(c);
+    if (!hp) return Py_BuildValue("{s:K}", "size", 0ull);
+    uint64_t fr, lg, runs, used, repairs, allocs;
+    Py_BEGIN_ALLOW_THREADS;
+    heap_lock(c, hp);
+    heap_scan(hp, heap_bitmap(c, hp), &fr, &lg, &runs);
+    used = hp->used_granules;
+    repairs = hp->repairs;
+    allocs = hp->allocs;
+    heap_unlock(hp);
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size", (unsigned long long)hp->data_size,
+                         "used", (unsigned long long)(used * HL_GRANULE), "free", (unsigned long long)(fr * HL_GRANULE),
+                         "largest_free", (unsigned long long)(lg * HL_GRANULE), "free_runs",
+                         (unsigned long long)runs, "repairs", (unsigned long long)repairs, "allocs",
+                         (unsigned long long)allocs, "data_offset",
+                         (unsigned long long)(c->h->heap_offset + hp->data_offset));
+}
+
+/* heap_bitmap_copy() -> bytes of the bitmap (under the lock), for check() */
+static PyObject *Core_heap_snapshot(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    struct hl_heap *hp = heap(c);
+    if (!hp) Py_RETURN_NONE;
+    uint64_t nb = (hp->granules + 63) / 64 * 8;
+    PyObject *bits = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)nb);
+    if (!bits) return NULL;
+    PyObject *slots = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((uint64_t)c->cap * HL_FENCE_SIZE));
+    if (!slots) {
+        Py_DECREF(bits);
+        return NULL;
+    }
+    uint64_t used, lockv;
+    Py_BEGIN_ALLOW_THREADS;
+    heap_lock(c, hp);
+    memcpy(PyBytes_AS_STRING(bits), heap_bitmap(c, hp), nb);
+    memcpy(PyBytes_AS_STRING(slots), c->fences, (size_t)c->cap * HL_FENCE_SIZE);
+    used = hp->used_granules;
+    lockv = 0;
+    heap_unlock(hp);
+    Py_END_ALLOW_THREADS;
+    (void)lockv;
+    return Py_BuildValue("(NNKK)", bits, slots, (unsigned long long)used, (unsigned long long)hp->granules);
+}
+
+/* Test hook: take the heap lock and never give it back (as a holder killed
+ * inside the critical section would). */
+static PyObject *Core_heap_lock_forever(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    struct hl_heap *hp = heap(c);
+    if (!hp) Py_RETURN_NONE;
+    heap_lock(c, hp);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_new_obj(Core *c, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *Core_adopt(Core *c, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *Core_wrap(Core *c, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *Core_new_buffer(Core *c, PyObject *const *args, Py_ssize_t nargs);
+
+static PyObject *Core_set_spin(Core *c, PyObject *arg) {
+    long long v = PyLong_AsLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    c->spin_ns = v < 0 ? 0 : v;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Core_methods[] = {
+    {"set_spin", (PyCFunction)Core_set_spin, METH_O, NULL},
+    {"new", (PyCFunction)(void (*)(void))Core_new_obj, METH_FASTCALL, NULL},
+    {"adopt", (PyCFunction)(void (*)(void))Core_adopt, METH_FASTCALL, NULL},
+    {"wrap", (PyCFunction)(void (*)(void))Core_wrap, METH_FASTCALL, NULL},
+    {"new_buffer", (PyCFunction)(void (*)(void))Core_new_buffer, METH_FASTCALL, NULL},
+    {"buffer_new", (PyCFunction)Core_buffer_new, METH_VARARGS, NULL},
+    {"buffer_info", (PyCFunction)Core_buffer_info, METH_O, NULL},
+    {"heap_stats", (PyCFunction)Core_heap_stats, METH_NOARGS, NULL},
+    {"heap_snapshot", (PyCFunction)Core_heap_snapshot, METH_NOARGS, NULL},
+    {"heap_lock_forever", (PyCFunction)Core_heap_lock_forever, METH_NOARGS, NULL},
     {"attach", (PyCFunction)Core_attach, METH_VARARGS, NULL},
     {"leave", (PyCFunction)Core_leave, METH_NOARGS, NULL},
     {"abandon", (PyCFunction)Core_abandon, METH_NOARGS, NULL},
@@ -1323,9 +1776,453 @@ static PyTypeObject CoreType = {
     .tp_methods = Core_methods,
 };
 
+/* ------------------------------------------------------------------ */
+/* Handle: the C base of hostless.Fence, Timeline and Buffer.  It holds one
+ * local reference (a count in Core.lrefs) and gives the hot operations
+ * (signal, wait, release) without a Python frame.  For buffers it also
+ * exports the buffer protocol over a window of a Python mmap object; each
+ * export pins the mmap, so the mapping cannot be closed under a live view. */
+
+static PyObject *StatusCls, *StatusMap;
+
+typedef struct {
+    PyObject_HEAD
+    Core *core;
+    PyObject *dom;
+    uint64_t handle;
+    int held;
+    PyObject *bb_map;
+    Py_ssize_t bb_off;
+    Py_ssize_t bb_len;
+    int bb_readonly;
+    PyObject *weakreflist;
+} Handle;
+
+static PyTypeObject HandleType;
+
+static PyObject *status_obj(uint64_t s) {
+    PyObject *k = PyLong_FromUnsignedLongLong(s);
+    if (!k) return NULL;
+    PyObject *m = StatusMap ? PyDict_GetItemWithError(StatusMap, k) : NULL;
+    if (m) {
+        Py_DECREF(k);
+        return Py_NewRef(m);
+    }
+    if (PyErr_Occurred() || !StatusCls) {
+        Py_DECREF(k);
+        return NULL;
+    }
+    PyObject *r = PyObject_CallOneArg(StatusCls, k);
+    Py_DECREF(k);
+    return r;
+}
+
+static int handle_live(Handle *o) {
+    if (!o->held) {
+        hl_err(E_Handle, "object 0x%llx was released", (unsigned long long)o->handle);
+        return 0;
+    }
+    if (!o->core || !o->core->base || o->core->me < 0) {
+        PyErr_SetString(E_Invalid, "the object's domain is closed");
+        return 0;
+    }
+    return 1;
+}
+
+static Handle *handle_make(PyTypeObject *cls, Core *c, PyObject *dom, uint64_t h) {
+    if (!PyType_IsSubtype(cls, &HandleType)) {
+        PyErr_SetString(PyExc_TypeError, "class must derive from hostless._core.Handle");
+        return NULL;
+    }
+    Handle *o = (Handle *)cls->tp_alloc(cls, 0);
+    if (!o) return NULL;
+    o->core = (Core *)Py_NewRef((PyObject *)c);
+    o->dom = Py_NewRef(dom);
+    o->handle = h;
+    o->held = 1;
+    return o;
+}
+
+static PyObject *Handle_release(Handle *o, PyObject *noargs) {
+    if (!o->held) {
+        hl_err(E_Handle, "object 0x%llx was already released", (unsigned long long)o->handle);
+        return NULL;
+    }
+    o->held = 0;
+    Py_CLEAR(o->bb_map);
+    o->bb_len = 0;
+    if (o->core && o->core->base && o->core->me >= 0 && do_release(o->core, o->handle) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static int parse_timeout(PyObject *t, long long *ns) {
+    if (!t || t == Py_None) {
+        *ns = -1;
+        return 0;
+    }
+    double d = PyFloat_AsDouble(t);
+    if (d == -1.0 && PyErr_Occurred()) return -1;
+    if (d < 0 || d != d) {
+        PyErr_SetString(PyExc_ValueError, "timeout must be >= 0 or None");
+        return -1;
+    }
+    *ns = d > 9e9 ? (long long)9e18 : (long long)(d * 1e9);
+    return 0;
+}
+
+/* parse (pos..., *, spin=None) where pos names are given; returns 0 */
+static int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *const *names, int npos,
+                      PyObject **out, int nout) {
+    for (int i = 0; i < nout; i++) out[i] = NULL;
+    if (nargs > npos) {
+        PyErr_Format(PyExc_TypeError, "takes at most %d positional arguments", npos);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
+    if (kwnames) {
+        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t k = 0; k < nk; k++) {
+            const char *kn = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+            if (!kn) return -1;
+            int found = 0;
+            for (int i = 0; i < nout; i++) {
+                if (strcmp(kn, names[i]) == 0) {
+                    if (out[i]) {
+                        PyErr_Format(PyExc_TypeError, "got multiple values for argument '%s'", kn);
+                        return -1;
+                    }
+                    out[i] = args[nargs + k];
+                    found = 1;
+                }
+            }
+            if (!found) {
+                PyErr_Format(PyExc_TypeError, "unexpected keyword argument '%s'", kn);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+static int parse_spin(Core *c, PyObject *sp, long long *ns) {
+    if (!sp || sp == Py_None) {
+        *ns = c->spin_ns;
+        return 0;
+    }
+    double d = PyFloat_AsDouble(sp);
+    if (d == -1.0 && PyErr_Occurred()) return -1;
+    if (d < 0 || d != d) {
+        PyErr_SetString(PyExc_ValueError, "spin must be >= 0");
+        return -1;
+    }
+    *ns = (long long)(d * 1e9);
+    return 0;
+}
+
+/* Fence.signal(status=SUCCESS) */
+static PyObject *Handle_fence_signal(Handle *o, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"status"};
+    PyObject *a[1];
+    if (parse_args(args, nargs, kwnames, names, 1, a, 1) < 0) return NULL;
+    unsigned long long s = HL_STATUS_SUCCESS;
+    if (a[0]) {
+        s = PyLong_AsUnsignedLongLong(a[0]);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "a status is an int: SUCCESS, ERROR, CANCEL, OWNER_DIED or 64..2^32-1");
+            return NULL;
+        }
+    }
+    if (!handle_live(o) || do_signal(o->core, o->handle, s) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Fence.wait(timeout=None, *, spin=None) -> Status */
+static PyObject *Handle_fence_wait(Handle *o, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"timeout", "spin"};
+    PyObject *a[2];
+    long long tmo, spin;
+    uint64_t w;
+    if (parse_args(args, nargs, kwnames, names, 1, a, 2) < 0) return NULL;
+    if (!handle_live(o) || parse_timeout(a[0], &tmo) < 0 || parse_spin(o->core, a[1], &spin) < 0) return NULL;
+    int r = do_wait(o->core, o->handle, 1, tmo, spin, &w);
+    if (r < 0) return NULL;
+    if (r == 1) {
+        hl_err(PyExc_TimeoutError, "fence 0x%llx not signaled within the timeout", (unsigned long long)o->handle);
+        return NULL;
+    }
+    return status_obj(w);
+}
+
+/* Timeline.signal(value) */
+static PyObject *Handle_timeline_signal(Handle *o, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"value"};
+    PyObject *a[1];
+    if (parse_args(args, nargs, kwnames, names, 1, a, 1) < 0) return NULL;
+    if (!a[0]) {
+        PyErr_SetString(PyExc_TypeError, "signal() needs a value");
+        return NULL;
+    }
+    if (!PyLong_Check(a[0]) || PyBool_Check(a[0])) {
+        PyErr_SetString(PyExc_TypeError, "timeline values are ints");
+        return NULL;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(a[0]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "timeline values are integers in 0..2^62-1");
+        return NULL;
+    }
+    if (!handle_live(o) || do_tl_signal(o->core, o->handle, v) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Timeline.wait(value, timeout=None, *, spin=None) -> Status (SUCCESS or the failure) */
+static PyObject *Handle_timeline_wait(Handle *o, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"value", "timeout", "spin"};
+    PyObject *a[3];
+    long long tmo, spin;
+    uint64_t w;
+    if (parse_args(args, nargs, kwnames, names, 2, a, 3) < 0) return NULL;
+    if (!a[0]) {
+        PyErr_SetString(PyExc_TypeError, "wait() needs a value");
+        return NULL;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(a[0]);
+    if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > HL_TIMELINE_MAX) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "timeline values are integers in 0..2^62-1");
+        return NULL;
+    }
+    if (!handle_live(o) || parse_timeout(a[1], &tmo) < 0 || parse_spin(o->core, a[2], &spin) < 0) return NULL;
+    int r = do_wait(o->core, o->handle, v, tmo, spin, &w);
+    if (r < 0) return NULL;
+    if (r == 1) {
+        hl_err(PyExc_TimeoutError, "timeline 0x%llx did not reach %llu within the timeout",
+               (unsigned long long)o->handle, v);
+        return NULL;
+    }
+    return status_obj(w & HL_TIMELINE_FAILED ? (w & 0xffffffffull) : HL_STATUS_SUCCESS);
+}
+
+static int Handle_getbuffer(Handle *b, Py_buffer *view, int flags) {
+    if (!b->bb_map) {
+        PyErr_SetString(PyExc_BufferError, b->held ? "this object has no memory" : "buffer was released");
+        return -1;
+    }
+    if ((flags & PyBUF_WRITABLE) && b->bb_readonly) {
+        PyErr_SetString(PyExc_BufferError, "buffer is read-only");
+        return -1;
+    }
+    Py_buffer *inner = PyMem_Malloc(sizeof(Py_buffer));
+    if (!inner) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (PyObject_GetBuffer(b->bb_map, inner, PyBUF_SIMPLE) < 0) {
+        PyMem_Free(inner);
+        return -1;
+    }
+    if (b->bb_off < 0 || b->bb_len < 0 || b->bb_off > inner->len || b->bb_len > inner->len - b->bb_off) {
+        PyBuffer_Release(inner);
+        PyMem_Free(inner);
+        PyErr_SetString(PyExc_BufferError, "buffer window lies outside the mapping");
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, (PyObject *)b, (char *)inner->buf + b->bb_off, b->bb_len, b->bb_readonly, flags) < 0) {
+        PyBuffer_Release(inner);
+        PyMem_Free(inner);
+        return -1;
+    }
+    view->internal = inner;
+    return 0;
+}
+
+static void Handle_releasebuffer(Handle *b, Py_buffer *view) {
+    Py_buffer *inner = (Py_buffer *)view->internal;
+    if (inner) {
+        PyBuffer_Release(inner);
+        PyMem_Free(inner);
+    }
+}
+
+static PyBufferProcs Handle_as_buffer = {
+    (getbufferproc)Handle_getbuffer,
+    (releasebufferproc)Handle_releasebuffer,
+};
+
+static PyObject *Handle_set_window(Handle *b, PyObject *args) {
+    PyObject *map;
+    Py_ssize_t off, len;
+    int ro;
+    if (!PyArg_ParseTuple(args, "Onnp", &map, &off, &len, &ro)) return NULL;
+    if (map == Py_None)
+        Py_CLEAR(b->bb_map);
+    else
+        Py_XSETREF(b->bb_map, Py_NewRef(map));
+    b->bb_off = off;
+    b->bb_len = len;
+    b->bb_readonly = ro;
+    Py_RETURN_NONE;
+}
+
+static int Handle_traverse(Handle *b, visitproc visit, void *arg) {
+    Py_VISIT(b->bb_map);
+    Py_VISIT(b->dom);
+    Py_VISIT((PyObject *)b->core);
+    Py_VISIT(Py_TYPE(b));
+    return 0;
+}
+
+static int Handle_clear(Handle *b) {
+    Py_CLEAR(b->bb_map);
+    Py_CLEAR(b->dom);
+    Py_CLEAR(b->core);
+    return 0;
+}
+
+/* Dropping the last Python reference drops the domain reference too (as
+ * release() would), unless the domain is closed. */
+static void Handle_finalize(Handle *o) {
+    if (o->held && o->core && o->core->base && o->core->me >= 0) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        o->held = 0;
+        if (do_release(o->core, o->handle) < 0) PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+    }
+}
+
+static void Handle_dealloc(Handle *o) {
+    PyTypeObject *tp = Py_TYPE(o);
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)o) < 0) return;
+    PyObject_GC_UnTrack(o);
+    if (o->weakreflist) PyObject_ClearWeakRefs((PyObject *)o);
+    Handle_clear(o);
+    tp->tp_free((PyObject *)o); /* a heap subtype's reference is dropped by subtype_dealloc */
+}
+
+static PyObject *Handle_get_held(Handle *o, void *closure) { return PyBool_FromLong(o->held); }
+static PyObject *Handle_get_handle(Handle *o, void *closure) { return PyLong_FromUnsignedLongLong(o->handle); }
+static PyObject *Handle_get_dom(Handle *o, void *closure) { return Py_NewRef(o->dom ? o->dom : Py_None); }
+static PyObject *Handle_get_core(Handle *o, void *closure) {
+    return Py_NewRef(o->core ? (PyObject *)o->core : Py_None);
+}
+static PyObject *Handle_get_nbytes(Handle *o, void *closure) { return PyLong_FromSsize_t(o->bb_len); }
+static PyObject *Handle_get_offset(Handle *o, void *closure) { return PyLong_FromSsize_t(o->bb_off); }
+
+static PyGetSetDef Handle_getset[] = {
+    {"handle", (getter)Handle_get_handle, NULL, "global 64-bit handle, valid in every participant", NULL},
+    {"_held", (getter)Handle_get_held, NULL, NULL, NULL},
+    {"_dom", (getter)Handle_get_dom, NULL, NULL, NULL},
+    {"_core", (getter)Handle_get_core, NULL, NULL, NULL},
+    {"_window_len", (getter)Handle_get_nbytes, NULL, NULL, NULL},
+    {"_window_off", (getter)Handle_get_offset, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef Handle_methods[] = {
+    {"release", (PyCFunction)Handle_release, METH_NOARGS,
+     "Drop this reference (InvalidHandle if already released)."},
+    {"_fence_signal", (PyCFunction)(void (*)(void))Handle_fence_signal, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"_fence_wait", (PyCFunction)(void (*)(void))Handle_fence_wait, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"_timeline_signal", (PyCFunction)(void (*)(void))Handle_timeline_signal, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"_timeline_wait", (PyCFunction)(void (*)(void))Handle_timeline_wait, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"_set_window", (PyCFunction)Handle_set_window, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject HandleType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hostless._core.Handle",
+    .tp_basicsize = sizeof(Handle),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)Handle_dealloc,
+    .tp_finalize = (destructor)Handle_finalize,
+    .tp_traverse = (traverseproc)Handle_traverse,
+    .tp_clear = (inquiry)Handle_clear,
+    .tp_as_buffer = &Handle_as_buffer,
+    .tp_methods = Handle_methods,
+    .tp_getset = Handle_getset,
+    .tp_weaklistoffset = offsetof(Handle, weakreflist),
+};
+
+/* Core.new(cls, dom, kind, owner) -> instance holding a new fence or timeline */
+static PyObject *Core_new_obj(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 4 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "new(cls, dom, kind, owner)");
+        return NULL;
+    }
+    PyObject *t = PyTuple_Pack(2, args[2], args[3]);
+    if (!t) return NULL;
+    PyObject *hobj = Core_create(c, t);
+    Py_DECREF(t);
+    if (!hobj) return NULL;
+    uint64_t h = PyLong_AsUnsignedLongLong(hobj);
+    Py_DECREF(hobj);
+    Handle *o = handle_make((PyTypeObject *)args[0], c, args[1], h);
+    if (!o) do_release(c, h);
+    return (PyObject *)o;
+}
+
+/* Core.adopt(cls, dom, handle, want_kind) -> instance after taking a reference */
+static PyObject *Core_adopt(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 4 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "adopt(cls, dom, handle, want_kind)");
+        return NULL;
+    }
+    uint64_t h;
+    if (get_handle_arg(args[2], &h) < 0) return NULL;
+    unsigned long want = PyLong_AsUnsignedLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (do_import(c, h, (uint32_t)want) < 0) return NULL;
+    Handle *o = handle_make((PyTypeObject *)args[0], c, args[1], h);
+    if (!o) do_release(c, h);
+    return (PyObject *)o;
+}
+
+/* Core.new_buffer(cls, dom, nbytes, meta, mmap) -> instance with its window set */
+static PyObject *Core_new_buffer(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 5 || !PyType_Check(args[0]) || !PyBytes_Check(args[3]) ||
+        PyBytes_GET_SIZE(args[3]) != HL_BUFFER_META_SIZE) {
+        PyErr_SetString(PyExc_TypeError, "new_buffer(cls, dom, nbytes, meta: 128 bytes, mmap)");
+        return NULL;
+    }
+    unsigned long long nbytes = PyLong_AsUnsignedLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    uint64_t h, off;
+    if (do_buffer_new(c, nbytes, PyBytes_AS_STRING(args[3]), &h, &off) < 0) return NULL;
+    Handle *o = handle_make((PyTypeObject *)args[0], c, args[1], h);
+    if (!o) {
+        do_release(c, h);
+        return NULL;
+    }
+    o->bb_map = Py_NewRef(args[4]);
+    o->bb_off = (Py_ssize_t)off;
+    o->bb_len = (Py_ssize_t)nbytes;
+    o->bb_readonly = 0;
+    return (PyObject *)o;
+}
+
+/* Core.wrap(cls, dom, handle) -> instance for a handle we already hold one count of */
+static PyObject *Core_wrap(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 3 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "wrap(cls, dom, handle)");
+        return NULL;
+    }
+    uint64_t h;
+    if (get_handle_arg(args[2], &h) < 0) return NULL;
+    return (PyObject *)handle_make((PyTypeObject *)args[0], c, args[1], h);
+}
+
 static PyObject *py_set_exceptions(PyObject *m, PyObject *args) {
-    PyObject *a, *b, *cc, *d, *e, *f;
-    if (!PyArg_ParseTuple(args, "OOOOOO", &a, &b, &cc, &d, &e, &f)) return NULL;
+    PyObject *a, *b, *cc, *d, *e, *f, *g;
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &a, &b, &cc, &d, &e, &f, &g)) return NULL;
+    Py_XSETREF(E_OOM, Py_NewRef(g));
     Py_XSETREF(E_Hostless, Py_NewRef(a));
     Py_XSETREF(E_Corrupt, Py_NewRef(b));
     Py_XSETREF(E_Full, Py_NewRef(cc));
@@ -1335,7 +2232,16 @@ static PyObject *py_set_exceptions(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_status(PyObject *m, PyObject *args) {
+    PyObject *cls, *map;
+    if (!PyArg_ParseTuple(args, "OO!", &cls, &PyDict_Type, &map)) return NULL;
+    Py_XSETREF(StatusCls, Py_NewRef(cls));
+    Py_XSETREF(StatusMap, Py_NewRef(map));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"set_status", py_set_status, METH_VARARGS, NULL},
     {"layout", py_layout, METH_VARARGS, "layout(fences, participants, queues, trace, heap) -> offsets"},
     {"set_exceptions", py_set_exceptions, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
@@ -1344,20 +2250,25 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef coremodule = {PyModuleDef_HEAD_INIT, "hostless._core", "hostless C core", -1,
                                         module_methods};
 
+#define OFF(name, type, field) ADD_INT(m, name, offsetof(struct type, field))
 #define ADD_INT(m, name, v) PyModule_AddObject(m, name, PyLong_FromUnsignedLongLong((unsigned long long)(v)))
 
 PyMODINIT_FUNC PyInit__core(void) {
     if (PyType_Ready(&CoreType) < 0) return NULL;
+    if (PyType_Ready(&HandleType) < 0) return NULL;
     PyObject *m = PyModule_Create(&coremodule);
     if (!m) return NULL;
     Py_INCREF(&CoreType);
     PyModule_AddObject(m, "Core", (PyObject *)&CoreType);
+    Py_INCREF(&HandleType);
+    PyModule_AddObject(m, "Handle", (PyObject *)&HandleType);
     E_Hostless = Py_NewRef(PyExc_RuntimeError);
     E_Corrupt = Py_NewRef(PyExc_RuntimeError);
     E_Full = Py_NewRef(PyExc_RuntimeError);
     E_Handle = Py_NewRef(PyExc_ValueError);
     E_Already = Py_NewRef(PyExc_RuntimeError);
     E_Invalid = Py_NewRef(PyExc_RuntimeError);
+    E_OOM = Py_NewRef(PyExc_MemoryError);
     /* the ABI, exported so that Python reads the layout from the header */
     ADD_INT(m, "MAGIC", HL_MAGIC);
     ADD_INT(m, "ABI_VERSION", HL_ABI_VERSION);
@@ -1371,6 +2282,16 @@ PyMODINIT_FUNC PyInit__core(void) {
     ADD_INT(m, "KIND_FENCE", HL_KIND_FENCE);
     ADD_INT(m, "KIND_TIMELINE", HL_KIND_TIMELINE);
     ADD_INT(m, "KIND_MERGED", HL_KIND_MERGED);
+    ADD_INT(m, "KIND_BUFFER", HL_KIND_BUFFER);
+    ADD_INT(m, "GRANULE", HL_GRANULE);
+    ADD_INT(m, "LARGE_BUFFER", HL_LARGE_BUFFER);
+    ADD_INT(m, "BUFFER_META_SIZE", HL_BUFFER_META_SIZE);
+    ADD_INT(m, "BUFFER_MAX_DIMS", HL_BUFFER_MAX_DIMS);
+    OFF("BM_NBYTES", hl_buffer_meta, nbytes);
+    OFF("BM_NDIM", hl_buffer_meta, ndim);
+    OFF("BM_ITEMSIZE", hl_buffer_meta, itemsize);
+    OFF("BM_DTYPE", hl_buffer_meta, dtype);
+    OFF("BM_SHAPE", hl_buffer_meta, shape);
     ADD_INT(m, "SLOT_FREE", HL_SLOT_FREE);
     ADD_INT(m, "SLOT_ALLOC", HL_SLOT_ALLOC);
     ADD_INT(m, "SLOT_LIVE", HL_SLOT_LIVE);
@@ -1381,7 +2302,6 @@ PyMODINIT_FUNC PyInit__core(void) {
     ADD_INT(m, "MERGE_MAX_CHILDREN", HL_MERGE_MAX_CHILDREN);
     ADD_INT(m, "MAX_PARENTS", HL_MAX_PARENTS);
     ADD_INT(m, "LOCK_BASE", HL_LOCK_BASE);
-#define OFF(name, type, field) ADD_INT(m, name, offsetof(struct type, field))
     OFF("H_MAGIC", hl_header, magic);
     OFF("H_ABI_VERSION", hl_header, abi_version);
     OFF("H_HEADER_SIZE", hl_header, header_size);

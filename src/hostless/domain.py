@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core
 from ._abi import HEADER_DTYPE, C, owner_code
+from .buffer import Buffer, ShapeLike, normalize_layout, pack_meta, unpack_meta
+from .status import Status
 from .errors import (
     AlreadySignaled,
     CorruptDomain,
@@ -31,6 +33,7 @@ from .errors import (
     HostlessError,
     InvalidHandle,
     InvalidOperation,
+    OutOfMemory,
 )
 
 if TYPE_CHECKING:
@@ -38,9 +41,19 @@ if TYPE_CHECKING:
     from .fence import Fence
     from .timeline import Timeline
 
-_core.set_exceptions(HostlessError, CorruptDomain, DomainFull, InvalidHandle, AlreadySignaled, InvalidOperation)
+_core.set_exceptions(
+    HostlessError, CorruptDomain, DomainFull, InvalidHandle, AlreadySignaled, InvalidOperation, OutOfMemory
+)
+_core.set_status(Status, {int(m): m for m in Status})
+
+from .fence import Fence  # noqa: E402
+from .timeline import Timeline  # noqa: E402
 
 __all__ = ["Domain", "Participant", "SHM_DIR"]
+
+_KIND_FENCE = int(C.KIND_FENCE)
+_KIND_TIMELINE = int(C.KIND_TIMELINE)
+_KIND_BUFFER = int(C.KIND_BUFFER)
 
 SHM_DIR = "/dev/shm"
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
@@ -127,7 +140,7 @@ class Domain:
         self._lock = threading.Lock()
         self._notifier: Notifier | None = None
         self._map: mmap.mmap | None = None
-        self.spin = spin
+        self._layouts: dict[Any, tuple[tuple[int, ...], Any, int, bytes]] = {}
         if label is None:
             label = f"pid{os.getpid()}"
         if not isinstance(kind, str) or not kind:
@@ -135,6 +148,7 @@ class Domain:
         wd_ns = int(watchdog_interval * 1e9) if watchdog_interval else 0
         self._core.attach(fd, init, label.encode()[:31].decode(errors="ignore"), kind[:15], wd_ns)
         self._fd = fd
+        self.spin = spin
         info = self._core.info()
         self._index = int(info["me"])
         self._incarnation = int(info["incarnation"])
@@ -330,9 +344,24 @@ class Domain:
             "trace": int(h["trace_size"]),
         }
 
+    @property
+    def spin(self) -> float:
+        """Default seconds a wait spins before it sleeps on a futex."""
+        return self._spin
+
+    @spin.setter
+    def spin(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("spin must be >= 0")
+        self._spin = float(seconds)
+        self._core.set_spin(int(seconds * 1e9))
+
     def raw(self) -> mmap.mmap:
         """A read-write mmap of the whole domain (for inspection and tools)."""
         self._check_open()
+        return self._raw_map()
+
+    def _raw_map(self) -> mmap.mmap:
         if self._map is None:
             self._map = mmap.mmap(self._fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         return self._map
@@ -384,10 +413,9 @@ class Domain:
         one); if the owner dies before signaling, recovery signals OWNER_DIED.
         Raises DomainFull when the fence table is full.
         """
-        from .fence import Fence
-
         self._check_open()
-        return Fence._adopt(self, self._core.create(int(C.KIND_FENCE), self._owner(owner)))
+        f: Fence = self._core.new(Fence, self, _KIND_FENCE, self._owner(owner) if owner is not None else 0)
+        return f
 
     def import_fence(self, handle: int) -> Fence:
         """Take a reference to the fence (or merged fence) ``handle``.
@@ -395,14 +423,9 @@ class Domain:
         Raises InvalidHandle for a stale, forged or foreign handle or for a
         timeline handle.
         """
-        from .fence import Fence
-
         self._check_open()
-        h = _handle(handle)
-        if (h >> 48) & 0xFF == int(C.KIND_TIMELINE):
-            raise InvalidHandle(f"handle {h:#x} is a timeline; use import_timeline()")
-        self._core.import_(h)
-        return Fence._adopt(self, h)
+        f: Fence = self._core.adopt(Fence, self, _handle(handle), _KIND_FENCE)
+        return f
 
     def merge(self, fences: Iterable[Fence]) -> Fence:
         """A composite fence that completes when every child has.
@@ -412,8 +435,6 @@ class Domain:
         32 children build a tree of composites.  A fence can belong to at most
         two composites.
         """
-        from .fence import Fence
-
         self._check_open()
         fs = list(fences)
         if not fs:
@@ -431,11 +452,11 @@ class Domain:
                 nxt = []
                 for i in range(0, len(fs), n):
                     chunk = fs[i : i + n]
-                    node = Fence._adopt(self, self._core.merge([f.handle for f in chunk]))
+                    node = self._core.wrap(Fence, self, self._core.merge([f.handle for f in chunk]))
                     inner.append(node)
                     nxt.append(node)
                 fs = nxt
-            root = Fence._adopt(self, self._core.merge([f.handle for f in fs]))
+            root: Fence = self._core.wrap(Fence, self, self._core.merge([f.handle for f in fs]))
         except BaseException:
             for node in inner:
                 node.release()
@@ -448,28 +469,70 @@ class Domain:
 
     def timeline(self, initial: int = 0, owner: int | Participant | None = None) -> Timeline:
         """Create a timeline at ``initial`` and take a reference to it."""
-        from .timeline import Timeline
-
         self._check_open()
         if isinstance(initial, bool) or not isinstance(initial, int):
             raise TypeError("initial must be an int")
         if not 0 <= initial <= int(C.TIMELINE_MAX):
             raise ValueError(f"initial must be in 0..2**62-1, got {initial}")
-        t = Timeline._adopt(self, self._core.create(int(C.KIND_TIMELINE), self._owner(owner)))
+        t: Timeline = self._core.new(Timeline, self, _KIND_TIMELINE, self._owner(owner))
         if initial:
-            self._core.tl_signal(t.handle, initial)
+            t.signal(initial)
         return t
 
     def import_timeline(self, handle: int) -> Timeline:
         """Take a reference to the timeline ``handle`` (InvalidHandle otherwise)."""
-        from .timeline import Timeline
-
         self._check_open()
-        h = _handle(handle)
-        if (h >> 48) & 0xFF != int(C.KIND_TIMELINE):
-            raise InvalidHandle(f"handle {h:#x} is not a timeline; use import_fence()")
-        self._core.import_(h)
-        return Timeline._adopt(self, h)
+        t: Timeline = self._core.adopt(Timeline, self, _handle(handle), _KIND_TIMELINE)
+        return t
+
+    # --------------------------------------------------------------- buffers
+    def buffer(self, shape: ShapeLike, dtype: Any = None) -> Buffer:
+        """Allocate a buffer from the shared heap: ``buffer(nbytes)`` or ``buffer(shape, dtype)``.
+
+        Data is 64-byte aligned, 4096-byte aligned from 64 KiB up; contents are
+        not zeroed.  Raises ValueError for a non-positive size or unknown
+        dtype, OutOfMemory (with the free space) when the heap cannot hold it,
+        DomainFull when the slot table is full.
+        """
+        self._check_open()
+        try:
+            shp, dt, nbytes, meta = self._layouts[(shape, dtype)]
+        except (KeyError, TypeError):
+            shp, dt, nbytes = normalize_layout(shape, dtype)
+            meta = pack_meta(shp, dt, nbytes)
+            if len(self._layouts) < 256:
+                try:
+                    self._layouts[(shape, dtype)] = (shp, dt, nbytes, meta)
+                except TypeError:  # unhashable shape or dtype spec
+                    pass
+        b: Buffer = self._core.new_buffer(Buffer, self, nbytes, meta, self._raw_map())
+        b._init_layout(shp, dt, nbytes, b._window_off)
+        return b
+
+    def import_buffer(self, handle: int) -> Buffer:
+        """Take a reference to the buffer ``handle`` (InvalidHandle when stale, forged or not a buffer)."""
+        self._check_open()
+        b: Buffer = self._core.adopt(Buffer, self, _handle(handle), _KIND_BUFFER)
+        off, nbytes, meta = self._core.buffer_info(b.handle)
+        try:
+            shp, dt, n = unpack_meta(meta)
+            if n != nbytes:
+                raise InvalidHandle(f"buffer {b.handle:#x}: metadata says {n} bytes, the slot {nbytes}")
+        except BaseException:
+            b.release()
+            raise
+        b._set_window(self._raw_map(), off, nbytes, False)
+        b._init_layout(shp, dt, nbytes, off)
+        return b
+
+    def heap_stats(self) -> dict[str, int | float]:
+        """Heap figures: size, used, free, largest_free, free_runs, fragmentation
+        (1 - largest free run / free bytes), allocs, repairs (lock breaks after a death)."""
+        self._check_open()
+        st: dict[str, int | float] = dict(self._core.heap_stats())
+        free = st.get("free", 0)
+        st["fragmentation"] = (1.0 - st["largest_free"] / free) if free else 0.0
+        return st
 
     # -------------------------------------------------------------- recovery
     def reap(self) -> list[int]:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Generator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from . import _core
 from ._abi import C
 from .errors import DomainClosed, InvalidHandle
 from .status import Status
@@ -44,27 +45,18 @@ def _timeout_ns(timeout: float | None) -> int:
     return int(timeout * 1e9)
 
 
-class Fence:
+class Fence(_core.Handle):
     """One reference to a fence of a domain.  Create with ``Domain.fence()``,
-    ``Domain.import_fence()`` or ``Domain.merge()``."""
+    ``Domain.import_fence()`` or ``Domain.merge()``.
 
-    __slots__ = ("_dom", "_core", "handle", "_held", "_inner", "__weakref__")
+    ``handle`` is the global 64-bit handle, valid in every participant.
+    Dropping the last Python reference releases the fence like ``release()``.
+    """
 
-    handle: int
-    """Global 64-bit handle, valid in every participant of the domain."""
+    __slots__ = ("_inner",)
 
-    def __init__(self) -> None:
+    def __new__(cls, *args: Any, **kwargs: Any) -> Fence:
         raise TypeError("use Domain.fence(), Domain.import_fence() or Domain.merge()")
-
-    @classmethod
-    def _adopt(cls, dom: Domain, handle: int) -> Fence:
-        f = object.__new__(cls)
-        f._dom = dom
-        f._core = dom._core
-        f.handle = handle
-        f._held = True
-        f._inner = None
-        return f
 
     def _check_held(self) -> None:
         if not self._held:
@@ -78,16 +70,29 @@ class Fence:
         return (self.handle >> 48) & 0xFF == _KIND_MERGED
 
     # ---------------------------------------------------------------- signal
-    def signal(self, status: int = Status.SUCCESS) -> None:
-        """Signal with ``status`` (SUCCESS by default).
+    if TYPE_CHECKING:
 
-        Wakes every waiter.  Raises AlreadySignaled if already signaled,
-        InvalidOperation for a merged fence, ValueError for a status that is
-        not SUCCESS, ERROR, CANCEL, OWNER_DIED or 64..2**32-1.
-        """
-        if not self._held:
-            self._check_held()
-        self._core.signal(self.handle, int(status))
+        def signal(self, status: int = Status.SUCCESS) -> None:
+            """Signal with ``status`` (SUCCESS by default); wakes every waiter.
+
+            Raises AlreadySignaled if already signaled, InvalidOperation for a
+            merged fence, ValueError for a status that is not SUCCESS, ERROR,
+            CANCEL, OWNER_DIED or 64..2**32-1, InvalidHandle after release.
+            """
+
+        def wait(self, timeout: float | None = None, *, spin: float | None = None) -> Status:
+            """Block until signaled; returns the final status.
+
+            Spins for ``spin`` seconds (default: the domain's ``spin``), then
+            sleeps on a futex; a signal stored by a device without a wake-up is
+            seen within the domain's poll interval.  Raises TimeoutError after
+            ``timeout`` seconds.  The GIL is released while waiting (after a
+            first spin of at most 2 us).
+            """
+
+    else:
+        signal = _core.Handle._fence_signal
+        wait = _core.Handle._fence_wait
 
     def cancel(self) -> None:
         """Signal CANCEL."""
@@ -105,22 +110,6 @@ class Fence:
         return self.status is not Status.ACTIVE
 
     # ------------------------------------------------------------------ wait
-    def wait(self, timeout: float | None = None, *, spin: float | None = None) -> Status:
-        """Block until signaled; returns the final status.
-
-        Spins for ``spin`` seconds (default: the domain's), then sleeps on a
-        futex; a signal stored by a device without a wake-up is seen within the
-        domain's poll interval.  Raises TimeoutError after ``timeout`` seconds.
-        The GIL is released while sleeping.
-        """
-        if not self._held:
-            self._check_held()
-        sp = self._dom.spin if spin is None else spin
-        w = self._core.wait(self.handle, 1, _timeout_ns(timeout), int(sp * 1e9))
-        if w is None:
-            raise TimeoutError(f"fence {self.handle:#x} not signaled within {timeout} s")
-        return Status(w)
-
     def __await__(self) -> Generator[Any, None, Status]:
         return self.wait_async().__await__()
 
@@ -156,17 +145,17 @@ class Fence:
 
     # --------------------------------------------------------------- release
     def release(self) -> None:
-        """Drop this reference.  Raises InvalidHandle when released twice."""
-        if not self._held:
-            raise InvalidHandle(f"fence {self.handle:#x} was already released")
-        self._held = False
-        if self._dom._closed:
-            return
-        self._core.release(self.handle)
-        if self._inner:
-            for node in self._inner:
-                node.release()
+        """Drop this reference.  Raises InvalidHandle when released twice.
+
+        When it was the last reference in the domain and the fence is still
+        ACTIVE, the fence is signaled CANCEL.
+        """
+        inner = getattr(self, "_inner", None) if self._held else None
+        super().release()
+        if inner:
             self._inner = None
+            for node in inner:
+                node.release()
 
     def __enter__(self) -> Fence:
         return self
@@ -177,15 +166,8 @@ class Fence:
         if self._held:
             self.release()
 
-    def __del__(self) -> None:
-        try:
-            if self._held and not self._dom._closed:
-                self.release()
-        except Exception:
-            pass
-
     def __repr__(self) -> str:
-        if not self._held:
+        if not self._held or self._dom._closed:
             return f"<hostless.Fence {self.handle:#x} released>"
         try:
             st = self.status.name

@@ -103,6 +103,10 @@ typedef uint8_t hl_u8;
 #include <unistd.h>
 #include <time.h>
 #define HL_HAVE_FUTEX 1
+#if !defined(__cplusplus)
+/* declared by <unistd.h> only with _DEFAULT_SOURCE; strict C11 needs it here */
+extern long syscall(long number, ...);
+#endif
 #endif
 
 #define HL_MAGIC 0x3153534c54534f48ULL /* "HOSTLSS1" little-endian */
@@ -135,6 +139,7 @@ typedef uint8_t hl_u8;
 #define HL_KIND_FENCE 1u
 #define HL_KIND_TIMELINE 2u
 #define HL_KIND_MERGED 3u
+#define HL_KIND_BUFFER 4u /* a heap block; see "buffers" below */
 
 #define HL_CTL(gen, kind, pidx, state) \
     (((hl_u64)(gen) << 32) | ((hl_u64)((kind) & 0xffu) << 24) | ((hl_u64)((pidx) & 0xffu) << 8) | ((hl_u64)(state) & 0xffu))
@@ -234,6 +239,66 @@ struct hl_fence {
     hl_u64 parents[HL_MAX_PARENTS]; /* 40 HL_LINK(gen, index) of merged parents, 0 = none */
     hl_u64 err;                   /*  56 merged: gen24[55:32] | first error status[31:0] */
 };
+
+/* ------------------------------------------------------------------------
+ * Buffers and the shared heap.
+ *
+ * The heap region (heap_offset, heap_size) starts with struct hl_heap, then
+ * the allocation bitmap (one bit per 64-byte granule of the data area), then
+ * the data area (page aligned).  A buffer is a fence-table slot of kind
+ * HL_KIND_BUFFER (so references, handles and recovery are the fences'):
+ *
+ *   word        offset of the buffer's data from the start of the data area
+ *   aux         nbytes requested
+ *   parents[0]  first granule of the block
+ *   parents[1]  number of granules of the block (0 = no block owned)
+ *   err         0
+ *
+ * The block starts with a struct hl_buffer_meta (dtype and shape, for
+ * importers); data follows at +128 bytes (64-byte aligned) for blocks under
+ * HL_LARGE_BUFFER, at +4096 (page aligned) for larger ones.
+ *
+ * The bitmap is derived state: it is changed only under hl_heap.lock, a
+ * participant-owned lock (value HL_OWNER of the holder).  A lock whose holder
+ * is dead is broken by CAS and the bitmap is rebuilt from the buffer slots
+ * (which are the truth), so a holder killed at any instruction loses nothing.
+ * Participants that only use the header never allocate.
+ */
+#define HL_GRANULE 64u
+#define HL_LARGE_BUFFER 65536u
+#define HL_BUFFER_META_SIZE 128u
+#define HL_BUFFER_MAX_DIMS 12
+#define HL_HEAP_MAGIC 0x5041454853534c48ULL /* "HLSSHEAP" */
+
+struct hl_heap {
+    hl_u64 magic;          /*  0 HL_HEAP_MAGIC */
+    hl_u64 lock;           /*  8 0 = free, else HL_OWNER of the holder */
+    hl_u64 bitmap_offset;  /* 16 from the start of the heap region */
+    hl_u64 granules;       /* 24 bits in the bitmap */
+    hl_u64 data_offset;    /* 32 from the start of the heap region, page aligned */
+    hl_u64 data_size;      /* 40 granules * HL_GRANULE */
+    hl_u64 used_granules;  /* 48 maintained under the lock */
+    hl_u64 hint;           /* 56 granule where the next search starts */
+    hl_u64 repairs;        /* 64 times the bitmap was rebuilt after a holder died */
+    hl_u64 allocs;         /* 72 allocations so far */
+    hl_u8 reserved[128 - 80];
+};
+
+struct hl_buffer_meta {
+    hl_u64 nbytes;         /*   0 */
+    hl_u32 ndim;           /*   8 0 = raw bytes */
+    hl_u32 itemsize;       /*  12 */
+    char dtype[16];        /*  16 NumPy dtype.str, NUL-terminated ("<f4", "|u1") */
+    hl_u64 shape[HL_BUFFER_MAX_DIMS]; /* 32 */
+};
+
+#if defined(__cplusplus) && __cplusplus >= 201103L
+static_assert(sizeof(struct hl_heap) == 128, "hl_heap size");
+static_assert(sizeof(struct hl_buffer_meta) == HL_BUFFER_META_SIZE, "hl_buffer_meta size");
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(struct hl_heap) == 128, "hl_heap size");
+_Static_assert(sizeof(struct hl_buffer_meta) == HL_BUFFER_META_SIZE, "hl_buffer_meta size");
+#endif
 
 #if defined(__cplusplus) && __cplusplus >= 201103L
 static_assert(sizeof(struct hl_header) == HL_HEADER_SIZE, "hl_header size");
@@ -383,6 +448,23 @@ HL_INLINE int hl_timeline_poll(void *base, hl_u64 handle, hl_u64 *word) {
     if (!f || !hl_fence_matches(f, handle)) return HL_E_HANDLE;
     *word = hl_load64(&f->word);
     return HL_OK;
+}
+
+/* Address of a buffer's data, or 0 when the handle is not a live buffer of
+ * this domain or its extent leaves the data area. */
+HL_INLINE void *hl_buffer_data(void *base, hl_u64 handle, hl_u64 *nbytes) {
+    struct hl_header *h = (struct hl_header *)base;
+    struct hl_fence *f = hl_fence_slot(base, handle, HL_KIND_BUFFER);
+    struct hl_heap *hp;
+    hl_u64 off, n;
+    if (!f || !hl_fence_matches(f, handle) || h->heap_size < sizeof(struct hl_heap)) return 0;
+    hp = (struct hl_heap *)((char *)base + h->heap_offset);
+    off = hl_load64(&f->word);
+    n = hl_load64(&f->aux);
+    if (hp->data_offset > h->heap_size || hp->data_size > h->heap_size - hp->data_offset) return 0;
+    if (off > hp->data_size || n > hp->data_size - off) return 0;
+    if (nbytes) *nbytes = n;
+    return (char *)base + h->heap_offset + hp->data_offset + off;
 }
 
 #endif /* HOSTLESS_H */

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from . import _core
 from ._abi import C
 from .errors import DomainClosed, InvalidHandle
-from .fence import _timeout_ns
 from .status import Status
 
 if TYPE_CHECKING:
@@ -30,24 +30,13 @@ __all__ = ["Timeline"]
 _FAILED = int(C.TIMELINE_FAILED)
 
 
-class Timeline:
+class Timeline(_core.Handle):
     """One reference to a timeline.  Create with ``Domain.timeline()`` or ``Domain.import_timeline()``."""
 
-    __slots__ = ("_dom", "_core", "handle", "_held", "__weakref__")
+    __slots__ = ()
 
-    handle: int
-
-    def __init__(self) -> None:
+    def __new__(cls, *args: object, **kwargs: object) -> Timeline:
         raise TypeError("use Domain.timeline() or Domain.import_timeline()")
-
-    @classmethod
-    def _adopt(cls, dom: Domain, handle: int) -> Timeline:
-        t = object.__new__(cls)
-        t._dom = dom
-        t._core = dom._core
-        t.handle = handle
-        t._held = True
-        return t
 
     def _check_held(self) -> None:
         if not self._held:
@@ -71,33 +60,27 @@ class Timeline:
         w = self._core.word(self.handle)
         return Status(w & 0xFFFFFFFF) if w & _FAILED else None
 
-    def signal(self, value: int) -> None:
-        """Advance to ``value`` (> current).  ValueError otherwise; AlreadySignaled after a failure."""
-        if not self._held:
-            self._check_held()
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError("timeline values are ints")
-        self._core.tl_signal(self.handle, value)
+    if TYPE_CHECKING:
+
+        def signal(self, value: int) -> None:
+            """Advance to ``value`` (> current, <= 2**62-1): ValueError otherwise;
+            AlreadySignaled after a failure.  Wakes every waiter whose point is reached."""
+
+        def wait(self, value: int, timeout: float | None = None, *, spin: float | None = None) -> Status:
+            """Block until the value is >= ``value``: returns SUCCESS, or the failure status.
+
+            Spins for ``spin`` seconds (default: the domain's), then sleeps on a
+            futex.  Raises TimeoutError after ``timeout`` seconds.
+            """
+
+    else:
+        signal = _core.Handle._timeline_signal
+        wait = _core.Handle._timeline_wait
 
     def fail(self, status: int = Status.ERROR) -> None:
         """Fail the timeline with ``status`` (not SUCCESS); sticky.  AlreadySignaled if already failed."""
         self._check_held()
         self._core.tl_fail(self.handle, int(status))
-
-    def wait(self, value: int, timeout: float | None = None, *, spin: float | None = None) -> Status:
-        """Block until the value is >= ``value``: returns SUCCESS, or the failure status.
-
-        Raises TimeoutError after ``timeout`` seconds.
-        """
-        if not self._held:
-            self._check_held()
-        if not 0 <= value <= int(C.TIMELINE_MAX):
-            raise ValueError(f"timeline values are in 0..2**62-1, got {value}")
-        sp = self._dom.spin if spin is None else spin
-        w = self._core.wait(self.handle, value, _timeout_ns(timeout), int(sp * 1e9))
-        if w is None:
-            raise TimeoutError(f"timeline {self.handle:#x} did not reach {value} within {timeout} s")
-        return _decode(w)
 
     async def wait_async(self, value: int, timeout: float | None = None) -> Status:
         """Await ``value >= value`` without blocking the loop (SUCCESS or the failure status)."""
@@ -125,14 +108,6 @@ class Timeline:
             loop = None
         self._dom.notifier().watch(self.handle, value, lambda w: cb(self, _decode(w)), loop)
 
-    def release(self) -> None:
-        """Drop this reference.  InvalidHandle when released twice."""
-        if not self._held:
-            raise InvalidHandle(f"timeline {self.handle:#x} was already released")
-        self._held = False
-        if not self._dom._closed:
-            self._core.release(self.handle)
-
     def __enter__(self) -> Timeline:
         return self
 
@@ -142,15 +117,8 @@ class Timeline:
         if self._held:
             self.release()
 
-    def __del__(self) -> None:
-        try:
-            if self._held and not self._dom._closed:
-                self.release()
-        except Exception:
-            pass
-
     def __repr__(self) -> str:
-        if not self._held:
+        if not self._held or self._dom._closed:
             return f"<hostless.Timeline {self.handle:#x} released>"
         return f"<hostless.Timeline {self.handle:#x} value={self.value} failure={self.failure}>"
 

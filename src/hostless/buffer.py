@@ -1,0 +1,221 @@
+"""Buffers: blocks of the domain's shared heap, mapped by every participant.
+
+A buffer written by one participant is read by the next with no copy: its
+``handle`` is valid in every participant (``Domain.import_buffer``), and its
+views (NumPy, the buffer protocol, DLPack) point into the same physical pages.
+
+References work as for fences: each participant holds at most one shared
+reference, a ``Buffer`` object is one local reference, and the block returns
+to the heap when the last reference in the domain is dropped (recovery drops
+those of dead participants).
+
+Views stay valid as memory while they exist (they pin the mapping), but after
+``release()`` the block can be reused by another allocation: do not keep
+views of released buffers.
+
+The copy baseline lives here too: :class:`PrivateBuffer` is process-private
+memory with the same views, moved with one ``memcpy`` by :meth:`copy_to`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Union
+
+import numpy as np
+
+from . import _core
+from ._abi import C
+from .errors import DomainClosed, InvalidHandle
+
+__all__ = ["Buffer", "PrivateBuffer", "ShapeLike", "normalize_layout", "pack_meta", "unpack_meta"]
+
+ShapeLike = Union[int, Sequence[int]]
+_KDL_CPU = 1
+
+
+def normalize_layout(shape: ShapeLike, dtype: Any) -> tuple[tuple[int, ...], np.dtype, int]:
+    """Validate (shape, dtype) -> (shape tuple, dtype, nbytes).  ``dtype=None`` means raw bytes."""
+    if dtype is None:
+        dt = np.dtype(np.uint8)
+    else:
+        try:
+            dt = np.dtype(dtype)
+        except TypeError as e:
+            raise ValueError(f"unknown dtype {dtype!r}: {e}") from None
+    if dt.hasobject:
+        raise ValueError("object dtypes cannot live in shared memory")
+    if dt.itemsize == 0:
+        raise ValueError(f"dtype {dt} has no size")
+    if isinstance(shape, (bool, np.bool_)):
+        raise TypeError("shape must be an int or a sequence of ints")
+    if isinstance(shape, (int, np.integer)):
+        shp: tuple[int, ...] = (int(shape),)
+    else:
+        try:
+            shp = tuple(int(x) for x in shape)
+        except TypeError:
+            raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}") from None
+    if len(shp) > int(C.BUFFER_MAX_DIMS):
+        raise ValueError(f"at most {int(C.BUFFER_MAX_DIMS)} dimensions, got {len(shp)}")
+    if any(x <= 0 for x in shp):
+        raise ValueError(f"every dimension must be positive, got shape {shp}")
+    nbytes = dt.itemsize
+    for x in shp:
+        nbytes *= x
+    return shp, dt, nbytes
+
+
+def pack_meta(shape: tuple[int, ...], dt: np.dtype, nbytes: int) -> bytes:
+    """The struct hl_buffer_meta of a buffer (offsets from the ABI header)."""
+    meta = bytearray(int(C.BUFFER_META_SIZE))
+    struct.pack_into("<Q", meta, int(C.BM_NBYTES), nbytes)
+    struct.pack_into("<II", meta, int(C.BM_NDIM), len(shape), dt.itemsize)
+    code = dt.str.encode()
+    if len(code) > 15:
+        raise ValueError(f"dtype {dt} cannot be described in the buffer metadata")
+    meta[int(C.BM_DTYPE) : int(C.BM_DTYPE) + len(code)] = code
+    struct.pack_into(f"<{len(shape)}Q", meta, int(C.BM_SHAPE), *shape)
+    return bytes(meta)
+
+
+def unpack_meta(meta: bytes) -> tuple[tuple[int, ...], np.dtype, int]:
+    """Inverse of :func:`pack_meta`; raises InvalidHandle on inconsistent metadata."""
+    (nbytes,) = struct.unpack_from("<Q", meta, int(C.BM_NBYTES))
+    ndim, itemsize = struct.unpack_from("<II", meta, int(C.BM_NDIM))
+    code = meta[int(C.BM_DTYPE) : int(C.BM_DTYPE) + 16].split(b"\0", 1)[0].decode(errors="replace")
+    if ndim > int(C.BUFFER_MAX_DIMS):
+        raise InvalidHandle(f"buffer metadata has {ndim} dimensions")
+    shape = struct.unpack_from(f"<{ndim}Q", meta, int(C.BM_SHAPE))
+    try:
+        dt = np.dtype(code)
+    except TypeError:
+        raise InvalidHandle(f"buffer metadata names an unknown dtype {code!r}") from None
+    n = dt.itemsize
+    for x in shape:
+        n *= x
+    if dt.itemsize != itemsize or n != nbytes:
+        raise InvalidHandle("buffer metadata is inconsistent (shape, dtype and size disagree)")
+    return tuple(int(x) for x in shape), dt, int(nbytes)
+
+
+class _Views(_core.Handle):
+    """NumPy, DLPack and buffer-protocol views of a window of memory."""
+
+    __slots__ = ()
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    nbytes: int
+
+    def numpy(self, *, readonly: bool = False) -> np.ndarray:
+        """A NumPy array over the memory (no copy).  ``readonly=True`` gives a read-only view."""
+        raw = np.frombuffer(self, dtype=np.uint8, count=self.nbytes)
+        arr = raw.view(self.dtype).reshape(self.shape)
+        if readonly:
+            arr.flags.writeable = False
+        return arr
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        arr = self.numpy()
+        if copy:
+            arr = arr.copy()
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """DLPack capsule (kDLCPU) over the same memory; ``np.from_dlpack`` / ``torch.from_dlpack`` share it."""
+        if stream is not None and stream != -1:
+            raise BufferError("hostless buffers are CPU memory: stream must be None")
+        if dl_device is not None and tuple(dl_device) != (_KDL_CPU, 0):
+            raise BufferError(f"cannot export to device {dl_device}; buffers are kDLCPU")
+        if copy:
+            raise BufferError("__dlpack__(copy=True) is not supported: buffers are shared by design")
+        arr = self.numpy()
+        if max_version is None:
+            return arr.__dlpack__()
+        return arr.__dlpack__(max_version=max_version)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (_KDL_CPU, 0)
+
+    def copy_to(self, dst: _Views | np.ndarray) -> None:
+        """Copy this memory into ``dst`` (same nbytes): one memcpy, no pickling."""
+        d = dst.numpy() if isinstance(dst, _Views) else dst
+        s = self.numpy()
+        if d.nbytes != s.nbytes:
+            raise ValueError(f"copy_to: size mismatch ({s.nbytes} -> {d.nbytes} bytes)")
+        np.copyto(d.reshape(-1).view(np.uint8), s.reshape(-1).view(np.uint8), casting="no")
+
+
+class Buffer(_Views):
+    """One reference to a block of the shared heap.  Create with ``Domain.buffer()``
+    or ``Domain.import_buffer()``; ``release()`` or ``with`` drops it.  The block
+    returns to the heap when no participant holds the buffer any more."""
+
+    __slots__ = ("shape", "dtype", "nbytes", "offset")
+
+    offset: int
+    """Offset of the data from the start of the domain mapping."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Buffer:
+        raise TypeError("use Domain.buffer() or Domain.import_buffer()")
+
+    def _init_layout(self, shape: tuple[int, ...], dtype: np.dtype, nbytes: int, offset: int) -> None:
+        self.shape, self.dtype, self.nbytes, self.offset = shape, dtype, nbytes, offset
+
+    def numpy(self, *, readonly: bool = False) -> np.ndarray:
+        if not self._held:
+            raise InvalidHandle(f"buffer {self.handle:#x} was released")
+        if self._dom._closed:
+            raise DomainClosed("the buffer's domain is closed")
+        return super().numpy(readonly=readonly)
+
+    def __enter__(self) -> Buffer:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._held:
+            self.release()
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __repr__(self) -> str:
+        state = "" if self._held else " released"
+        return f"<hostless.Buffer {self.handle:#x} shape={self.shape} dtype={self.dtype}{state}>"
+
+
+class PrivateBuffer(_Views):
+    """Process-private memory with the same views as :class:`Buffer`: the copy baseline.
+
+    Moving data between participants in copy mode means ``copy_to`` into a
+    shared staging buffer and ``copy_to`` out of it on the other side, the way
+    device stacks move data through the host.
+    """
+
+    __slots__ = ("shape", "dtype", "nbytes", "_mem")
+
+    def __new__(cls, shape: ShapeLike, dtype: Any = None) -> PrivateBuffer:
+        return super().__new__(cls)
+
+    def __init__(self, shape: ShapeLike, dtype: Any = None) -> None:
+        shp, dt, nbytes = normalize_layout(shape, dtype)
+        self.shape, self.dtype, self.nbytes = shp, dt, nbytes
+        import mmap
+
+        # page-aligned anonymous memory, like a device allocation
+        self._mem = mmap.mmap(-1, max(nbytes, 1), mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._set_window(self._mem, 0, nbytes, False)
+
+    def __repr__(self) -> str:
+        return f"<hostless.PrivateBuffer shape={self.shape} dtype={self.dtype}>"
