@@ -1,0 +1,350 @@
+"""The ``hostless`` command: inspect, check and recover domains, and run the benchmarks.
+
+::
+
+    hostless info NAME [--json]        participants, capacities, object counts, epoch
+    hostless check NAME                invariant violations (exit status 1 if any)
+    hostless reap NAME                 recover dead participants, print their ids
+    hostless bench fences [--quick] [-o DIR] [-n N] [--no-write]
+
+``info``, ``check`` and ``reap`` join the domain as a participant labelled
+``hostless-cli`` (with no watchdog, so that they report the domain as they
+found it) and leave before exiting.  Tables use rich when it is installed and
+plain text otherwise (or with ``--plain`` / ``HOSTLESS_NO_RICH=1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["main", "build_parser", "domain_info"]
+
+CLI_LABEL = "hostless-cli"
+
+_STATE_NAMES = {0: "free", 1: "alloc", 2: "live", 3: "dying"}
+_KIND_NAMES = {1: "fence", 2: "timeline", 3: "merged"}
+
+
+def _open(name: str) -> Any:
+    import hostless as hl
+
+    return hl.Domain.open(name, label=CLI_LABEL, watchdog_interval=0)
+
+
+def _status_name(code: int) -> str:
+    from hostless import Status
+
+    try:
+        return Status(code).name
+    except ValueError:
+        return f"INVALID_{code}"
+
+
+def domain_info(dom: Any) -> dict[str, Any]:
+    """Everything ``hostless info`` shows, as a JSON-able dict.
+
+    ``objects`` counts fence-table slots by kind and state; ``live`` breaks the
+    live ones down by completion (fences: ACTIVE or their status; timelines:
+    active or failed with a status).
+    """
+    from hostless._abi import FENCE_DTYPE, C
+
+    h = dom.header()
+    raw = dom.raw()
+    fcap = int(h["fence_capacity"])
+    table = np.frombuffer(raw, dtype=FENCE_DTYPE, count=fcap, offset=int(h["fences_offset"])).copy()
+    ctl = table["ctl"].astype(np.uint64)
+    state = (ctl & np.uint64(0xFF)).astype(np.int64)
+    kind = ((ctl >> np.uint64(24)) & np.uint64(0xFF)).astype(np.int64)
+    words = table["word"].astype(np.uint64)
+
+    objects: dict[str, dict[str, int]] = {}
+    for st_code, st_name in _STATE_NAMES.items():
+        if st_name == "free":
+            continue
+        sel = state == st_code
+        for k_code, k_name in _KIND_NAMES.items():
+            n = int(np.count_nonzero(sel & (kind == k_code)))
+            if n:
+                objects.setdefault(k_name, {})[st_name] = n
+    free = int(np.count_nonzero(state == 0))
+
+    live: dict[str, dict[str, int]] = {}
+    failed_bit = int(C.TIMELINE_FAILED)
+    for i in np.nonzero(state == int(C.SLOT_LIVE))[0]:
+        k = _KIND_NAMES.get(int(kind[i]), f"kind{int(kind[i])}")
+        w = int(words[i])
+        if k == "timeline":
+            key = f"failed {_status_name(w & 0xFFFFFFFF)}" if w & failed_bit else "active"
+        else:
+            key = "ACTIVE" if w == 0 else _status_name(w)
+        bucket = live.setdefault(k, {})
+        bucket[key] = bucket.get(key, 0) + 1
+
+    me = dom.participant_id
+    parts = [
+        {
+            "id": p.id,
+            "index": p.index,
+            "pid": p.pid,
+            "label": p.label,
+            "kind": p.kind,
+            "state": p.state,
+            "joined": _dt.datetime.fromtimestamp(p.joined_ns / 1e9, _dt.timezone.utc).isoformat(
+                timespec="seconds"
+            )
+            if p.joined_ns
+            else None,
+            "this_cli": p.id == me,
+        }
+        for p in dom.participants
+    ]
+    created = int(h["created_ns"])
+    return {
+        "name": dom.name,
+        "abi_version": int(h["abi_version"]),
+        "total_size": int(h["total_size"]),
+        "created": _dt.datetime.fromtimestamp(created / 1e9, _dt.timezone.utc).isoformat(timespec="seconds")
+        if created
+        else None,
+        "poll_interval_s": int(h["poll_ns"]) / 1e9,
+        "tag": int(h["tag"]),
+        "epoch": int(h["epoch"]),
+        "recovered": int(h["stats_recovered"]),
+        "capacity": dom.capacity,
+        "participants": parts,
+        "objects": objects,
+        "free_slots": free,
+        "live": live,
+    }
+
+
+def _print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], plain: bool) -> None:
+    from hostless.bench import print_table
+
+    print_table(title, headers, rows, plain=plain)
+
+
+def _size(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n} B"
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    dom = _open(args.name)
+    try:
+        info = domain_info(dom)
+    finally:
+        dom.close()
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    cap = info["capacity"]
+    print(
+        f"domain {info['name']}: ABI v{info['abi_version']}, {_size(info['total_size'])}, "
+        f"created {info['created']}"
+    )
+    print(
+        f"capacity: {cap['fences']} fence slots ({info['free_slots']} free), "
+        f"{cap['participants']} participants, "
+        f"heap {_size(cap['heap'])}, queues {_size(cap['queues'])}, trace {_size(cap['trace'])}"
+    )
+    print(
+        f"epoch {info['epoch']}, {info['recovered']} recoveries so far (header stats_recovered), "
+        f"poll interval {info['poll_interval_s'] * 1e3:g} ms"
+    )
+    print()
+    rows = [
+        [
+            str(p["id"]),
+            str(p["index"]),
+            str(p["pid"]),
+            p["label"] + (" (this command)" if p["this_cli"] else ""),
+            p["kind"],
+            p["state"],
+            p["joined"] or "-",
+        ]
+        for p in info["participants"]
+    ]
+    _print_table("participants", ["id", "slot", "pid", "label", "kind", "state", "joined"], rows, args.plain)
+    orows = []
+    for k in ("fence", "timeline", "merged"):
+        counts = info["objects"].get(k, {})
+        if not counts:
+            continue
+        detail = ", ".join(f"{n} {s}" for s, n in sorted(info["live"].get(k, {}).items()))
+        orows.append(
+            [
+                k,
+                str(counts.get("live", 0)),
+                detail or "-",
+                str(counts.get("alloc", 0)),
+                str(counts.get("dying", 0)),
+            ]
+        )
+    if orows:
+        _print_table("objects", ["kind", "live", "live by completion", "alloc", "dying"], orows, args.plain)
+    else:
+        print("objects: none")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    dom = _open(args.name)
+    try:
+        problems = dom.check()
+    finally:
+        dom.close()
+    if not problems:
+        print(f"{args.name}: consistent")
+        return 0
+    print(f"{args.name}: {len(problems)} violation(s)")
+    for p in problems:
+        print(f"  {p}")
+    return 1
+
+
+def cmd_reap(args: argparse.Namespace) -> int:
+    dom = _open(args.name)
+    try:
+        before = {p.id: p for p in dom.participants}
+        ids = dom.reap()
+    finally:
+        dom.close()
+    if not ids:
+        print(f"{args.name}: no dead participant to recover")
+        return 0
+    print(f"{args.name}: recovered {len(ids)} participant(s)")
+    for pid in ids:
+        p = before.get(pid)
+        who = f" (pid {p.pid}, label {p.label!r}, kind {p.kind!r})" if p is not None else ""
+        print(f"  {pid}{who}")
+    return 0
+
+
+def cmd_bench_fences(args: argparse.Namespace) -> int:
+    from hostless.bench import fences
+
+    cfg = fences.FenceBenchConfig.quick_config() if args.quick else fences.FenceBenchConfig()
+    if args.round_trips is not None:
+        cfg.round_trips = args.round_trips
+        cfg.warmup = max(100, args.round_trips // 10)
+    if args.spin is not None:
+        cfg.spin = args.spin
+    if args.rounds is not None:
+        cfg.rounds = max(1, min(args.rounds, cfg.round_trips))
+    if args.no_pin:
+        cfg.pin = False
+    result = fences.run(cfg)
+    print()
+    fences.print_report(result, plain=args.plain)
+    if not args.no_write:
+        js, md = fences.write_results(result, args.output)
+        print(f"wrote {js} and {md}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (``bench`` is a group: later ``bench buffers`` and ``bench pipeline`` join it)."""
+    p = argparse.ArgumentParser(
+        prog="hostless", description="Inspect hostless domains and run the benchmarks."
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    p.add_argument("--plain", action="store_true", help="plain-text tables even when rich is installed")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("info", help="participants, capacities, object counts, epoch")
+    s.add_argument("name", help="domain name (/dev/shm/NAME)")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=cmd_info)
+
+    s = sub.add_parser("check", help="print invariant violations; exit status 1 if any")
+    s.add_argument("name", help="domain name (/dev/shm/NAME)")
+    s.set_defaults(func=cmd_check)
+
+    s = sub.add_parser("reap", help="recover dead participants now; print their ids")
+    s.add_argument("name", help="domain name (/dev/shm/NAME)")
+    s.set_defaults(func=cmd_reap)
+
+    b = sub.add_parser("bench", help="benchmarks (JSON + Markdown report)")
+    bsub = b.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    f = bsub.add_parser(
+        "fences",
+        help="cross-process signal->wake round trips vs C, NumPy and Pipe references; fence throughput",
+    )
+    f.add_argument("--quick", action="store_true", help="a small run (a few seconds)")
+    f.add_argument(
+        "-o",
+        "--output",
+        default="benchmarks/results",
+        metavar="DIR",
+        help="output directory (default: %(default)s)",
+    )
+    f.add_argument("-n", "--round-trips", type=int, default=None, metavar="N", help="round trips per figure")
+    f.add_argument(
+        "--spin", type=float, default=None, metavar="SECONDS", help="spin budget of spin mode (50e-6)"
+    )
+    f.add_argument(
+        "--rounds", type=int, default=None, metavar="R", help="interleaved rounds (default 4, --quick 1)"
+    )
+    f.add_argument("--no-pin", action="store_true", help="do not pin the two processes to CPUs")
+    f.add_argument("--no-write", action="store_true", help="print the tables only")
+    f.set_defaults(func=cmd_bench_fences)
+    return p
+
+
+def _version() -> str:
+    try:
+        from hostless import __version__
+
+        return __version__
+    except Exception:  # pragma: no cover - broken install
+        return "?"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hostless`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from hostless.errors import HostlessError
+
+    try:
+        rc: int = args.func(args)
+    except FileNotFoundError as e:
+        name = getattr(args, "name", None)
+        if name is None:
+            raise
+        print(f"hostless: no domain named {name!r} ({e.filename or e})", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        if getattr(args, "name", None) is None:
+            raise
+        print(f"hostless: {e}", file=sys.stderr)
+        return 2
+    except HostlessError as e:
+        print(f"hostless: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # e.g. `hostless info NAME --json | head`
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except OSError:
+            pass
+        return 141
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
