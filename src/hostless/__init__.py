@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from .buffer import Buffer, PrivateBuffer
 from .domain import Domain, Participant, parse_size
 from .errors import (
     AlreadySignaled,
@@ -27,6 +28,7 @@ from .errors import (
     OutOfMemory,
 )
 from .fence import Fence
+from .interop import ExternalBuffer, dma_heap_buffer, export_buffer, memfd_buffer, recv_fds, send_fds
 from .status import Status
 from .timeline import Timeline
 
@@ -37,6 +39,14 @@ __all__ = [
     "Participant",
     "Fence",
     "Timeline",
+    "Buffer",
+    "PrivateBuffer",
+    "ExternalBuffer",
+    "memfd_buffer",
+    "dma_heap_buffer",
+    "export_buffer",
+    "send_fds",
+    "recv_fds",
     "Status",
     "HostlessError",
     "CorruptDomain",

@@ -553,7 +553,8 @@ class Domain:
         from .recovery import check_tables
 
         self._check_open()
-        return check_tables(bytes(self.raw()), self._core.lock_held, self._index)
+        heap = self._core.heap_snapshot()
+        return check_tables(bytes(self.raw()), self._core.lock_held, self._index, heap)
 
     def notifier(self) -> Notifier:
         """The per-domain thread that completes asyncio waits and callbacks."""

@@ -37,8 +37,17 @@ def _status_ok(w: int) -> bool:
     return w in _VALID_STATUS or 64 <= w <= 0xFFFFFFFF
 
 
-def check_tables(buf: bytes, lock_held: Callable[[int], bool], me: int) -> list[str]:
-    """Return every invariant violation in a snapshot ``buf`` of a domain."""
+def check_tables(
+    buf: bytes,
+    lock_held: Callable[[int], bool],
+    me: int,
+    heap: tuple[bytes, bytes, int, int] | None = None,
+) -> list[str]:
+    """Return every invariant violation in a snapshot ``buf`` of a domain.
+
+    ``heap`` is ``(bitmap, slot table, used granules, granules)`` copied under
+    the heap lock (``Core.heap_snapshot``); with it the heap is checked too.
+    """
     out: list[str] = []
     if len(buf) < int(C.HEADER_SIZE):
         return [f"domain is {len(buf)} bytes, smaller than a header"]
@@ -100,6 +109,8 @@ def check_tables(buf: bytes, lock_held: Callable[[int], bool], me: int) -> list[
             out.append(f"live fence slot {i} has no reference (leaked)")
         if r & ~alive_mask:
             out.append(f"fence slot {i} is referenced by dead or absent participants {r & ~alive_mask:#x}")
+        if k == int(C.KIND_BUFFER):
+            continue  # checked by check_heap
         if k not in (int(C.KIND_FENCE), int(C.KIND_TIMELINE), int(C.KIND_MERGED)):
             out.append(f"fence slot {i} has an invalid kind {k}")
             continue
@@ -152,4 +163,45 @@ def check_tables(buf: bytes, lock_held: Callable[[int], bool], me: int) -> list[
         for p, m in pending.items():
             if m & ~covered[p]:
                 out.append(f"merged slot {p} waits for children that no longer exist (mask {m & ~covered[p]:#x})")
+    if heap is not None:
+        out += check_heap(*heap)
+    return out
+
+
+def check_heap(bitmap: bytes, slots: bytes, used: int, granules: int) -> list[str]:
+    """Heap invariants: every buffer's block lies in the heap, blocks do not
+    overlap, the bitmap marks exactly the blocks and ``used`` counts them."""
+    out: list[str] = []
+    fences = np.frombuffer(slots, dtype=FENCE_DTYPE)
+    ctl = fences["ctl"].astype(np.uint64)
+    state = (ctl & np.uint64(0xFF)).astype(np.int64)
+    kind = ((ctl >> np.uint64(24)) & np.uint64(0xFF)).astype(np.int64)
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")[:granules].astype(bool)
+    expect = np.zeros(granules, dtype=bool)
+    total = 0
+    gran, large = int(C.GRANULE), int(C.LARGE_BUFFER)
+    for i in np.nonzero((state != int(C.SLOT_FREE)) & (kind == int(C.KIND_BUFFER)))[0]:
+        i = int(i)
+        g, n = int(fences[i]["parents"][0]), int(fences[i]["parents"][1])
+        word, nbytes = int(fences[i]["word"]), int(fences[i]["aux"])
+        if n == 0:
+            if state[i] == int(C.SLOT_LIVE):
+                out.append(f"live buffer slot {i} owns no heap block")
+            continue
+        if g + n > granules:
+            out.append(f"buffer slot {i} has a block [{g}, {g + n}) outside the heap ({granules} granules)")
+            continue
+        head = 4096 if nbytes >= large else int(C.BUFFER_META_SIZE)
+        if word != g * gran + head or nbytes > n * gran - head:
+            out.append(f"buffer slot {i}: data offset {word} / size {nbytes} do not fit its block")
+        if expect[g : g + n].any():
+            out.append(f"buffer slot {i}: block [{g}, {g + n}) overlaps another buffer")
+        expect[g : g + n] = True
+        total += n
+    if (bits & ~expect).any():
+        out.append(f"heap bitmap marks {int((bits & ~expect).sum())} granules that no buffer owns (leak)")
+    if (expect & ~bits).any():
+        out.append(f"heap bitmap misses {int((expect & ~bits).sum())} granules owned by buffers")
+    if used != total:
+        out.append(f"heap used counter {used} != granules owned by buffers {total}")
     return out
