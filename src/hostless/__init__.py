@@ -26,8 +26,10 @@ from .errors import (
     InvalidHandle,
     InvalidOperation,
     OutOfMemory,
+    QueueFull,
 )
 from .fence import Fence
+from .queue import Follow, Kernargs, Packet, PacketType, Queue
 from .interop import ExternalBuffer, dma_heap_buffer, export_buffer, memfd_buffer, recv_fds, send_fds
 from .status import Status
 from .timeline import Timeline
@@ -40,6 +42,12 @@ __all__ = [
     "Fence",
     "Timeline",
     "Buffer",
+    "Queue",
+    "Packet",
+    "PacketType",
+    "Kernargs",
+    "Follow",
+    "QueueFull",
     "PrivateBuffer",
     "ExternalBuffer",
     "memfd_buffer",

@@ -42,9 +42,10 @@ struct hl_futex_waitv {
 #define HL_FUTEX2_PRIVATE 128
 
 #define ALIGN_UP(x, a) (((x) + (a)-1) / (a) * (a))
-#define HL_KIND_SYNC 255u /* check_handle: any fence, merged fence or timeline */
+#define HL_KIND_SYNC 255u
+#define HAS_BLOCK(k) ((k) == HL_KIND_BUFFER || (k) == HL_KIND_QUEUE) /* check_handle: any fence, merged fence or timeline */
 
-static PyObject *E_OOM;
+static PyObject *E_OOM, *E_QueueFull;
 static PyObject *E_Hostless, *E_Corrupt, *E_Full, *E_Handle, *E_Already, *E_Invalid;
 
 /* PyErr_Format lacks %llx on older Pythons: format with vsnprintf. */
@@ -101,9 +102,12 @@ typedef struct {
     uint64_t wd_interval_ns;
     uint32_t kick; /* private futex word for wait_any */
     long long spin_ns; /* default spin of waits through Handle */
+    struct hl_trace *trace; /* NULL when the domain has no trace ring */
 } Core;
 
 static int part_lock_held(Core *c, int i);
+static struct hl_trace *trace_ring(Core *c);
+static void trace_emit(Core *c, uint32_t type, uint64_t a, uint64_t b, uint64_t cc, uint64_t d, uint64_t e);
 static void propagate(Core *c, uint32_t idx, int depth);
 static int recover_participant(Core *c, int d, uint64_t pctl);
 
@@ -121,13 +125,13 @@ static int64_t check_handle(Core *c, uint64_t h, uint32_t want_kind, int need_he
         return -1;
     }
     uint32_t k = HL_HANDLE_KIND(h);
-    if (k != HL_KIND_FENCE && k != HL_KIND_TIMELINE && k != HL_KIND_MERGED && k != HL_KIND_BUFFER) {
+    if (k < HL_KIND_FENCE || k > HL_KIND_QUEUE) {
         hl_err(E_Handle, "handle 0x%llx has an unknown kind %u", (unsigned long long)h, k);
         return -1;
     }
-    static const char *names[] = {"?", "fence", "timeline", "merged fence", "buffer"};
+    static const char *names[] = {"?", "fence", "timeline", "merged fence", "buffer", "queue"};
     int ok = want_kind == 0 || k == want_kind || (want_kind == HL_KIND_FENCE && k == HL_KIND_MERGED) ||
-             (want_kind == HL_KIND_SYNC && k != HL_KIND_BUFFER);
+             (want_kind == HL_KIND_SYNC && !HAS_BLOCK(k));
     if (!ok) {
         hl_err(E_Handle, "handle 0x%llx is a %s, not a %s", (unsigned long long)h, names[k],
                want_kind == HL_KIND_SYNC ? "fence or timeline" : names[want_kind]);
@@ -324,7 +328,7 @@ static void heap_repair(Core *c, struct hl_heap *hp) {
     for (uint32_t i = 0; i < c->cap; i++) {
         struct hl_fence *f = slot(c, i);
         uint64_t ctl = ld(&f->ctl);
-        if (HL_CTL_STATE(ctl) == HL_SLOT_FREE || HL_CTL_KIND(ctl) != HL_KIND_BUFFER) continue;
+        if (HL_CTL_STATE(ctl) == HL_SLOT_FREE || !HAS_BLOCK(HL_CTL_KIND(ctl))) continue;
         uint64_t g = ld(&f->parents[0]), n = ld(&f->parents[1]);
         if (n == 0 || g > hp->granules || n > hp->granules - g) continue; /* check() reports bad extents */
         bits_set(bm, g, n, 1);
@@ -423,7 +427,7 @@ static void heap_free_block(Core *c, uint32_t idx) {
 static void finalize(Core *c, uint32_t idx, uint64_t dying) {
     struct hl_fence *f = slot(c, idx);
     uint32_t k = HL_CTL_KIND(dying);
-    if (k == HL_KIND_BUFFER) {
+    if (HAS_BLOCK(k)) {
         heap_free_block(c, idx);
     } else if (k != HL_KIND_TIMELINE) {
         uint64_t z = 0;
@@ -585,6 +589,45 @@ static void fail_timeline_word(struct hl_fence *f, uint32_t status) {
     }
 }
 
+
+/* Cells a dead producer reserved become SKIP (their signal fence, when it is
+ * a valid one, gets OWNER_DIED); a dead consumer is unbound. */
+static void recover_queue(Core *c, uint32_t idx, uint64_t ctl, int d, uint32_t dinc) {
+    uint64_t qh = HL_HANDLE(c->tag, HL_KIND_QUEUE, HL_CTL_GEN(ctl), idx);
+    struct hl_queue *q = hl_queue_get(c->base, qh);
+    if (!q) return;
+    uint64_t *cells = (uint64_t *)((char *)q + q->cells_offset);
+    struct hl_packet *pk = (struct hl_packet *)((char *)q + q->packets_offset);
+    int skipped = 0;
+    for (uint32_t k = 0; k < q->capacity; k++) {
+        uint64_t cl = ld(&cells[k]);
+        if (HL_CELL_STATE(cl) != HL_CELL_RESERVED || HL_CELL_PRODUCER(cl) != (uint32_t)d) continue;
+        uint64_t sig = pk[k].signal;
+        struct hl_fence *sf = sig ? hl_fence_slot(c->base, sig, 0) : NULL;
+        if (sf && hl_fence_matches(sf, sig)) {
+            if (HL_HANDLE_KIND(sig) == HL_KIND_TIMELINE) {
+                fail_timeline_word(sf, HL_STATUS_OWNER_DIED);
+                wake(sf);
+            } else if (HL_HANDLE_KIND(sig) == HL_KIND_FENCE) {
+                uint64_t z = 0;
+                if (cas(&sf->word, &z, HL_STATUS_OWNER_DIED)) wake(sf);
+                propagate(c, (uint32_t)HL_HANDLE_INDEX(sig), 0);
+            }
+        }
+        uint64_t e = cl;
+        if (cas(&cells[k], &e, HL_CELL(HL_CELL_SEQ(cl), (uint32_t)d, HL_CELL_SKIP))) skipped = 1;
+    }
+    if (skipped) {
+        __atomic_add_fetch(&q->doorbell, 1, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, (uint32_t *)&q->doorbell, FUTEX_WAKE, 0x7fffffff, 0, 0, 0);
+    }
+    uint32_t cons = __atomic_load_n(&q->consumer, __ATOMIC_SEQ_CST);
+    if (cons && HL_OWNER_INDEX(cons) == d && HL_OWNER_INC(cons) == dinc)
+        __atomic_compare_exchange_n(&q->consumer, &cons, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&q->space_waiters, __ATOMIC_SEQ_CST))
+        syscall(SYS_futex, (uint32_t *)&q->read_index, FUTEX_WAKE, 0x7fffffff, 0, 0, 0);
+}
+
 /* Recover participant d, whose ctl we already moved to RECOVERING(us).
  * Idempotent: a recoverer that dies is replaced by another that repeats it. */
 static int recover_participant(Core *c, int d, uint64_t pctl) {
@@ -597,7 +640,7 @@ static int recover_participant(Core *c, int d, uint64_t pctl) {
         uint32_t s = HL_CTL_STATE(ctl);
         if (s == HL_SLOT_ALLOC && HL_CTL_PIDX(ctl) == (uint32_t)d) {
             /* died while initialising: nobody else can hold it yet */
-            if (HL_CTL_KIND(ctl) == HL_KIND_BUFFER) heap_free_block(c, i);
+            if (HAS_BLOCK(HL_CTL_KIND(ctl))) heap_free_block(c, i);
             st(&f->refs, 0);
             uint64_t e = ctl;
             cas(&f->ctl, &e, HL_CTL(HL_CTL_GEN(ctl), HL_CTL_KIND(ctl), 0, HL_SLOT_FREE));
@@ -619,7 +662,7 @@ static int recover_participant(Core *c, int d, uint64_t pctl) {
         }
         if (s == HL_SLOT_LIVE) {
             uint32_t o = __atomic_load_n(&f->owner, __ATOMIC_SEQ_CST);
-            if (o && HL_OWNER_INDEX(o) == d && HL_OWNER_INC(o) == dinc && HL_CTL_KIND(ctl) != HL_KIND_BUFFER) {
+            if (o && HL_OWNER_INDEX(o) == d && HL_OWNER_INC(o) == dinc && !HAS_BLOCK(HL_CTL_KIND(ctl))) {
                 if (HL_CTL_KIND(ctl) == HL_KIND_TIMELINE) {
                     fail_timeline_word(f, HL_STATUS_OWNER_DIED);
                     wake(f);
@@ -630,6 +673,7 @@ static int recover_participant(Core *c, int d, uint64_t pctl) {
                 }
             }
         }
+        if (s == HL_SLOT_LIVE && HL_CTL_KIND(ctl) == HL_KIND_QUEUE) recover_queue(c, i, ctl, d, dinc);
         if (ld(&f->refs) & dbit) drop_ref(c, i, dbit, actor);
     }
     struct hl_heap *hp = heap(c);
@@ -855,6 +899,11 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
         hh.created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
         hh.ready = 0;
         memcpy(b, &hh, sizeof hh); /* tables are zero (fresh file): FREE everywhere */
+        if (hh.trace_size >= 128) {
+            struct hl_trace *tr = (struct hl_trace *)((char *)b + hh.trace_offset);
+            tr->capacity = (hh.trace_size - 64) / 64;
+            tr->magic = HL_TRACE_MAGIC;
+        }
         if (hs) {
             struct hl_heap *hp = (struct hl_heap *)((char *)b + hh.heap_offset);
             uint64_t region;
@@ -901,6 +950,7 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
     c->cap = c->h->fence_capacity;
     c->pcap = c->h->participant_capacity;
     c->tag = c->h->tag;
+    c->trace = trace_ring(c);
     c->lrefs = PyMem_Calloc(c->cap, sizeof(uint32_t));
     c->lgen = PyMem_Calloc(c->cap, sizeof(uint32_t));
     if (!c->lrefs || !c->lgen) {
@@ -1166,6 +1216,7 @@ static int do_signal(Core *c, uint64_t h, unsigned long long s) {
     }
     wake(f);
     if (f->parents[0] || f->parents[1]) propagate(c, (uint32_t)idx, 0);
+    if (c->trace) trace_emit(c, HL_EV_SIGNAL, h, s, 0, 0, 0);
     return 0;
 }
 
@@ -1191,6 +1242,7 @@ static int do_tl_signal(Core *c, uint64_t h, unsigned long long v) {
         if (cas(&f->word, &cur, v)) break;
     }
     wake(f);
+    if (c->trace) trace_emit(c, HL_EV_SIGNAL, h, v, 0, 0, 0);
     return 0;
 }
 
@@ -1566,9 +1618,55 @@ static PyObject *Core_address(Core *c, PyObject *noargs) {
     return PyLong_FromVoidPtr(c->base);
 }
 
+
+/* ------------------------------------------------------------------ */
+/* queues (layout and protocol in hostless.h, "Command queues") */
+
+static uint64_t queue_bytes(uint32_t cap) {
+    return HL_QUEUE_HEADER_SIZE + ALIGN_UP(8ull * cap, 64) + (uint64_t)HL_PACKET_SIZE * cap;
+}
+
+static void queue_init(struct hl_queue *q, uint32_t cap) {
+    memset(q, 0, HL_QUEUE_HEADER_SIZE);
+    q->capacity = cap;
+    q->packet_size = HL_PACKET_SIZE;
+    q->cells_offset = HL_QUEUE_HEADER_SIZE;
+    q->packets_offset = HL_QUEUE_HEADER_SIZE + ALIGN_UP(8ull * cap, 64);
+    uint64_t *cells = (uint64_t *)((char *)q + q->cells_offset);
+    for (uint32_t i = 0; i < cap; i++) cells[i] = HL_CELL(i, 0, HL_CELL_FREE);
+    memset((char *)q + q->packets_offset, 0, (size_t)HL_PACKET_SIZE * cap);
+    st(&q->magic, HL_QUEUE_MAGIC);
+}
+
+/* ---- trace ring ---- */
+static struct hl_trace *trace_ring(Core *c) {
+    if (c->h->trace_size < 128) return NULL;
+    struct hl_trace *t = (struct hl_trace *)(c->base + c->h->trace_offset);
+    if (t->magic != HL_TRACE_MAGIC || t->capacity == 0 || t->capacity > (c->h->trace_size - 64) / 64) return NULL;
+    return t;
+}
+
+static void trace_emit(Core *c, uint32_t type, uint64_t a, uint64_t b, uint64_t cc, uint64_t d, uint64_t e) {
+    struct hl_trace *t = c->trace;
+    if (!t) return;
+    uint64_t i = __atomic_fetch_add(&t->write, 1, __ATOMIC_RELAXED);
+    struct hl_trace_event *ev = (struct hl_trace_event *)((char *)t + 64) + (i % t->capacity);
+    __atomic_store_n(&ev->seq, 0, __ATOMIC_RELAXED);
+    ev->ts_ns = now_ns();
+    ev->type = type;
+    ev->participant = (uint32_t)c->me;
+    ev->a = a;
+    ev->b = b;
+    ev->c = cc;
+    ev->d = d;
+    ev->e = e;
+    __atomic_store_n(&ev->seq, i + 1, __ATOMIC_RELEASE);
+}
+
 /* Allocate a buffer of nbytes with its metadata; returns 0 and the handle
  * and the data's offset in the mapping, or -1 with an exception. */
-static int do_buffer_new(Core *c, uint64_t nbytes, const void *meta, uint64_t *handle, uint64_t *abs_off) {
+static int do_block_new(Core *c, uint32_t kind, uint64_t nbytes, const void *meta, uint32_t qcap, uint64_t *handle,
+                        uint64_t *abs_off) {
     struct hl_heap *hp = heap(c);
     if (!hp) {
         PyErr_SetString(E_OOM, "this domain has no heap (create it with heap=...)");
@@ -1589,7 +1687,7 @@ static int do_buffer_new(Core *c, uint64_t nbytes, const void *meta, uint64_t *h
     uint64_t n = (head + body) / HL_GRANULE;
     uint64_t align = large ? HL_PAGE / HL_GRANULE : 1;
     uint32_t gen;
-    int idx = alloc_begin(c, HL_KIND_BUFFER, 0, &gen);
+    int idx = alloc_begin(c, kind, 0, &gen);
     if (idx < 0) {
         hl_err(E_Full, "fence table full (%u slots; buffers use slots too)", c->cap);
         return -1;
@@ -1612,7 +1710,7 @@ static int do_buffer_new(Core *c, uint64_t nbytes, const void *meta, uint64_t *h
     used = hp->used_granules;
     heap_unlock(hp);
     if (g == UINT64_MAX) {
-        alloc_abort(c, (uint32_t)idx, HL_KIND_BUFFER, gen);
+        alloc_abort(c, (uint32_t)idx, kind, gen);
         hl_err(E_OOM,
                "cannot allocate %llu bytes from the shared heap: %llu of %llu bytes free (no free run large enough)",
                (unsigned long long)nbytes, (unsigned long long)((hp->granules - used) * HL_GRANULE),
@@ -1620,8 +1718,9 @@ static int do_buffer_new(Core *c, uint64_t nbytes, const void *meta, uint64_t *h
         return -1;
     }
     uint64_t data = c->h->heap_offset + hp->data_offset + g * HL_GRANULE + head;
-    memcpy(c->base + data - HL_BUFFER_META_SIZE, meta, HL_BUFFER_META_SIZE);
-    *handle = alloc_publish(c, (uint32_t)idx, HL_KIND_BUFFER, gen);
+    if (meta) memcpy(c->base + data - HL_BUFFER_META_SIZE, meta, HL_BUFFER_META_SIZE);
+    if (kind == HL_KIND_QUEUE) queue_init((struct hl_queue *)(c->base + data), qcap);
+    *handle = alloc_publish(c, (uint32_t)idx, kind, gen);
     *abs_off = data;
     return 0;
 }
@@ -1638,7 +1737,7 @@ static PyObject *Core_buffer_new(Core *c, PyObject *args) {
         return NULL;
     }
     uint64_t h, off;
-    int r = do_buffer_new(c, nbytes, meta.buf, &h, &off);
+    int r = do_block_new(c, HL_KIND_BUFFER, nbytes, meta.buf, 0, &h, &off);
     PyBuffer_Release(&meta);
     if (r < 0) return NULL;
     return PyLong_FromUnsignedLongLong(h);
@@ -1718,6 +1817,265 @@ static PyObject *Core_heap_lock_forever(Core *c, PyObject *noargs) {
     Py_RETURN_NONE;
 }
 
+
+/* ---- queue methods ---- */
+
+static struct hl_queue *get_queue(Core *c, uint64_t h) {
+    if (check_handle(c, h, HL_KIND_QUEUE, 1) < 0) return NULL;
+    struct hl_queue *q = hl_queue_get(c->base, h);
+    if (!q) hl_err(E_Corrupt, "queue 0x%llx has a corrupt header or lies outside the heap", (unsigned long long)h);
+    return q;
+}
+
+/* queue_new(capacity) -> handle */
+static PyObject *Core_queue_new(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    long cap = PyLong_AsLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    if (cap < 2 || cap > (1L << 20) || (cap & (cap - 1))) {
+        PyErr_SetString(PyExc_ValueError, "queue capacity must be a power of two in 2..2^20");
+        return NULL;
+    }
+    uint64_t h, off;
+    if (do_block_new(c, HL_KIND_QUEUE, queue_bytes((uint32_t)cap), NULL, (uint32_t)cap, &h, &off) < 0) return NULL;
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+/* queue_bind(handle): become the queue's consumer (free, or its consumer is dead) */
+static PyObject *Core_queue_bind(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    struct hl_queue *q = get_queue(c, h);
+    if (!q) return NULL;
+    uint32_t me = HL_OWNER(c->inc, c->me);
+    uint32_t cur = __atomic_load_n(&q->consumer, __ATOMIC_SEQ_CST);
+    for (;;) {
+        if (cur == me) Py_RETURN_NONE;
+        if (cur && owner_alive(c, cur)) {
+            hl_err(E_Invalid, "queue 0x%llx already has a live consumer (participant %u)", (unsigned long long)h, cur);
+            return NULL;
+        }
+        if (__atomic_compare_exchange_n(&q->consumer, &cur, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) break;
+    }
+    Py_RETURN_NONE;
+}
+
+static int parse_packet(PyObject *o, struct hl_packet *p) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(o, &b, PyBUF_SIMPLE) < 0) return -1;
+    if (b.len != HL_PACKET_SIZE) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "a packet is 64 bytes");
+        return -1;
+    }
+    memcpy(p, b.buf, HL_PACKET_SIZE);
+    PyBuffer_Release(&b);
+    return 0;
+}
+
+/* queue_push(handle, packet: 64 bytes, timeout_ns) -> write index.  Blocks
+ * while the queue is full (QueueFull after timeout_ns; <0 = forever, 0 = try). */
+static PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "queue_push(handle, packet, timeout_ns)");
+        return NULL;
+    }
+    uint64_t h;
+    struct hl_packet p;
+    if (get_handle_arg(args[0], &h) < 0 || parse_packet(args[1], &p) < 0) return NULL;
+    long long timeout = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    struct hl_queue *q = get_queue(c, h);
+    if (!q) return NULL;
+    uint64_t idx = 0, t0 = 0;
+    int r, dead = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (unsigned it = 0;; it++) {
+        r = hl_queue_try_push(c->base, h, &p, (uint32_t)c->me, &idx);
+        if (r != HL_E_FULL) break;
+        uint64_t t = now_ns();
+        if (!t0) t0 = t;
+        uint32_t cons = __atomic_load_n(&q->consumer, __ATOMIC_SEQ_CST);
+        if (cons && (it & 255) == 255 && !owner_alive(c, cons)) {
+            dead = 1;
+            break;
+        }
+        if (timeout >= 0 && t - t0 >= (uint64_t)timeout) break;
+        if (it < 200) {
+            cpu_relax();
+            continue;
+        }
+        /* sleep until the consumer frees a cell (it wakes us), bounded */
+        uint64_t ri = ld(&q->read_index);
+        __atomic_add_fetch(&q->space_waiters, 1, __ATOMIC_SEQ_CST);
+        r = hl_queue_try_push(c->base, h, &p, (uint32_t)c->me, &idx);
+        if (r != HL_E_FULL) {
+            __atomic_sub_fetch(&q->space_waiters, 1, __ATOMIC_SEQ_CST);
+            break;
+        }
+        uint64_t nap = c->h->poll_ns ? c->h->poll_ns : 1000000ull;
+        if (timeout >= 0 && (uint64_t)timeout - (t - t0) < nap) nap = (uint64_t)timeout - (t - t0);
+        struct timespec ts = {(time_t)(nap / 1000000000ull), (long)(nap % 1000000000ull)};
+        syscall(SYS_futex, (uint32_t *)&q->read_index, FUTEX_WAIT, (uint32_t)ri, &ts, 0, 0);
+        __atomic_sub_fetch(&q->space_waiters, 1, __ATOMIC_SEQ_CST);
+    }
+    Py_END_ALLOW_THREADS;
+    if (dead) {
+        hl_err(E_Invalid, "queue 0x%llx: its consumer died; respawn the agent", (unsigned long long)h);
+        return NULL;
+    }
+    if (r == HL_E_FULL) {
+        hl_err(E_QueueFull, "queue 0x%llx is full (%u packets)", (unsigned long long)h, q->capacity);
+        return NULL;
+    }
+    if (r != HL_OK) {
+        hl_err(E_Handle, "queue 0x%llx is not a valid queue", (unsigned long long)h);
+        return NULL;
+    }
+    trace_emit(c, HL_EV_ENQUEUE, h, idx, p.signal, p.kernel, p.type);
+    return PyLong_FromUnsignedLongLong(idx);
+}
+
+/* queue_pop(handle, timeout_ns, spin_ns) -> (index, packet bytes) or None on
+ * timeout.  Consumer only.  Skips cells abandoned by dead producers. */
+static PyObject *Core_queue_pop(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "queue_pop(handle, timeout_ns, spin_ns)");
+        return NULL;
+    }
+    uint64_t h;
+    if (get_handle_arg(args[0], &h) < 0) return NULL;
+    long long timeout = PyLong_AsLongLong(args[1]);
+    long long spin = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    struct hl_queue *q = get_queue(c, h);
+    if (!q) return NULL;
+    if (__atomic_load_n(&q->consumer, __ATOMIC_SEQ_CST) != HL_OWNER(c->inc, c->me)) {
+        hl_err(E_Invalid, "queue 0x%llx: only its bound consumer may pop (call queue_bind)", (unsigned long long)h);
+        return NULL;
+    }
+    uint64_t *cells = (uint64_t *)((char *)q + q->cells_offset);
+    struct hl_packet *pk = (struct hl_packet *)((char *)q + q->packets_offset);
+    uint64_t mask = q->capacity - 1;
+    struct hl_packet out;
+    uint64_t r = 0, t0 = now_ns();
+    int got = 0;
+    uint64_t poll = c->h->poll_ns ? c->h->poll_ns : 1000000ull;
+    Py_BEGIN_ALLOW_THREADS;
+    for (unsigned it = 0;; it++) {
+        r = ld(&q->read_index);
+        uint64_t cl = __atomic_load_n(&cells[r & mask], __ATOMIC_ACQUIRE);
+        uint32_t stt = HL_CELL_STATE(cl);
+        if (HL_CELL_SEQ(cl) == (r & 0xffffffffffffULL) && (stt == HL_CELL_READY || stt == HL_CELL_SKIP)) {
+            if (stt == HL_CELL_READY) memcpy(&out, &pk[r & mask], sizeof out);
+            st(&cells[r & mask], HL_CELL(r + q->capacity, 0, HL_CELL_FREE));
+            st(&q->read_index, r + 1);
+            if (__atomic_load_n(&q->space_waiters, __ATOMIC_SEQ_CST))
+                syscall(SYS_futex, (uint32_t *)&q->read_index, FUTEX_WAKE, 0x7fffffff, 0, 0, 0);
+            if (stt == HL_CELL_READY) {
+                got = 1;
+                break;
+            }
+            continue;
+        }
+        if ((it & 63) != 63) {
+            cpu_relax();
+            continue;
+        }
+        uint64_t t = now_ns();
+        if (timeout >= 0 && t - t0 >= (uint64_t)timeout) break;
+        if (t - t0 < (uint64_t)(spin > 0 ? spin : 0)) continue;
+        /* idle: sleep on the doorbell, bounded (devices ring it without a wake-up) */
+        uint64_t db = ld(&q->doorbell);
+        __atomic_add_fetch(&q->doorbell_waiters, 1, __ATOMIC_SEQ_CST);
+        cl = ld(&cells[r & mask]);
+        if (!(HL_CELL_SEQ(cl) == (r & 0xffffffffffffULL) &&
+              (HL_CELL_STATE(cl) == HL_CELL_READY || HL_CELL_STATE(cl) == HL_CELL_SKIP))) {
+            uint64_t nap = poll;
+            if (timeout >= 0 && (uint64_t)timeout - (t - t0) < nap) nap = (uint64_t)timeout - (t - t0);
+            struct timespec ts = {(time_t)(nap / 1000000000ull), (long)(nap % 1000000000ull)};
+            syscall(SYS_futex, (uint32_t *)&q->doorbell, FUTEX_WAIT, (uint32_t)db, &ts, 0, 0);
+        }
+        __atomic_sub_fetch(&q->doorbell_waiters, 1, __ATOMIC_SEQ_CST);
+    }
+    Py_END_ALLOW_THREADS;
+    if (!got) Py_RETURN_NONE;
+    return Py_BuildValue("(Ky#)", (unsigned long long)r, (const char *)&out, (Py_ssize_t)sizeof out);
+}
+
+/* queue_info(handle) -> dict */
+static PyObject *Core_queue_info(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h;
+    if (get_handle_arg(arg, &h) < 0) return NULL;
+    struct hl_queue *q = get_queue(c, h);
+    if (!q) return NULL;
+    return Py_BuildValue("{s:I,s:K,s:K,s:I,s:K,s:K}", "capacity", q->capacity, "write_index",
+                         (unsigned long long)ld(&q->write_index), "read_index", (unsigned long long)ld(&q->read_index),
+                         "consumer", __atomic_load_n(&q->consumer, __ATOMIC_SEQ_CST), "completed",
+                         (unsigned long long)ld(&q->completed), "doorbell", (unsigned long long)ld(&q->doorbell));
+}
+
+static PyObject *Core_queue_completed(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h;
+    if (get_handle_arg(arg, &h) < 0) return NULL;
+    struct hl_queue *q = get_queue(c, h);
+    if (!q) return NULL;
+    __atomic_add_fetch(&q->completed, 1, __ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
+
+/* Test hook: reserve a cell, write only its signal handle, and stop (as a
+ * producer killed while filling would). */
+static PyObject *Core_queue_reserve_stuck(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    uint64_t h, sig;
+    if (nargs != 2 || get_handle_arg(args[0], &h) < 0 || get_handle_arg(args[1], &sig) < 0) return NULL;
+    struct hl_queue *q = get_queue(c, h);
+    if (!q) return NULL;
+    uint64_t *cells = (uint64_t *)((char *)q + q->cells_offset);
+    uint64_t mask = q->capacity - 1;
+    for (;;) {
+        uint64_t w = ld(&q->write_index), cl = ld(&cells[w & mask]);
+        if (HL_CELL_STATE(cl) == HL_CELL_FREE && HL_CELL_SEQ(cl) == (w & 0xffffffffffffULL)) {
+            if (cas(&cells[w & mask], &cl, HL_CELL(w, (uint32_t)c->me, HL_CELL_RESERVED))) {
+                uint64_t ww = w;
+                cas(&q->write_index, &ww, w + 1);
+                ((struct hl_packet *)((char *)q + q->packets_offset))[w & mask].signal = sig;
+                return PyLong_FromUnsignedLongLong(w);
+            }
+        } else {
+            PyErr_SetString(E_QueueFull, "queue full");
+            return NULL;
+        }
+    }
+}
+
+/* trace(type, a, b, c, d, e) -- append an event to the domain's trace ring */
+static PyObject *Core_trace(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "trace(type, a, b, c, d, e)");
+        return NULL;
+    }
+    if (!c->trace) Py_RETURN_NONE;
+    unsigned long long v[6];
+    for (int i = 0; i < 6; i++) {
+        v[i] = PyLong_AsUnsignedLongLongMask(args[i]);
+        if (PyErr_Occurred()) return NULL;
+    }
+    trace_emit(c, (uint32_t)v[0], v[1], v[2], v[3], v[4], v[5]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_trace_enabled(Core *c, PyObject *noargs) { return PyBool_FromLong(c->base && c->trace); }
+
+static PyObject *Core_now_ns(PyObject *m, PyObject *noargs) { return PyLong_FromUnsignedLongLong(now_ns()); }
+
 static PyObject *Core_new_obj(Core *c, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *Core_adopt(Core *c, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *Core_wrap(Core *c, PyObject *const *args, Py_ssize_t nargs);
@@ -1732,6 +2090,15 @@ static PyObject *Core_set_spin(Core *c, PyObject *arg) {
 
 static PyMethodDef Core_methods[] = {
     {"set_spin", (PyCFunction)Core_set_spin, METH_O, NULL},
+    {"queue_new", (PyCFunction)Core_queue_new, METH_O, NULL},
+    {"queue_bind", (PyCFunction)Core_queue_bind, METH_O, NULL},
+    {"queue_push", (PyCFunction)(void (*)(void))Core_queue_push, METH_FASTCALL, NULL},
+    {"queue_pop", (PyCFunction)(void (*)(void))Core_queue_pop, METH_FASTCALL, NULL},
+    {"queue_info", (PyCFunction)Core_queue_info, METH_O, NULL},
+    {"queue_completed", (PyCFunction)Core_queue_completed, METH_O, NULL},
+    {"queue_reserve_stuck", (PyCFunction)(void (*)(void))Core_queue_reserve_stuck, METH_FASTCALL, NULL},
+    {"trace", (PyCFunction)(void (*)(void))Core_trace, METH_FASTCALL, NULL},
+    {"trace_enabled", (PyCFunction)Core_trace_enabled, METH_NOARGS, NULL},
     {"new", (PyCFunction)(void (*)(void))Core_new_obj, METH_FASTCALL, NULL},
     {"adopt", (PyCFunction)(void (*)(void))Core_adopt, METH_FASTCALL, NULL},
     {"wrap", (PyCFunction)(void (*)(void))Core_wrap, METH_FASTCALL, NULL},
@@ -2194,7 +2561,7 @@ static PyObject *Core_new_buffer(Core *c, PyObject *const *args, Py_ssize_t narg
     unsigned long long nbytes = PyLong_AsUnsignedLongLong(args[2]);
     if (PyErr_Occurred()) return NULL;
     uint64_t h, off;
-    if (do_buffer_new(c, nbytes, PyBytes_AS_STRING(args[3]), &h, &off) < 0) return NULL;
+    if (do_block_new(c, HL_KIND_BUFFER, nbytes, PyBytes_AS_STRING(args[3]), 0, &h, &off) < 0) return NULL;
     Handle *o = handle_make((PyTypeObject *)args[0], c, args[1], h);
     if (!o) {
         do_release(c, h);
@@ -2220,8 +2587,9 @@ static PyObject *Core_wrap(Core *c, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 static PyObject *py_set_exceptions(PyObject *m, PyObject *args) {
-    PyObject *a, *b, *cc, *d, *e, *f, *g;
-    if (!PyArg_ParseTuple(args, "OOOOOOO", &a, &b, &cc, &d, &e, &f, &g)) return NULL;
+    PyObject *a, *b, *cc, *d, *e, *f, *g, *qf;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &a, &b, &cc, &d, &e, &f, &g, &qf)) return NULL;
+    Py_XSETREF(E_QueueFull, Py_NewRef(qf));
     Py_XSETREF(E_OOM, Py_NewRef(g));
     Py_XSETREF(E_Hostless, Py_NewRef(a));
     Py_XSETREF(E_Corrupt, Py_NewRef(b));
@@ -2241,6 +2609,7 @@ static PyObject *py_set_status(PyObject *m, PyObject *args) {
 }
 
 static PyMethodDef module_methods[] = {
+    {"now_ns", Core_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the trace clock)"},
     {"set_status", py_set_status, METH_VARARGS, NULL},
     {"layout", py_layout, METH_VARARGS, "layout(fences, participants, queues, trace, heap) -> offsets"},
     {"set_exceptions", py_set_exceptions, METH_VARARGS, NULL},
@@ -2269,6 +2638,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     E_Already = Py_NewRef(PyExc_RuntimeError);
     E_Invalid = Py_NewRef(PyExc_RuntimeError);
     E_OOM = Py_NewRef(PyExc_MemoryError);
+    E_QueueFull = Py_NewRef(PyExc_RuntimeError);
     /* the ABI, exported so that Python reads the layout from the header */
     ADD_INT(m, "MAGIC", HL_MAGIC);
     ADD_INT(m, "ABI_VERSION", HL_ABI_VERSION);
@@ -2283,6 +2653,27 @@ PyMODINIT_FUNC PyInit__core(void) {
     ADD_INT(m, "KIND_TIMELINE", HL_KIND_TIMELINE);
     ADD_INT(m, "KIND_MERGED", HL_KIND_MERGED);
     ADD_INT(m, "KIND_BUFFER", HL_KIND_BUFFER);
+    ADD_INT(m, "KIND_QUEUE", HL_KIND_QUEUE);
+    ADD_INT(m, "PACKET_SIZE", HL_PACKET_SIZE);
+    ADD_INT(m, "PKT_KERNEL", HL_PKT_KERNEL);
+    ADD_INT(m, "PKT_ERT", HL_PKT_ERT);
+    ADD_INT(m, "PKT_BARRIER", HL_PKT_BARRIER);
+    ADD_INT(m, "PKT_STOP", HL_PKT_STOP);
+    ADD_INT(m, "KERNARG_MAGIC", HL_KERNARG_MAGIC);
+    ADD_INT(m, "TRACE_MAGIC", HL_TRACE_MAGIC);
+    ADD_INT(m, "EV_ENQUEUE", HL_EV_ENQUEUE);
+    ADD_INT(m, "EV_START", HL_EV_START);
+    ADD_INT(m, "EV_END", HL_EV_END);
+    ADD_INT(m, "EV_SIGNAL", HL_EV_SIGNAL);
+    ADD_INT(m, "EV_WAIT", HL_EV_WAIT);
+    ADD_INT(m, "EV_USER", HL_EV_USER);
+    OFF("PK_TYPE", hl_packet, type);
+    OFF("PK_KERNEL", hl_packet, kernel);
+    OFF("PK_ARGS", hl_packet, args);
+    OFF("PK_SIGNAL", hl_packet, signal);
+    OFF("PK_SIGNAL_VALUE", hl_packet, signal_value);
+    OFF("PK_WAIT", hl_packet, wait);
+    OFF("PK_WAIT_VALUE", hl_packet, wait_value);
     ADD_INT(m, "GRANULE", HL_GRANULE);
     ADD_INT(m, "LARGE_BUFFER", HL_LARGE_BUFFER);
     ADD_INT(m, "BUFFER_META_SIZE", HL_BUFFER_META_SIZE);

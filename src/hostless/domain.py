@@ -34,6 +34,7 @@ from .errors import (
     InvalidHandle,
     InvalidOperation,
     OutOfMemory,
+    QueueFull,
 )
 
 if TYPE_CHECKING:
@@ -42,11 +43,19 @@ if TYPE_CHECKING:
     from .timeline import Timeline
 
 _core.set_exceptions(
-    HostlessError, CorruptDomain, DomainFull, InvalidHandle, AlreadySignaled, InvalidOperation, OutOfMemory
+    HostlessError,
+    CorruptDomain,
+    DomainFull,
+    InvalidHandle,
+    AlreadySignaled,
+    InvalidOperation,
+    OutOfMemory,
+    QueueFull,
 )
 _core.set_status(Status, {int(m): m for m in Status})
 
 from .fence import Fence  # noqa: E402
+from .queue import Queue  # noqa: E402
 from .timeline import Timeline  # noqa: E402
 
 __all__ = ["Domain", "Participant", "SHM_DIR"]
@@ -54,6 +63,7 @@ __all__ = ["Domain", "Participant", "SHM_DIR"]
 _KIND_FENCE = int(C.KIND_FENCE)
 _KIND_TIMELINE = int(C.KIND_TIMELINE)
 _KIND_BUFFER = int(C.KIND_BUFFER)
+_KIND_QUEUE = int(C.KIND_QUEUE)
 
 SHM_DIR = "/dev/shm"
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
@@ -524,6 +534,27 @@ class Domain:
         b._set_window(self._raw_map(), off, nbytes, False)
         b._init_layout(shp, dt, nbytes, off)
         return b
+
+    # ---------------------------------------------------------------- queues
+    def queue(self, capacity: int = 64) -> Queue:
+        """A command queue of ``capacity`` packets (a power of two), allocated from the heap.
+
+        Its consumer binds with ``Queue.bind()``.  OutOfMemory / DomainFull as for buffers.
+        """
+        self._check_open()
+        h = self._core.queue_new(capacity)
+        q: Queue = self._core.wrap(Queue, self, h)
+        return q
+
+    def import_queue(self, handle: int) -> Queue:
+        """Take a reference to the queue ``handle``."""
+        self._check_open()
+        q: Queue = self._core.adopt(Queue, self, _handle(handle), _KIND_QUEUE)
+        return q
+
+    def trace_enabled(self) -> bool:
+        """True when the domain was created with a trace ring (``trace=...``)."""
+        return bool(self._core.trace_enabled())
 
     def heap_stats(self) -> dict[str, int | float]:
         """Heap figures: size, used, free, largest_free, free_runs, fragmentation

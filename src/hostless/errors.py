@@ -11,6 +11,7 @@ __all__ = [
     "InvalidOperation",
     "OutOfMemory",
     "DomainClosed",
+    "QueueFull",
 ]
 
 
@@ -44,3 +45,7 @@ class OutOfMemory(HostlessError, MemoryError):
 
 class DomainClosed(InvalidOperation):
     """The domain (or the object's domain) was closed, or belongs to the parent of a fork."""
+
+
+class QueueFull(HostlessError, TimeoutError):
+    """A queue stayed full for the whole timeout (no packet was dropped or overwritten)."""

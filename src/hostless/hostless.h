@@ -140,6 +140,7 @@ extern long syscall(long number, ...);
 #define HL_KIND_TIMELINE 2u
 #define HL_KIND_MERGED 3u
 #define HL_KIND_BUFFER 4u /* a heap block; see "buffers" below */
+#define HL_KIND_QUEUE 5u  /* a heap block holding a command queue; see "queues" below */
 
 #define HL_CTL(gen, kind, pidx, state) \
     (((hl_u64)(gen) << 32) | ((hl_u64)((kind) & 0xffu) << 24) | ((hl_u64)((pidx) & 0xffu) << 8) | ((hl_u64)(state) & 0xffu))
@@ -291,6 +292,140 @@ struct hl_buffer_meta {
     char dtype[16];        /*  16 NumPy dtype.str, NUL-terminated ("<f4", "|u1") */
     hl_u64 shape[HL_BUFFER_MAX_DIMS]; /* 32 */
 };
+
+
+/* ------------------------------------------------------------------------
+ * Command queues.
+ *
+ * A queue is a heap block (slot kind HL_KIND_QUEUE, extent as for buffers)
+ * holding struct hl_queue, then `capacity` cell words, then `capacity`
+ * 64-byte packets.  One consumer (an agent), any number of producers (the
+ * host, other agents, GPU kernels, firmware).
+ *
+ * Cell word of packet slot i: seq[63:16] | producer[15:8] | state[7:0].
+ *   FREE(seq = w)      slot is free for the packet with write index w
+ *   RESERVED(w, p)     producer p (participant index, 255 = a device) is filling it
+ *   READY(w)           packet w is complete: the consumer may take it
+ *   SKIP(w)            recovery abandoned it (its producer died while filling)
+ * A producer reserves index w by CAS FREE(w) -> RESERVED(w, p) on cell w %
+ * capacity, then advances write_index by CAS (anyone may help), fills the
+ * packet (signal first), stores READY(w) with release order and bumps the
+ * doorbell.  The consumer takes packet read_index when READY or SKIP, copies
+ * it out, stores FREE(read_index + capacity) and advances read_index.  A full
+ * queue is never overwritten: a producer that finds RESERVED/READY of an
+ * older lap at w waits or gives up.
+ *
+ * Doorbell: producers store doorbell = w + 1 after READY; a sleeping
+ * consumer futex-waits on its low 32 bits with a bounded sleep, so a device
+ * store is seen within poll_ns.
+ */
+#define HL_QUEUE_MAGIC 0x455545555153534cULL /* "LSSQUEUE" */
+#define HL_PACKET_SIZE 64u
+#define HL_QUEUE_HEADER_SIZE 256u
+
+#define HL_CELL_FREE 0u
+#define HL_CELL_RESERVED 1u
+#define HL_CELL_READY 2u
+#define HL_CELL_SKIP 3u
+#define HL_CELL(seq, producer, state) (((hl_u64)(seq) << 16) | ((hl_u64)((producer) & 0xffu) << 8) | (hl_u64)(state))
+#define HL_CELL_SEQ(c) ((c) >> 16)
+#define HL_CELL_PRODUCER(c) ((hl_u32)(((c) >> 8) & 0xffu))
+#define HL_CELL_STATE(c) ((hl_u32)((c) & 0xffu))
+#define HL_PRODUCER_DEVICE 255u
+
+/* packet types */
+#define HL_PKT_KERNEL 1u   /* run kernel `kernel` of the consumer with the argument block `args` */
+#define HL_PKT_ERT 2u      /* `args` is a buffer holding an XRT ERT command (npu agents) */
+#define HL_PKT_BARRIER 3u  /* only wait and signal */
+#define HL_PKT_STOP 4u     /* the consumer stops after this packet */
+
+struct hl_queue {
+    hl_u64 magic;            /*   0 HL_QUEUE_MAGIC */
+    hl_u32 capacity;         /*   8 packets, a power of two */
+    hl_u32 packet_size;      /*  12 HL_PACKET_SIZE */
+    hl_u32 consumer;         /*  16 HL_OWNER of the consumer, 0 = none yet */
+    hl_u32 flags;            /*  20 */
+    hl_u64 cells_offset;     /*  24 from the start of the queue */
+    hl_u64 packets_offset;   /*  32 from the start of the queue */
+    hl_u8 pad0[64 - 40];
+    hl_u64 write_index;      /*  64 next index to reserve (own cache line) */
+    hl_u8 pad1[56];
+    hl_u64 read_index;       /* 128 next index the consumer takes */
+    hl_u32 space_waiters;    /* 136 producers asleep on read_index (full queue) */
+    hl_u32 pad2;
+    hl_u64 completed;        /* 144 packets the consumer finished (statistics) */
+    hl_u8 pad3[192 - 152];
+    hl_u64 doorbell;         /* 192 last write index + 1 published; futex on its low 32 bits */
+    hl_u32 doorbell_waiters; /* 200 consumers asleep on the doorbell */
+    hl_u32 pad4;
+    hl_u8 pad5[256 - 208];
+};
+
+/* One command packet (AQL-like, 64 bytes). */
+struct hl_packet {
+    hl_u16 type;             /*  0 HL_PKT_* */
+    hl_u16 flags;            /*  2 reserved, 0 */
+    hl_u32 kernel;           /*  4 kernel id in the consumer's registry / ERT CU index */
+    hl_u64 args;             /*  8 buffer handle of the argument block or ERT command, 0 = none */
+    hl_u64 signal;           /* 16 fence or timeline handle signaled on completion, 0 = none */
+    hl_u64 signal_value;     /* 24 timeline value to signal (ignored for fences) */
+    hl_u64 wait[2];          /* 32 fences / timelines to wait for before running, 0 = none */
+    hl_u64 wait_value[2];    /* 48 timeline values (ignored for fences) */
+};
+
+/* The argument block of a KERNEL packet (a heap buffer):
+ *   struct hl_kernarg, then u64 buffers[nbuffers] (heap handles),
+ *   u64 scalars[nscalars] (raw 64-bit values), then nfollow x
+ *   struct hl_follow (packets the consumer enqueues when this one completes
+ *   successfully: direct dispatch). */
+#define HL_KERNARG_MAGIC 0x4b41524bu /* "KRAK" */
+struct hl_kernarg {
+    hl_u32 magic;
+    hl_u16 nbuffers;
+    hl_u16 nscalars;
+    hl_u16 nfollow;
+    hl_u16 reserved0;
+    hl_u32 reserved1;
+};
+struct hl_follow {
+    hl_u64 queue;            /* queue handle */
+    struct hl_packet packet;
+};
+
+/* ------------------------------------------------------------------------
+ * Trace ring (trace_offset, trace_size): struct hl_trace then events.  A
+ * writer takes index i with fetch_add on `write`, fills event i % capacity and
+ * stores seq = i + 1 last; a reader keeps events whose seq matches. */
+#define HL_TRACE_MAGIC 0x4543415254534c48ULL /* "HLSTRACE" */
+struct hl_trace {
+    hl_u64 magic;
+    hl_u64 capacity;         /* events */
+    hl_u64 write;            /* events written so far */
+    hl_u8 pad[64 - 24];
+};
+struct hl_trace_event {
+    hl_u64 seq;              /* index + 1, stored last */
+    hl_u64 ts_ns;            /* CLOCK_MONOTONIC */
+    hl_u32 type;             /* HL_EV_* */
+    hl_u32 participant;      /* participant index */
+    hl_u64 a, b, c, d, e;    /* event arguments */
+};
+#define HL_EV_ENQUEUE 1u     /* a=queue, b=packet index, c=signal handle, d=kernel */
+#define HL_EV_START 2u       /* a=queue, b=packet index, c=signal handle, d=kernel */
+#define HL_EV_END 3u         /* a=queue, b=packet index, c=signal handle, d=status */
+#define HL_EV_SIGNAL 4u      /* a=handle, b=status or value */
+#define HL_EV_WAIT 5u        /* a=handle, b=threshold, c=start ns */
+#define HL_EV_USER 6u        /* free use */
+
+#if defined(__cplusplus) && __cplusplus >= 201103L
+static_assert(sizeof(struct hl_queue) == HL_QUEUE_HEADER_SIZE, "hl_queue size");
+static_assert(sizeof(struct hl_packet) == HL_PACKET_SIZE, "hl_packet size");
+static_assert(sizeof(struct hl_trace_event) == 64, "hl_trace_event size");
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(struct hl_queue) == HL_QUEUE_HEADER_SIZE, "hl_queue size");
+_Static_assert(sizeof(struct hl_packet) == HL_PACKET_SIZE, "hl_packet size");
+_Static_assert(sizeof(struct hl_trace_event) == 64, "hl_trace_event size");
+#endif
 
 #if defined(__cplusplus) && __cplusplus >= 201103L
 static_assert(sizeof(struct hl_heap) == 128, "hl_heap size");
@@ -465,6 +600,86 @@ HL_INLINE void *hl_buffer_data(void *base, hl_u64 handle, hl_u64 *nbytes) {
     if (off > hp->data_size || n > hp->data_size - off) return 0;
     if (nbytes) *nbytes = n;
     return (char *)base + h->heap_offset + hp->data_offset + off;
+}
+
+
+/* The queue behind a queue handle, or 0 (bounds, magic and capacity checked). */
+HL_INLINE struct hl_queue *hl_queue_get(void *base, hl_u64 handle) {
+    hl_u64 n = 0;
+    struct hl_header *h = (struct hl_header *)base;
+    struct hl_fence *f = hl_fence_slot(base, handle, HL_KIND_QUEUE);
+    struct hl_heap *hp;
+    struct hl_queue *q;
+    hl_u64 off;
+    if (!f || !hl_fence_matches(f, handle) || h->heap_size < sizeof(struct hl_heap)) return 0;
+    hp = (struct hl_heap *)((char *)base + h->heap_offset);
+    off = hl_load64(&f->word);
+    n = hl_load64(&f->aux);
+    if (hp->data_offset > h->heap_size || hp->data_size > h->heap_size - hp->data_offset) return 0;
+    if (off > hp->data_size || n > hp->data_size - off || n < HL_QUEUE_HEADER_SIZE) return 0;
+    q = (struct hl_queue *)((char *)base + h->heap_offset + hp->data_offset + off);
+    if (q->magic != HL_QUEUE_MAGIC || q->capacity == 0 || (q->capacity & (q->capacity - 1)) != 0) return 0;
+    if (q->cells_offset < HL_QUEUE_HEADER_SIZE || q->packets_offset < q->cells_offset + 8ull * q->capacity ||
+        q->packets_offset + (hl_u64)HL_PACKET_SIZE * q->capacity > n)
+        return 0;
+    return q;
+}
+
+/* Try to enqueue one packet (from a host, firmware or GPU thread).
+ * producer: participant index, or HL_PRODUCER_DEVICE.  Returns HL_OK, or
+ * HL_E_FULL when the queue has no free cell (nothing is overwritten), or
+ * HL_E_HANDLE.  *index_out receives the packet's write index. */
+#define HL_E_FULL -7
+HL_INLINE int hl_queue_try_push(void *base, hl_u64 qhandle, const struct hl_packet *p, hl_u32 producer,
+                                hl_u64 *index_out) {
+    struct hl_queue *q = hl_queue_get(base, qhandle);
+    hl_u64 *cells, w, c, mask;
+    struct hl_packet *slot;
+    if (!q) return HL_E_HANDLE;
+    cells = (hl_u64 *)((char *)q + q->cells_offset);
+    mask = q->capacity - 1;
+    for (;;) {
+        w = hl_load64(&q->write_index);
+        c = hl_load64(&cells[w & mask]);
+        if (HL_CELL_STATE(c) == HL_CELL_FREE && HL_CELL_SEQ(c) == (w & 0xffffffffffffULL)) {
+            hl_u64 e = c;
+            if (hl_cas64(&cells[w & mask], &e, HL_CELL(w, producer, HL_CELL_RESERVED))) {
+                hl_u64 ww = w;
+                hl_cas64(&q->write_index, &ww, w + 1);
+                break;
+            }
+            continue;
+        }
+        if (HL_CELL_SEQ(c) == (w & 0xffffffffffffULL) && HL_CELL_STATE(c) != HL_CELL_FREE) {
+            /* reserved by someone who has not advanced write_index yet: help */
+            hl_u64 ww = w;
+            hl_cas64(&q->write_index, &ww, w + 1);
+            continue;
+        }
+        if (HL_CELL_SEQ(c) + q->capacity == (w & 0xffffffffffffULL) ||
+            HL_CELL_SEQ(c) < (w & 0xffffffffffffULL))
+            return HL_E_FULL; /* the cell still holds (or waits for) the packet of the previous lap */
+        /* write_index moved under us */
+    }
+    slot = (struct hl_packet *)((char *)q + q->packets_offset) + (w & mask);
+    slot->signal = p->signal; /* first: recovery reads it if we die while filling */
+    slot->type = p->type;
+    slot->flags = p->flags;
+    slot->kernel = p->kernel;
+    slot->args = p->args;
+    slot->signal_value = p->signal_value;
+    slot->wait[0] = p->wait[0];
+    slot->wait[1] = p->wait[1];
+    slot->wait_value[0] = p->wait_value[0];
+    slot->wait_value[1] = p->wait_value[1];
+    hl_store64(&cells[w & mask], HL_CELL(w, producer, HL_CELL_READY));
+    hl_store64(&q->doorbell, w + 1);
+#if defined(HL_HAVE_FUTEX)
+    if (hl_load32(&q->doorbell_waiters) != 0)
+        syscall(SYS_futex, (hl_u32 *)&q->doorbell, FUTEX_WAKE, 0x7fffffff, 0, 0, 0);
+#endif
+    if (index_out) *index_out = w;
+    return HL_OK;
 }
 
 #endif /* HOSTLESS_H */

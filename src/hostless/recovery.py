@@ -109,7 +109,7 @@ def check_tables(
             out.append(f"live fence slot {i} has no reference (leaked)")
         if r & ~alive_mask:
             out.append(f"fence slot {i} is referenced by dead or absent participants {r & ~alive_mask:#x}")
-        if k == int(C.KIND_BUFFER):
+        if k in (int(C.KIND_BUFFER), int(C.KIND_QUEUE)):
             continue  # checked by check_heap
         if k not in (int(C.KIND_FENCE), int(C.KIND_TIMELINE), int(C.KIND_MERGED)):
             out.append(f"fence slot {i} has an invalid kind {k}")
@@ -180,7 +180,8 @@ def check_heap(bitmap: bytes, slots: bytes, used: int, granules: int) -> list[st
     expect = np.zeros(granules, dtype=bool)
     total = 0
     gran, large = int(C.GRANULE), int(C.LARGE_BUFFER)
-    for i in np.nonzero((state != int(C.SLOT_FREE)) & (kind == int(C.KIND_BUFFER)))[0]:
+    blocks = (kind == int(C.KIND_BUFFER)) | (kind == int(C.KIND_QUEUE))
+    for i in np.nonzero((state != int(C.SLOT_FREE)) & blocks)[0]:
         i = int(i)
         g, n = int(fences[i]["parents"][0]), int(fences[i]["parents"][1])
         word, nbytes = int(fences[i]["word"]), int(fences[i]["aux"])

@@ -96,6 +96,29 @@ def _gcc_version() -> str | None:
     return out.stdout.splitlines()[0].strip() if out.stdout else None
 
 
+def _git_revision() -> str | None:
+    """``<short commit>[+dirty]`` of the repository the package was installed from, if run inside it."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    try:
+        rev = subprocess.run(
+            [git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        )
+        if rev.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            [git, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def machine_info() -> dict[str, Any]:
     """Where and when a benchmark ran: host, CPU, Python, versions, load."""
     import hostless
@@ -121,6 +144,7 @@ def machine_info() -> dict[str, Any]:
         "numpy": np.__version__,
         "hostless": hostless.__version__,
         "gcc": _gcc_version(),
+        "git": _git_revision(),
         "loadavg_at_start": load,
         "date": now.isoformat(timespec="seconds"),
     }

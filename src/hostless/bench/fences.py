@@ -784,8 +784,8 @@ def report_markdown(result: dict[str, Any]) -> str:
         "",
         f"- machine: {m['cpu_model']}, {m['nproc']} CPUs, Linux {m['kernel']} ({m['machine']}); "
         f"load average at start {m['loadavg_at_start']}",
-        f"- software: Python {m['python']}, NumPy {m['numpy']}, hostless {m['hostless']}, "
-        f"{m['gcc'] or 'no gcc'}",
+        f"- software: Python {m['python']}, NumPy {m['numpy']}, hostless {m['hostless']}"
+        f"{' (git ' + m['git'] + ')' if m.get('git') else ''}, {m['gcc'] or 'no gcc'}",
         f"- two processes {pinned}; the peer is a spawned process",
         f"- {cfg['round_trips']} round trips per figure in {cfg['rounds']} round(s), each after "
         f"{cfg['warmup']} dropped warm-up round trips"

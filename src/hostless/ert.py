@@ -1,0 +1,130 @@
+"""XRT ERT command buffers, bit-exact (the NPU's command-submission format).
+
+Header word (u32): state[3:0] | custom[11:4] | count[22:12] (payload words)
+| opcode[27:23] | type[31:28].  ``ert_start_kernel_cmd``: header, cu_mask,
+then ``count - 1`` data words.  START_NPU payload: instruction buffer address
+(u64), its size (u32), property count (u32), then kernel arguments.
+CMD_CHAIN payload: command count, submit index, error index, reserved, then
+u64 handles of the chained commands.  The state is written back into the
+header word by the command processor (NEW -> RUNNING -> COMPLETED / ERROR).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Opcode", "CmdType", "State", "ErtCommand", "header", "parse_header", "start_cu", "start_npu", "cmd_chain"]
+
+
+class Opcode(enum.IntEnum):
+    START_CU = 0
+    CONFIGURE = 2
+    EXIT = 3
+    ABORT = 4
+    EXEC_WRITE = 5
+    CU_STAT = 6
+    START_COPYBO = 7
+    START_DPU = 18
+    CMD_CHAIN = 19
+    START_NPU = 20
+    START_NPU_PREEMPT = 21
+
+
+class CmdType(enum.IntEnum):
+    DEFAULT = 0
+    KDS_LOCAL = 1
+    CTRL = 2
+    CU = 3
+    SCU = 4
+
+
+class State(enum.IntEnum):
+    INVALID = 0
+    NEW = 1
+    QUEUED = 2
+    RUNNING = 3
+    COMPLETED = 4
+    ERROR = 5
+    ABORT = 6
+    SUBMITTED = 7
+    TIMEOUT = 8
+    NORESPONSE = 9
+    SKERROR = 10
+    SKCRASHED = 11
+
+
+def header(state: int, count: int, opcode: int, type_: int = CmdType.CU, custom: int = 0) -> int:
+    """Pack an ERT header word; ValueError when a field overflows."""
+    if not 0 <= state < 16 or not 0 <= custom < 256 or not 0 <= count < 2048 or not 0 <= opcode < 32 or not 0 <= type_ < 16:
+        raise ValueError("ERT header field out of range")
+    return (state & 0xF) | (custom << 4) | (count << 12) | (opcode << 23) | (type_ << 28)
+
+
+def parse_header(word: int) -> tuple[int, int, int, int, int]:
+    """(state, custom, count, opcode, type) of a header word."""
+    return word & 0xF, (word >> 4) & 0xFF, (word >> 12) & 0x7FF, (word >> 23) & 0x1F, (word >> 28) & 0xF
+
+
+@dataclass
+class ErtCommand:
+    """A decoded command: header fields, cu_mask and payload words."""
+
+    state: int
+    opcode: int
+    type: int
+    cu_mask: int
+    payload: list[int] = field(default_factory=list)
+    custom: int = 0
+
+    def encode(self) -> bytes:
+        count = 1 + len(self.payload)
+        return struct.pack(
+            f"<II{len(self.payload)}I",
+            header(self.state, count, self.opcode, self.type, self.custom),
+            self.cu_mask,
+            *self.payload,
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> ErtCommand:
+        """Parse a command; ValueError when ``count`` runs past the buffer."""
+        raw = bytes(raw)
+        if len(raw) < 8:
+            raise ValueError("ERT command shorter than header + cu_mask")
+        word, cu_mask = struct.unpack_from("<II", raw)
+        state, custom, count, opcode, type_ = parse_header(word)
+        if count < 1 or 4 + 4 * count > len(raw):
+            raise ValueError(f"ERT command count {count} does not fit a {len(raw)}-byte buffer")
+        payload = list(struct.unpack_from(f"<{count - 1}I", raw, 8))
+        return cls(state, opcode, type_, cu_mask, payload, custom)
+
+
+def start_cu(cu_index: int, args: Sequence[int]) -> ErtCommand:
+    """ERT_START_CU for CU ``cu_index`` with 32-bit argument words."""
+    return ErtCommand(State.NEW, Opcode.START_CU, CmdType.CU, 1 << cu_index, [a & 0xFFFFFFFF for a in args])
+
+
+def start_npu(cu_index: int, instr_addr: int, instr_size: int, args: Sequence[int], props: int = 0) -> ErtCommand:
+    """ERT_START_NPU: instruction buffer address (u64), size (u32), property count (u32), kernel args."""
+    payload = [instr_addr & 0xFFFFFFFF, instr_addr >> 32, instr_size & 0xFFFFFFFF, props]
+    payload += [a & 0xFFFFFFFF for a in args]
+    return ErtCommand(State.NEW, Opcode.START_NPU, CmdType.CU, 1 << cu_index, payload)
+
+
+def cmd_chain(handles: Sequence[int]) -> ErtCommand:
+    """ERT_CMD_CHAIN: command count, submit index, error index, reserved, then u64 handles."""
+    payload = [len(handles), 0, 0, 0]
+    for h in handles:
+        payload += [h & 0xFFFFFFFF, h >> 32]
+    return ErtCommand(State.NEW, Opcode.CMD_CHAIN, CmdType.CU, 0, payload)
+
+
+def u64_args(values: Sequence[int]) -> list[int]:
+    """Split 64-bit values (handles) into the little-endian 32-bit words ERT payloads carry."""
+    out: list[int] = []
+    for v in values:
+        out += [v & 0xFFFFFFFF, (v >> 32) & 0xFFFFFFFF]
+    return out
