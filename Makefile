@@ -13,7 +13,8 @@ $(VENV)/.created:
 	touch $@
 
 $(VENV)/.deps: $(VENV)/.created pyproject.toml
-	$(PIP) install -q "numpy>=1.23" "pytest>=7" "hypothesis>=6.80" "ruff>=0.5" "mypy>=1.8" "rich>=13" setuptools wheel
+	$(PIP) install -q --upgrade "setuptools>=64" wheel
+	$(PIP) install -q "numpy>=1.23" "pytest>=7" "hypothesis>=6.80" "ruff>=0.5" "mypy>=1.8" "rich>=13"
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.deps $(SOURCES)

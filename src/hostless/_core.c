@@ -691,11 +691,8 @@ static int recover_participant(Core *c, int d, uint64_t pctl) {
     memset(p->kind, 0, sizeof p->kind);
     uint64_t e = ld(&p->ctl);
     if (HL_PCTL_STATE(e) == HL_PART_RECOVERING &&
-        cas(&p->ctl, &e, HL_PCTL(HL_PCTL_INC(pctl), 0, HL_PART_FREE))) {
-        __atomic_add_fetch(&c->h->epoch, 1, __ATOMIC_SEQ_CST);
-        __atomic_add_fetch(&c->h->stats_recovered, 1, __ATOMIC_SEQ_CST);
+        cas(&p->ctl, &e, HL_PCTL(HL_PCTL_INC(pctl), 0, HL_PART_FREE)))
         return 1;
-    }
     return 0;
 }
 
@@ -726,7 +723,12 @@ static int reap_all(Core *c, uint64_t *out, int outcap) {
         uint64_t claimed = HL_PCTL(HL_PCTL_INC(pc), (uint32_t)(c->me >= 0 ? c->me : 0), HL_PART_RECOVERING);
         uint64_t e = pc;
         if (pc != claimed && !cas(&c->parts[i].ctl, &e, claimed)) continue;
-        if (recover_participant(c, i, claimed) && n < outcap) out[n++] = ((uint64_t)HL_PCTL_INC(pc) << 8) | (uint64_t)i;
+        if (recover_participant(c, i, claimed)) {
+            /* counted here, not in recover_participant: a clean leave is no recovery */
+            __atomic_add_fetch(&c->h->epoch, 1, __ATOMIC_SEQ_CST);
+            __atomic_add_fetch(&c->h->stats_recovered, 1, __ATOMIC_SEQ_CST);
+            if (n < outcap) out[n++] = ((uint64_t)HL_PCTL_INC(pc) << 8) | (uint64_t)i;
+        }
     }
     return n;
 }
@@ -1280,7 +1282,7 @@ static int do_wait(Core *c, uint64_t h, uint64_t thr, long long timeout, long lo
     for (unsigned it = 0;; it++) {
         w = __atomic_load_n(&f->word, __ATOMIC_ACQUIRE);
         if (w >= thr) break;
-        if ((it & 63) != 63) {
+        if ((it & 63) != 63 && spin > 0) {
             cpu_relax();
             continue;
         }
@@ -1289,8 +1291,8 @@ static int do_wait(Core *c, uint64_t h, uint64_t thr, long long timeout, long lo
             timed_out = 1;
             break;
         }
-        if (t - t0 < (uint64_t)(spin > 0 ? spin : 0)) continue;
-        /* sleep phase */
+        if (spin > 0 && t - t0 < (uint64_t)spin) continue;
+        /* sleep phase (at once when spin <= 0) */
         if (is_merged) sweep(c);
         __atomic_add_fetch(&f->waiters, 1, __ATOMIC_SEQ_CST);
         w = ld(&f->word);
@@ -2437,7 +2439,6 @@ static int Handle_traverse(Handle *b, visitproc visit, void *arg) {
     Py_VISIT(b->bb_map);
     Py_VISIT(b->dom);
     Py_VISIT((PyObject *)b->core);
-    Py_VISIT(Py_TYPE(b));
     return 0;
 }
 
