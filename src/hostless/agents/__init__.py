@@ -1,0 +1,118 @@
+"""Agents: participant processes that each consume one queue.
+
+``spawn(dom, "cpu")`` starts a NumPy worker; ``spawn(dom, "npu")`` starts the
+emulated NPU command processor (ERT command buffers, kernels chosen by CU
+index as in a loaded xclbin).  Each agent owns the fences of the packets it
+runs: create them with ``owner=agent.id`` so that its death makes them
+OWNER_DIED.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ..domain import Domain
+from ..errors import HostlessError
+from ..kernels import USER_KERNEL_BASE
+from ..queue import Packet, PacketType, Queue
+
+__all__ = ["Agent", "spawn"]
+
+
+class Agent:
+    """Handle on a spawned agent process."""
+
+    def __init__(self, dom: Domain, kind: str, queue: Queue, proc: subprocess.Popen[str], pid: int) -> None:
+        self.dom, self.kind, self.queue, self.proc = dom, kind, queue, proc
+        self.id = pid
+        """The agent's participant id (use it as the owner of the fences it signals)."""
+        self.user_kernels: dict[str, int] = {}
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the agent to finish its queue and exit (a STOP packet); kill it after ``timeout``."""
+        if self.alive:
+            try:
+                self.queue.push(Packet(type=PacketType.STOP), timeout=timeout)
+            except HostlessError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc.wait()
+        if self.queue._held and not self.dom.closed:
+            self.queue.release()
+
+    def kill(self) -> None:
+        """SIGKILL the agent (recovery then signals its fences OWNER_DIED)."""
+        if self.alive:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<hostless.Agent {self.kind} id={self.id} pid={self.proc.pid} {'alive' if self.alive else 'exited'}>"
+
+
+def spawn(
+    dom: Domain,
+    kind: str = "cpu",
+    *,
+    queue: Queue | None = None,
+    capacity: int = 64,
+    label: str | None = None,
+    user_kernels: dict[str, str] | None = None,
+    timeout: float = 30.0,
+    **opts: Any,
+) -> Agent:
+    """Start an agent of ``kind`` ("cpu" or "npu") consuming ``queue`` (a new one by default).
+
+    ``user_kernels`` maps names to ``"module:function"`` kernels (taking
+    ``(buffers, scalars)``) the agent imports; their ids are in
+    ``agent.user_kernels``.  Passing the ``queue`` of a dead agent respawns it.
+    """
+    if kind not in ("cpu", "npu"):
+        if kind == "cuda":
+            raise NotImplementedError("the cuda agent is not part of this release (see issue 5)")
+        raise ValueError(f"unknown agent kind {kind!r} (cpu, npu)")
+    if opts:
+        raise TypeError(f"unknown options {sorted(opts)}")
+    if dom.name is None:
+        raise ValueError("agents open the domain by name: create it with a name")
+    q = queue if queue is not None else dom.queue(capacity)
+    cmd = [sys.executable, "-m", "hostless.agents.worker", dom.name, hex(q.handle), kind, "--parent", str(os.getpid())]
+    if label:
+        cmd += ["--label", label]
+    ids: dict[str, int] = {}
+    for i, (name, spec) in enumerate(sorted((user_kernels or {}).items())):
+        ids[name] = USER_KERNEL_BASE + i
+        cmd += ["--user", f"{USER_KERNEL_BASE + i}={spec}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, close_fds=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    line = ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line or proc.poll() is not None:
+            break
+    if not line.strip():
+        proc.kill()
+        proc.wait()
+        raise HostlessError(f"{kind} agent failed to start (exit code {proc.returncode})")
+    a = Agent(dom, kind, q, proc, int(line))
+    a.user_kernels = ids
+    return a

@@ -1,0 +1,297 @@
+"""The agent process: consumes one queue and signals fences.
+
+Run by :func:`hostless.agents.spawn` as ``python -m hostless.agents.worker``.
+It joins the domain, binds the queue, prints its participant id, then loops:
+take a packet (spinning briefly, then a bounded sleep on the doorbell, so an
+idle agent costs no CPU), wait for the packet's fences / timeline points, run
+the kernel (or the ERT command), signal, and enqueue the follow-up packets.
+A wait released by a failure does not run the work: the failure is passed on
+to the packet's own signal.  A bad packet fails with ERROR; the agent goes on.
+It exits on a STOP packet, on SIGTERM, and when the process that spawned it
+dies (PR_SET_PDEATHSIG plus a parent check while idle).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import sys
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from .. import ert
+from .._abi import C
+from ..domain import Domain
+from ..errors import HostlessError
+from ..kernels import CPU_KERNELS, NPU_CUS, Kernel, load_user_kernel
+from ..queue import Follow, Kernargs, Packet, PacketType, Queue
+from ..status import Status
+
+_KIND_TIMELINE = int(C.KIND_TIMELINE)
+_EV_START, _EV_END = int(C.EV_START), int(C.EV_END)
+
+
+class _Cache:
+    """Imported objects by handle (bounded; emptied when idle)."""
+
+    def __init__(self, dom: Domain, size: int = 256) -> None:
+        self.dom, self.size = dom, size
+        self.items: OrderedDict[int, Any] = OrderedDict()
+
+    def get(self, h: int) -> Any:
+        o = self.items.get(h)
+        if o is not None:
+            self.items.move_to_end(h)
+            return o
+        kind = (h >> 48) & 0xFF
+        if kind == int(C.KIND_BUFFER):
+            o = self.dom.import_buffer(h)
+        elif kind == int(C.KIND_QUEUE):
+            o = self.dom.import_queue(h)
+        elif kind == _KIND_TIMELINE:
+            o = self.dom.import_timeline(h)
+        else:
+            o = self.dom.import_fence(h)
+        self.items[h] = o
+        if len(self.items) > self.size:
+            _, old = self.items.popitem(last=False)
+            old.release()
+        return o
+
+    def clear(self) -> None:
+        for o in self.items.values():
+            try:
+                o.release()
+            except HostlessError:
+                pass
+        self.items.clear()
+
+
+class Agent:
+    def __init__(self, dom: Domain, queue: Queue, kind: str, user: dict[int, Kernel], parent: int) -> None:
+        self.dom, self.queue, self.kind, self.parent = dom, queue, kind, parent
+        self.cache = _Cache(dom)
+        table = NPU_CUS if kind == "npu" else CPU_KERNELS
+        self.kernels: dict[int, Kernel] = {kid: fn for kid, fn in table.values()}
+        self.kernels.update(user)
+        self.running = True
+
+    # ------------------------------------------------------------------
+    def run(self) -> None:
+        q = self.queue
+        idle = 0
+        while self.running:
+            r = q.pop_raw(50_000_000, 50_000)  # 50 ms bounded wait, 50 us spin
+            if r is None:
+                idle += 1
+                if os.getppid() != self.parent:
+                    return  # the spawner died: no orphans
+                if idle == 2:
+                    self.cache.clear()
+                continue
+            idle = 0
+            idx, raw = r
+            pkt = Packet.decode(raw)
+            if pkt.type == PacketType.STOP:
+                self.finish(pkt, Status.SUCCESS, idx)
+                return
+            self.execute(idx, pkt)
+            q.completed()
+
+    def execute(self, idx: int, pkt: Packet) -> None:
+        core = self.dom._core
+        core.trace(_EV_START, self.queue.handle, idx, pkt.signal, pkt.kernel, 0)
+        status = self.wait_inputs(pkt)
+        follow: list[Follow] = []
+        if status == Status.SUCCESS:
+            try:
+                if pkt.type == PacketType.KERNEL:
+                    follow = self.run_kernel(pkt)
+                elif pkt.type == PacketType.ERT:
+                    follow = self.run_ert(pkt)
+                elif pkt.type != PacketType.BARRIER:
+                    raise ValueError(f"unknown packet type {pkt.type}")
+            except Exception as e:  # a bad packet fails alone
+                status = Status.ERROR
+                if os.environ.get("HOSTLESS_AGENT_DEBUG"):
+                    print(f"agent {self.kind}: packet {idx} failed: {e!r}", file=sys.stderr)
+        self.finish(pkt, status, idx)
+        if status != Status.SUCCESS:
+            self.fail_downstream(pkt, status)
+        else:
+            for f in follow:
+                try:
+                    self.cache.get(f.queue).push(f.packet)
+                except HostlessError as e:
+                    self.fail_signal(f.packet.signal, f.packet.signal_value, Status.ERROR)
+                    if os.environ.get("HOSTLESS_AGENT_DEBUG"):
+                        print(f"agent {self.kind}: follow-up failed: {e!r}", file=sys.stderr)
+
+    def wait_inputs(self, pkt: Packet) -> Status:
+        for h, v in zip(pkt.wait, pkt.wait_value):
+            if not h:
+                continue
+            try:
+                o = self.cache.get(h)
+                st = o.wait(v) if (h >> 48) & 0xFF == _KIND_TIMELINE else o.wait()
+            except HostlessError:
+                return Status.ERROR
+            if st != Status.SUCCESS:
+                return Status(st)  # a failed input fails this stage without running it
+        return Status.SUCCESS
+
+    def run_kernel(self, pkt: Packet) -> list[Follow]:
+        fn = self.kernels.get(pkt.kernel)
+        if fn is None:
+            raise ValueError(f"unknown kernel {pkt.kernel}")
+        if not pkt.args:
+            raise ValueError("kernel packet without an argument block")
+        ka = Kernargs.decode(self.cache.get(pkt.args).numpy())
+        bufs = [self.cache.get(h).numpy() for h in ka.buffers]
+        fn(bufs, ka.scalars)
+        return ka.follow
+
+    def run_ert(self, pkt: Packet) -> list[Follow]:
+        """ERT packet: ``args`` is an argument block whose first buffer is the
+        command buffer (as EXEC_CMD names a command BO), plus follow-ups."""
+        if not pkt.args:
+            raise ValueError("ERT packet without an argument block")
+        ka = Kernargs.decode(self.cache.get(pkt.args).numpy())
+        if not ka.buffers:
+            raise ValueError("ERT packet without a command buffer")
+        self.run_ert_buffer(self.cache.get(ka.buffers[0]).numpy().view(np.uint8))
+        return ka.follow
+
+    def run_ert_buffer(self, raw: np.ndarray) -> None:
+        words = raw[: raw.size - raw.size % 4].view("<u4")
+        try:
+            cmd = ert.ErtCommand.decode(raw.tobytes())
+        except ValueError:
+            if words.size:
+                words[0] = (int(words[0]) & ~0xF) | ert.State.ERROR
+            raise
+        words[0] = (int(words[0]) & ~0xF) | ert.State.RUNNING
+        try:
+            if cmd.opcode == ert.Opcode.CMD_CHAIN:
+                self.run_chain(cmd, words)
+            elif cmd.opcode in (ert.Opcode.START_CU, ert.Opcode.START_NPU):
+                self.run_cu(cmd)
+            else:
+                raise ValueError(f"unsupported ERT opcode {cmd.opcode}")
+        except Exception:
+            words[0] = (int(words[0]) & ~0xF) | ert.State.ERROR
+            raise
+        words[0] = (int(words[0]) & ~0xF) | ert.State.COMPLETED
+
+    def run_chain(self, cmd: ert.ErtCommand, words: np.ndarray) -> None:
+        n = cmd.payload[0] if cmd.payload else 0
+        if len(cmd.payload) < 4 + 2 * n:
+            raise ValueError("CMD_CHAIN payload shorter than its command count")
+        for i in range(n):
+            words[1 + 2] = i  # submit index (payload word 1)
+            h = cmd.payload[4 + 2 * i] | (cmd.payload[5 + 2 * i] << 32)
+            try:
+                self.run_ert_buffer(self.cache.get(h).numpy().view(np.uint8))
+            except Exception:
+                words[1 + 3] = i  # error index (payload word 2)
+                raise
+
+    def run_cu(self, cmd: ert.ErtCommand) -> None:
+        if cmd.cu_mask == 0 or cmd.cu_mask & (cmd.cu_mask - 1):
+            raise ValueError(f"cu_mask {cmd.cu_mask:#x} must name exactly one CU")
+        cu = cmd.cu_mask.bit_length() - 1
+        fn = self.kernels.get(cu)
+        if fn is None:
+            raise ValueError(f"no CU {cu} in the loaded xclbin")
+        args = cmd.payload[4:] if cmd.opcode == ert.Opcode.START_NPU else cmd.payload
+        # arguments: nbuf, then nbuf u64 buffer handles (two words each), then u64 scalars
+        if not args:
+            raise ValueError("ERT command without arguments")
+        nbuf = args[0]
+        if len(args) < 1 + 2 * nbuf or (len(args) - 1 - 2 * nbuf) % 2:
+            raise ValueError("ERT argument words do not match the buffer count")
+        hs = [args[1 + 2 * i] | (args[2 + 2 * i] << 32) for i in range(nbuf)]
+        rest = args[1 + 2 * nbuf :]
+        scalars = [rest[2 * i] | (rest[2 * i + 1] << 32) for i in range(len(rest) // 2)]
+        fn([self.cache.get(h).numpy() for h in hs], scalars)
+
+    def finish(self, pkt: Packet, status: Status, idx: int) -> None:
+        self.dom._core.trace(_EV_END, self.queue.handle, idx, pkt.signal, int(status), 0)
+        if not pkt.signal:
+            return
+        try:
+            o = self.cache.get(pkt.signal)
+            if (pkt.signal >> 48) & 0xFF == _KIND_TIMELINE:
+                if status == Status.SUCCESS:
+                    o.signal(pkt.signal_value)
+                else:
+                    o.fail(status)
+            else:
+                o.signal(status)
+        except (HostlessError, ValueError) as e:
+            if os.environ.get("HOSTLESS_AGENT_DEBUG"):
+                print(f"agent {self.kind}: signal failed: {e!r}", file=sys.stderr)
+
+    def fail_downstream(self, pkt: Packet, status: Status, depth: int = 0) -> None:
+        """Pass a failure on to the signals of the follow-up packets that will now
+        never run (recursively), so that nobody waits for them forever."""
+        if not pkt.args or depth > 16:
+            return
+        try:
+            ka = Kernargs.decode(self.cache.get(pkt.args).numpy())
+        except (HostlessError, ValueError):
+            return
+        for f in ka.follow:
+            self.fail_signal(f.packet.signal, f.packet.signal_value, status)
+            self.fail_downstream(f.packet, status, depth + 1)
+
+    def fail_signal(self, h: int, value: int, status: Status) -> None:
+        self.finish(Packet(signal=h, signal_value=value), status, -1)
+
+
+def _set_pdeathsig() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="hostless.agents.worker")
+    ap.add_argument("domain")
+    ap.add_argument("queue", type=lambda s: int(s, 0))
+    ap.add_argument("kind", choices=["cpu", "npu"])
+    ap.add_argument("--parent", type=int, required=True)
+    ap.add_argument("--label", default=None)
+    ap.add_argument("--user", action="append", default=[], help="ID=module:function")
+    a = ap.parse_args(argv)
+    _set_pdeathsig()
+    if os.getppid() != a.parent:
+        return 1
+    user: dict[int, Kernel] = {}
+    for spec in a.user:
+        kid, _, fn = spec.partition("=")
+        user[int(kid)] = load_user_kernel(fn)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    dom = Domain.open(a.domain, label=a.label or f"{a.kind}-agent", kind=a.kind)
+    q = dom.import_queue(a.queue)
+    q.bind()
+    sys.stdout.write(f"{dom.participant_id}\n")
+    sys.stdout.flush()
+    agent = Agent(dom, q, a.kind, user, a.parent)
+    try:
+        agent.run()
+    finally:
+        agent.cache.clear()
+        dom.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,381 @@
+"""Graphs: pipelines of stages on agents, compiled into one of four modes.
+
+``data``: ``"shared"`` (a stage reads its producer's output buffer in place)
+or ``"copy"`` (every stage has private input and output buffers and each edge
+is one memcpy, the default stacks' way).  ``dispatch``: ``"host"`` (the host
+launches a stage, waits for it, copies if needed and launches the next: write,
+sync, launch, wait, sync back) or ``"direct"`` (the host submits the first
+packet of a frame; every stage's packet carries the next one as a follow-up,
+so each agent launches the next agent's work; the host waits for the end).
+
+Each stage signals its own timeline with the frame number; the timeline is
+owned by the stage's agent, so an agent's death fails it with OWNER_DIED and
+:meth:`CompiledGraph.run` raises :class:`StageFailed` within bounded time.
+A failing stage also fails the timelines of the stages after it.
+
+Stages form a chain (each stage consumes named tensors: graph inputs,
+constants and the outputs of earlier stages).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import ert
+from .agents import Agent
+from .buffer import Buffer
+from .domain import Domain
+from .errors import HostlessError
+from .kernels import CPU_KERNELS, NPU_CUS, f64
+from .queue import Follow, Kernargs, Packet, PacketType
+from .status import Status
+from .timeline import Timeline
+
+__all__ = ["Graph", "CompiledGraph", "StageFailed", "Stage"]
+
+
+class StageFailed(HostlessError):
+    """A stage of a graph failed (its status says why: ERROR, OWNER_DIED, ...)."""
+
+    def __init__(self, stage: str, status: Status) -> None:
+        super().__init__(f"stage {stage!r} failed with {status.name}")
+        self.stage, self.status = stage, status
+
+
+@dataclass
+class Stage:
+    name: str
+    agent: Agent
+    kernel: str
+    inputs: list[str]
+    output: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    scalars: list[float | int] = field(default_factory=list)
+
+
+class Graph:
+    """A pipeline description.  Add stages in order, then :meth:`compile`."""
+
+    def __init__(self, dom: Domain) -> None:
+        self.dom = dom
+        self.stages: list[Stage] = []
+        self.inputs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        self.constants: dict[str, np.ndarray] = {}
+
+    def input(self, name: str, shape: Sequence[int], dtype: Any) -> Graph:
+        """Declare a graph input fed by ``run``."""
+        self._fresh(name)
+        self.inputs[name] = (tuple(shape), np.dtype(dtype))
+        return self
+
+    def constant(self, name: str, value: np.ndarray) -> Graph:
+        """A tensor uploaded once at compile time (weights)."""
+        self._fresh(name)
+        self.constants[name] = np.ascontiguousarray(value)
+        return self
+
+    def stage(
+        self,
+        name: str,
+        agent: Agent,
+        kernel: str,
+        inputs: Sequence[str],
+        output: tuple[str, Sequence[int], Any],
+        scalars: Sequence[float | int] = (),
+    ) -> Graph:
+        """Add a stage running ``kernel`` on ``agent``: inputs by name, output (name, shape, dtype)."""
+        table = NPU_CUS if agent.kind == "npu" else CPU_KERNELS
+        if kernel not in table and kernel not in agent.user_kernels:
+            raise KeyError(f"{agent.kind} agent has no kernel {kernel!r}; known: {sorted(table)}")
+        known = set(self.inputs) | set(self.constants) | {s.output for s in self.stages}
+        for i in inputs:
+            if i not in known:
+                raise KeyError(f"stage {name!r}: input {i!r} is not a graph input, constant or earlier output")
+        oname, oshape, odtype = output
+        self._fresh(oname)
+        self.stages.append(Stage(name, agent, kernel, list(inputs), oname, tuple(oshape), np.dtype(odtype), list(scalars)))
+        return self
+
+    def _fresh(self, name: str) -> None:
+        if name in self.inputs or name in self.constants or any(s.output == name for s in self.stages):
+            raise ValueError(f"tensor name {name!r} is already used")
+
+    def compile(self, dispatch: str = "direct", data: str = "shared", inflight: int = 2) -> CompiledGraph:
+        """Allocate buffers, queues' packets and timelines for ``inflight`` frames at once."""
+        if dispatch not in ("host", "direct"):
+            raise ValueError("dispatch is 'host' or 'direct'")
+        if data not in ("shared", "copy"):
+            raise ValueError("data is 'shared' or 'copy'")
+        if not self.stages:
+            raise ValueError("a graph needs at least one stage")
+        if inflight < 1:
+            raise ValueError("inflight must be >= 1")
+        return CompiledGraph(self, dispatch, data, inflight if dispatch == "direct" else 1)
+
+
+def _scalar_word(x: float | int) -> int:
+    return f64(x) if isinstance(x, float) else int(x) & 0xFFFFFFFFFFFFFFFF
+
+
+_KA_HEADER = 16
+_SIGNAL_VALUE_IN_FOLLOW = 8 + 24  # queue handle, then struct hl_packet.signal_value
+
+
+class _Slot:
+    """The buffers and prepared packets of one frame in flight."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, Buffer] = {}  # shared mode: one per name
+        self.stage_in: list[list[Buffer]] = []  # copy mode: private inputs per stage
+        self.stage_out: list[Buffer] = []  # output buffer per stage
+        self.packets: list[Packet] = []  # the packet of each stage (host) / first packet (direct)
+        self.patch: list[tuple[np.ndarray, int]] = []  # (u64 view, stage index) of follow-up signal values
+        self.owned: list[Any] = []
+
+
+class CompiledGraph:
+    """A graph bound to buffers and packets: :meth:`run` and :meth:`stream`."""
+
+    def __init__(self, g: Graph, dispatch: str, data: str, inflight: int) -> None:
+        self.g, self.dispatch, self.data, self.inflight = g, dispatch, data, inflight
+        dom = g.dom
+        self.dom = dom
+        self.timelines: list[Timeline] = [dom.timeline(owner=s.agent.id) for s in g.stages]
+        self.frame = 0
+        self.consts: dict[str, Buffer] = {}
+        for name, arr in g.constants.items():
+            b = dom.buffer(arr.shape, arr.dtype)
+            b.numpy()[...] = arr
+            self.consts[name] = b
+        consumers = {n for s in g.stages for n in s.inputs}
+        self.outputs = [s.output for s in g.stages if s.output not in consumers] or [g.stages[-1].output]
+        self.slots = [self._build_slot() for _ in range(inflight)]
+        self._closed = False
+
+    # ------------------------------------------------------------ building
+    def _shape_of(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
+        g = self.g
+        if name in g.inputs:
+            return g.inputs[name]
+        if name in g.constants:
+            return g.constants[name].shape, g.constants[name].dtype
+        s = next(s for s in g.stages if s.output == name)
+        return s.shape, s.dtype
+
+    def _build_slot(self) -> _Slot:
+        dom, g = self.dom, self.g
+        sl = _Slot()
+        if self.data == "shared":
+            for name in list(g.inputs) + [s.output for s in g.stages]:
+                shp, dt = self._shape_of(name)
+                sl.tensors[name] = dom.buffer(shp, dt)
+            for name, b in self.consts.items():
+                sl.tensors[name] = b
+            sl.stage_in = [[sl.tensors[i] for i in s.inputs] for s in g.stages]
+            sl.stage_out = [sl.tensors[s.output] for s in g.stages]
+        else:
+            for s in g.stages:
+                ins = []
+                for i in s.inputs:
+                    shp, dt = self._shape_of(i)
+                    b = dom.buffer(shp, dt)
+                    if i in self.consts:  # each device gets its own copy of the weights, once
+                        b.numpy()[...] = self.consts[i].numpy()
+                    ins.append(b)
+                sl.stage_in.append(ins)
+                sl.stage_out.append(dom.buffer(s.shape, s.dtype))
+        # packets, from the last stage backwards so that each can name its follow-ups
+        n = len(g.stages)
+        nxt: list[Follow] = []
+        pk: list[Packet] = [Packet()] * n
+        for k in range(n - 1, -1, -1):
+            s = g.stages[k]
+            bufs = [b.handle for b in sl.stage_in[k]] + [sl.stage_out[k].handle]
+            follow: list[Follow] = []
+            if self.dispatch == "direct" and k + 1 < n:
+                follow = list(nxt)
+                if self.data == "copy":
+                    follow = self._copy_follows(sl, k, follow)
+            p, extra = self._packet(s, bufs, [_scalar_word(x) for x in s.scalars], k, follow)
+            sl.owned += extra
+            pk[k] = p
+            nxt = [Follow(s.agent.queue.handle, p)]
+        sl.packets = pk
+        return sl
+
+    def _copy_follows(self, sl: _Slot, k: int, then: list[Follow]) -> list[Follow]:
+        """Copy packets (on the producer's agent) for the edges out of stage k, chained before ``then``."""
+        g = self.g
+        src = sl.stage_out[k]
+        out = then
+        for j in range(len(g.stages)):
+            for pos, name in enumerate(g.stages[j].inputs):
+                if name == g.stages[k].output:
+                    dst = sl.stage_in[j][pos]
+                    p, extra = self._raw_packet(g.stages[k].agent, "copy", [src.handle, dst.handle], [], 0, 0, out)
+                    sl.owned += extra
+                    out = [Follow(g.stages[k].agent.queue.handle, p)]
+        return out
+
+    def _packet(self, s: Stage, bufs: list[int], scalars: list[int], k: int, follow: list[Follow]) -> tuple[Packet, list[Any]]:
+        return self._raw_packet(s.agent, s.kernel, bufs, scalars, self.timelines[k].handle, 0, follow)
+
+    def _raw_packet(
+        self, agent: Agent, kernel: str, bufs: list[int], scalars: list[int], signal: int, value: int, follow: list[Follow]
+    ) -> tuple[Packet, list[Any]]:
+        owned: list[Any] = []
+        if agent.kind == "npu":
+            cu = NPU_CUS[kernel][0]
+            words = [len(bufs)] + ert.u64_args(bufs) + ert.u64_args(scalars)
+            cmd = ert.start_cu(cu, words).encode()
+            cb = self.dom.buffer(len(cmd))
+            cb.numpy()[:] = np.frombuffer(cmd, np.uint8)
+            owned.append(cb)
+            ka = Kernargs(buffers=[cb.handle], follow=follow).to_buffer(self.dom)
+            owned.append(ka)
+            return Packet(type=PacketType.ERT, kernel=cu, args=ka.handle, signal=signal, signal_value=value), owned
+        kid = agent.user_kernels.get(kernel) or CPU_KERNELS[kernel][0]
+        ka = Kernargs(buffers=bufs, scalars=scalars, follow=follow).to_buffer(self.dom)
+        owned.append(ka)
+        return Packet(kernel=kid, args=ka.handle, signal=signal, signal_value=value), owned
+
+    # ------------------------------------------------------------- running
+    def _set_frame_values(self, sl: _Slot, value: int) -> None:
+        """Write the frame number into every prepared packet of the slot (follow-ups included)."""
+        for p in sl.packets:
+            p.signal_value = value
+        for b in sl.owned:
+            raw = b.numpy().view(np.uint8)
+            if raw.size < _KA_HEADER:
+                continue
+            magic, nb, ns, nf = struct.unpack_from("<IHHH", raw)
+            if magic != 0x4B41524B:
+                continue
+            base = _KA_HEADER + 8 * (nb + ns)
+            for j in range(nf):
+                off = base + 72 * j + _SIGNAL_VALUE_IN_FOLLOW
+                sig = int(raw[base + 72 * j + 8 + 16 : base + 72 * j + 8 + 24].view("<u8")[0])
+                if sig:
+                    raw[off : off + 8].view("<u8")[0] = value
+
+    def _write_inputs(self, sl: _Slot, inputs: Mapping[str, np.ndarray]) -> None:
+        g = self.g
+        for name, (shp, dt) in g.inputs.items():
+            if name not in inputs:
+                raise KeyError(f"missing graph input {name!r}")
+            arr = np.asarray(inputs[name])
+            if arr.shape != shp:
+                raise ValueError(f"input {name!r} must have shape {shp}, got {arr.shape}")
+            if self.data == "shared":
+                sl.tensors[name].numpy()[...] = arr
+            else:
+                for k, s in enumerate(g.stages):
+                    for pos, i in enumerate(s.inputs):
+                        if i == name:
+                            sl.stage_in[k][pos].numpy()[...] = arr
+
+    def _read_outputs(self, sl: _Slot) -> dict[str, np.ndarray]:
+        out = {}
+        for k, s in enumerate(self.g.stages):
+            if s.output in self.outputs:
+                out[s.output] = sl.stage_out[k].numpy().copy()
+        return out
+
+    def _wait_stage(self, k: int, value: int, timeout: float | None) -> None:
+        """Wait for stage k to reach ``value``; raise StageFailed when any stage failed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        tl = self.timelines[k]
+        while True:
+            try:
+                st = tl.wait(value, 0.05)
+            except TimeoutError:
+                for j, t in enumerate(self.timelines):
+                    f = t.failure
+                    if f is not None:
+                        raise StageFailed(self.g.stages[j].name, f) from None
+                if deadline is not None and time.monotonic() > deadline:
+                    raise
+                continue
+            if st != Status.SUCCESS:
+                raise StageFailed(self.g.stages[k].name, st)
+            return
+
+    def _submit(self, sl: _Slot, value: int, timeout: float | None) -> None:
+        g = self.g
+        self._set_frame_values(sl, value)
+        if self.dispatch == "direct":
+            g.stages[0].agent.queue.push(sl.packets[0], timeout)
+            return
+        for k, s in enumerate(g.stages):
+            s.agent.queue.push(sl.packets[k], timeout)
+            self._wait_stage(k, value, timeout)
+            if self.data == "copy":  # sync back and copy into the next devices' buffers
+                for j in range(k + 1, len(g.stages)):
+                    for pos, name in enumerate(g.stages[j].inputs):
+                        if name == s.output:
+                            sl.stage_out[k].copy_to(sl.stage_in[j][pos])
+
+    def run(self, inputs: Mapping[str, np.ndarray], timeout: float | None = 30.0) -> dict[str, np.ndarray]:
+        """Run one frame; returns the graph outputs (copies).  StageFailed on failure."""
+        self._check()
+        self.frame += 1
+        sl = self.slots[self.frame % self.inflight]
+        self._write_inputs(sl, inputs)
+        self._submit(sl, self.frame, timeout)
+        self._wait_stage(len(self.g.stages) - 1, self.frame, timeout)
+        return self._read_outputs(sl)
+
+    def stream(
+        self, frames: Iterable[Mapping[str, np.ndarray]], timeout: float | None = 30.0
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Run frames with up to ``inflight`` in flight; yields outputs in order."""
+        self._check()
+        pending: list[tuple[int, _Slot]] = []
+        last = len(self.g.stages) - 1
+        for inp in frames:
+            if len(pending) == self.inflight:
+                v, sl = pending.pop(0)
+                self._wait_stage(last, v, timeout)
+                yield self._read_outputs(sl)
+            self.frame += 1
+            sl = self.slots[self.frame % self.inflight]
+            self._write_inputs(sl, inp)
+            self._submit(sl, self.frame, timeout)
+            pending.append((self.frame, sl))
+        for v, sl in pending:
+            self._wait_stage(last, v, timeout)
+            yield self._read_outputs(sl)
+
+    def _check(self) -> None:
+        if self._closed:
+            raise HostlessError("compiled graph is closed")
+
+    def close(self) -> None:
+        """Release buffers, packets and timelines."""
+        if self._closed:
+            return
+        self._closed = True
+        seen: set[int] = set()
+        for sl in self.slots:
+            for b in list(sl.tensors.values()) + [x for xs in sl.stage_in for x in xs] + sl.stage_out + sl.owned:
+                if id(b) not in seen and b._held:
+                    seen.add(id(b))
+                    b.release()
+        for b in self.consts.values():
+            if b._held:
+                b.release()
+        for t in self.timelines:
+            t.release()
+
+    def __enter__(self) -> CompiledGraph:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

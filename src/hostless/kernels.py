@@ -1,0 +1,166 @@
+"""Kernel registries of the agents.
+
+CPU agents run NumPy kernels named by id; the emulated NPU exposes compute
+units (CUs) as a loaded xclbin would.  A kernel gets its buffers (NumPy views
+into the shared heap, no copy) and its 64-bit scalars, and writes its outputs
+in place.  It raises ValueError on bad arguments: the agent then fails the
+command with ERROR and carries on.
+
+Buffer convention: inputs first, the output last.
+"""
+
+from __future__ import annotations
+
+import importlib
+import struct
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["CPU_KERNELS", "NPU_CUS", "kernel_id", "cu_index", "f64", "as_f64", "Kernel"]
+
+Kernel = Callable[[Sequence[np.ndarray], Sequence[int]], None]
+
+
+def f64(x: float) -> int:
+    """A float as the raw 64-bit scalar word kernels receive."""
+    return int(struct.unpack("<Q", struct.pack("<d", float(x)))[0])
+
+
+def as_f64(word: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<Q", word & 0xFFFFFFFFFFFFFFFF))[0])
+
+
+def _need(bufs: Sequence[np.ndarray], n: int, name: str) -> None:
+    if len(bufs) != n:
+        raise ValueError(f"{name} takes {n} buffers, got {len(bufs)}")
+
+
+def k_copy(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    _need(b, 2, "copy")
+    src, dst = b[0].reshape(-1).view(np.uint8), b[1].reshape(-1).view(np.uint8)
+    if src.nbytes != dst.nbytes:
+        raise ValueError(f"copy: {src.nbytes} bytes into {dst.nbytes}")
+    np.copyto(dst, src)
+
+
+def k_add(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    _need(b, 3, "add")
+    np.add(b[0], b[1], out=b[2])
+
+
+def k_scale(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    _need(b, 2, "scale")
+    if len(s) != 1:
+        raise ValueError("scale takes one scalar (f64)")
+    np.multiply(b[0], as_f64(s[0]), out=b[1], casting="unsafe")
+
+
+def k_relu(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    _need(b, 2, "relu")
+    np.maximum(b[0], 0, out=b[1])
+
+
+def k_gemm(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    _need(b, 3, "gemm")
+    a, w, out = b
+    if a.ndim != 2 or w.ndim != 2 or a.shape[1] != w.shape[0] or out.shape != (a.shape[0], w.shape[1]):
+        raise ValueError(f"gemm: shapes {a.shape} @ {w.shape} -> {out.shape} do not match")
+    np.matmul(a, w, out=out)
+
+
+def k_sum(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    _need(b, 2, "sum")
+    b[1].reshape(-1)[0] = b[0].sum()
+
+
+def k_softmax(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    _need(b, 2, "softmax")
+    x = b[0].astype(np.float32, copy=False)
+    m = x.max(axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    np.divide(e, e.sum(axis=-1, keepdims=True), out=b[1], casting="unsafe")
+
+
+def k_conv2d(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    """Valid 2-D correlation of an (H, W) image with a (kh, kw) kernel."""
+    _need(b, 3, "conv2d")
+    img, ker, out = b
+    if img.ndim != 2 or ker.ndim != 2:
+        raise ValueError("conv2d takes 2-D image and kernel")
+    kh, kw = ker.shape
+    oh, ow = img.shape[0] - kh + 1, img.shape[1] - kw + 1
+    if out.shape != (oh, ow):
+        raise ValueError(f"conv2d: output must be {(oh, ow)}, got {out.shape}")
+    win = np.lib.stride_tricks.sliding_window_view(img, (kh, kw))
+    np.einsum("ijkl,kl->ij", win, ker, out=out, casting="unsafe")
+
+
+def k_normalize(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    """(x - mean) / std into a float output: a camera preprocess step."""
+    _need(b, 2, "normalize")
+    mean = as_f64(s[0]) if len(s) > 0 else 0.0
+    std = as_f64(s[1]) if len(s) > 1 else 1.0
+    if std == 0:
+        raise ValueError("normalize: std is zero")
+    np.subtract(b[0], mean, out=b[1], casting="unsafe")
+    b[1] /= std
+
+
+def k_int8_gemm(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    """int8 x int8 -> int32 GEMM (NPU CU 0)."""
+    _need(b, 3, "int8_gemm")
+    a, w, out = b
+    if a.dtype != np.int8 or w.dtype != np.int8 or out.dtype != np.int32:
+        raise ValueError("int8_gemm takes int8 inputs and an int32 output")
+    k_gemm([a.astype(np.int32), w.astype(np.int32), out], s)
+
+
+CPU_KERNELS: dict[str, tuple[int, Kernel]] = {
+    "copy": (1, k_copy),
+    "add": (2, k_add),
+    "scale": (3, k_scale),
+    "relu": (4, k_relu),
+    "gemm": (5, k_gemm),
+    "sum": (6, k_sum),
+    "softmax": (7, k_softmax),
+    "conv2d": (8, k_conv2d),
+    "normalize": (9, k_normalize),
+}
+
+# The emulated NPU's "xclbin": compute units by index.
+NPU_CUS: dict[str, tuple[int, Kernel]] = {
+    "int8_gemm": (0, k_int8_gemm),
+    "gemm": (1, k_gemm),
+    "relu": (2, k_relu),
+    "softmax": (3, k_softmax),
+    "conv2d": (4, k_conv2d),
+    "copy": (5, k_copy),
+}
+
+USER_KERNEL_BASE = 1000
+
+
+def kernel_id(name: str) -> int:
+    """Id of a CPU kernel by name (KeyError lists the known ones)."""
+    try:
+        return CPU_KERNELS[name][0]
+    except KeyError:
+        raise KeyError(f"unknown cpu kernel {name!r}; known: {sorted(CPU_KERNELS)}") from None
+
+
+def cu_index(name: str) -> int:
+    """CU index of an NPU kernel by name."""
+    try:
+        return NPU_CUS[name][0]
+    except KeyError:
+        raise KeyError(f"unknown npu kernel {name!r}; known: {sorted(NPU_CUS)}") from None
+
+
+def load_user_kernel(spec: str) -> Kernel:
+    """'package.module:function' -> the function (user-registered kernels)."""
+    mod, _, fn = spec.partition(":")
+    if not mod or not fn:
+        raise ValueError(f"user kernel spec {spec!r} must be 'module:function'")
+    k: Kernel = getattr(importlib.import_module(mod), fn)
+    return k
