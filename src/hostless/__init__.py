@@ -29,8 +29,8 @@ from .errors import (
     QueueFull,
 )
 from .fence import Fence
-from .queue import Follow, Kernargs, Packet, PacketType, Queue
 from .interop import ExternalBuffer, dma_heap_buffer, export_buffer, memfd_buffer, recv_fds, send_fds
+from .queue import Follow, Kernargs, Packet, PacketType, Queue
 from .status import Status
 from .timeline import Timeline
 

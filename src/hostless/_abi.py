@@ -4,6 +4,8 @@ of truth).  Nothing here hard-codes a field offset."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from . import _core as C
@@ -11,7 +13,7 @@ from . import _core as C
 __all__ = ["C", "HEADER_DTYPE", "PARTICIPANT_DTYPE", "FENCE_DTYPE", "owner_code", "split_participant_id"]
 
 
-def _dtype(fields: list[tuple[str, int, str]], size: int) -> np.dtype:
+def _dtype(fields: list[tuple[str, int, Any]], size: int) -> np.dtype:
     return np.dtype(
         {
             "names": [f[0] for f in fields],

@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Union
+from typing import Any, Union, cast
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from .errors import DomainClosed, InvalidHandle
 
 __all__ = ["Buffer", "PrivateBuffer", "ShapeLike", "normalize_layout", "pack_meta", "unpack_meta"]
 
-ShapeLike = Union[int, Sequence[int]]
+ShapeLike = Union[int, Sequence[int]]  # noqa: UP007 (a runtime alias on Python 3.10)
 _KDL_CPU = 1
 
 
@@ -111,8 +111,8 @@ class _Views(_core.Handle):
 
     def numpy(self, *, readonly: bool = False) -> np.ndarray:
         """A NumPy array over the memory (no copy).  ``readonly=True`` gives a read-only view."""
-        raw = np.frombuffer(self, dtype=np.uint8, count=self.nbytes)
-        arr = raw.view(self.dtype).reshape(self.shape)
+        raw = np.frombuffer(cast(Any, self), dtype=np.uint8, count=self.nbytes)
+        arr: np.ndarray = raw.view(self.dtype).reshape(self.shape)
         if readonly:
             arr.flags.writeable = False
         return arr
@@ -131,7 +131,10 @@ class _Views(_core.Handle):
         dl_device: tuple[int, int] | None = None,
         copy: bool | None = None,
     ) -> Any:
-        """DLPack capsule (kDLCPU) over the same memory; ``np.from_dlpack`` / ``torch.from_dlpack`` share it."""
+        """DLPack capsule (kDLCPU) over the same memory.
+
+        ``np.from_dlpack(b)`` and ``torch.from_dlpack(b)`` share it (no copy).
+        """
         if stream is not None and stream != -1:
             raise BufferError("hostless buffers are CPU memory: stream must be None")
         if dl_device is not None and tuple(dl_device) != (_KDL_CPU, 0):
@@ -206,7 +209,7 @@ class PrivateBuffer(_Views):
     __slots__ = ("shape", "dtype", "nbytes", "_mem")
 
     def __new__(cls, shape: ShapeLike, dtype: Any = None) -> PrivateBuffer:
-        return super().__new__(cls)
+        return cast(PrivateBuffer, super().__new__(cls))
 
     def __init__(self, shape: ShapeLike, dtype: Any = None) -> None:
         shp, dt, nbytes = normalize_layout(shape, dtype)

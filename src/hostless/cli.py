@@ -2,10 +2,11 @@
 
 ::
 
-    hostless info NAME [--json]        participants, capacities, object counts, epoch
+    hostless info NAME [--json]        participants, capacities, object counts, heap, epoch
     hostless check NAME                invariant violations (exit status 1 if any)
     hostless reap NAME                 recover dead participants, print their ids
     hostless bench fences [--quick] [-o DIR] [-n N] [--no-write]
+    hostless bench buffers [--quick] [-o DIR] [--no-write]
 
 ``info``, ``check`` and ``reap`` join the domain as a participant labelled
 ``hostless-cli`` (with no watchdog, so that they report the domain as they
@@ -53,7 +54,10 @@ def domain_info(dom: Any) -> dict[str, Any]:
 
     ``objects`` counts fence-table slots by kind and state; ``live`` breaks the
     live ones down by completion (fences: ACTIVE or their status; timelines:
-    active or failed with a status).
+    active or failed with a status).  ``heap`` holds the shared heap's figures
+    (``Domain.heap_stats``: size, used, free, largest_free, free_runs,
+    fragmentation, allocs, repairs; bytes) and ``buffers``, the number of
+    live buffers; ``{"size": 0}`` for a domain without a heap.
     """
     from hostless._abi import FENCE_DTYPE, C
 
@@ -76,6 +80,9 @@ def domain_info(dom: Any) -> dict[str, Any]:
             if n:
                 objects.setdefault(k_name, {})[st_name] = n
     free = int(np.count_nonzero(state == 0))
+    heap = _heap_info(dom)
+    if heap["size"]:
+        heap["buffers"] = int(np.count_nonzero((state == int(C.SLOT_LIVE)) & (kind == int(C.KIND_BUFFER))))
 
     live: dict[str, dict[str, int]] = {}
     failed_bit = int(C.TIMELINE_FAILED)
@@ -124,7 +131,16 @@ def domain_info(dom: Any) -> dict[str, Any]:
         "objects": objects,
         "free_slots": free,
         "live": live,
+        "heap": heap,
     }
+
+
+def _heap_info(dom: Any) -> dict[str, Any]:
+    st = dom.heap_stats()
+    if not st.get("size"):
+        return {"size": 0}
+    keys = ("size", "used", "free", "largest_free", "free_runs", "fragmentation", "allocs", "repairs")
+    return {k: (float(st[k]) if k == "fragmentation" else int(st[k])) for k in keys}
 
 
 def _print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], plain: bool) -> None:
@@ -196,7 +212,37 @@ def cmd_info(args: argparse.Namespace) -> int:
         _print_table("objects", ["kind", "live", "live by completion", "alloc", "dying"], orows, args.plain)
     else:
         print("objects: none")
+    _print_heap(info["heap"], args.plain)
     return 0
+
+
+def _print_heap(heap: dict[str, Any], plain: bool) -> None:
+    if not heap.get("size"):
+        print("heap: none (this domain has no heap; create it with heap=...)")
+        return
+    row = [
+        _size(heap["size"]),
+        f"{_size(heap['used'])} ({heap['used'] / heap['size']:.1%})",
+        _size(heap["free"]),
+        _size(heap["largest_free"]),
+        str(heap["free_runs"]),
+        f"{heap['fragmentation']:.2%}",
+        str(heap.get("buffers", 0)),
+        str(heap["allocs"]),
+        str(heap["repairs"]),
+    ]
+    headers = [
+        "size",
+        "used",
+        "free",
+        "largest free run",
+        "free runs",
+        "fragmentation",
+        "buffers",
+        "allocs",
+        "repairs",
+    ]
+    _print_table("heap (fragmentation = 1 - largest free run / free)", headers, [row], plain)
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from . import _core
 from ._abi import HEADER_DTYPE, C, owner_code
 from .buffer import Buffer, ShapeLike, normalize_layout, pack_meta, unpack_meta
-from .status import Status
 from .errors import (
     AlreadySignaled,
     CorruptDomain,
@@ -36,6 +35,7 @@ from .errors import (
     OutOfMemory,
     QueueFull,
 )
+from .status import Status
 
 if TYPE_CHECKING:
     from ._aio import Notifier
@@ -128,6 +128,18 @@ class Domain:
     domain again in the child.
     """
 
+    _core: _core.Core
+    _name: str | None
+    _closed: bool
+    _lock: threading.Lock
+    _notifier: Notifier | None
+    _map: mmap.mmap | None
+    _layouts: dict[Any, tuple[tuple[int, ...], Any, int, bytes]]
+    _fd: int
+    _index: int
+    _incarnation: int
+    _spin: float
+
     def __init__(self, *_: Any, **__: Any) -> None:
         raise TypeError("use Domain.create(), Domain.open() or Domain.from_fd()")
 
@@ -148,9 +160,9 @@ class Domain:
         self._name = name
         self._closed = False
         self._lock = threading.Lock()
-        self._notifier: Notifier | None = None
-        self._map: mmap.mmap | None = None
-        self._layouts: dict[Any, tuple[tuple[int, ...], Any, int, bytes]] = {}
+        self._notifier = None
+        self._map = None
+        self._layouts = {}
         if label is None:
             label = f"pid{os.getpid()}"
         if not isinstance(kind, str) or not kind:

@@ -16,7 +16,17 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Opcode", "CmdType", "State", "ErtCommand", "header", "parse_header", "start_cu", "start_npu", "cmd_chain"]
+__all__ = [
+    "Opcode",
+    "CmdType",
+    "State",
+    "ErtCommand",
+    "header",
+    "parse_header",
+    "start_cu",
+    "start_npu",
+    "cmd_chain",
+]
 
 
 class Opcode(enum.IntEnum):
@@ -58,7 +68,13 @@ class State(enum.IntEnum):
 
 def header(state: int, count: int, opcode: int, type_: int = CmdType.CU, custom: int = 0) -> int:
     """Pack an ERT header word; ValueError when a field overflows."""
-    if not 0 <= state < 16 or not 0 <= custom < 256 or not 0 <= count < 2048 or not 0 <= opcode < 32 or not 0 <= type_ < 16:
+    if (
+        not 0 <= state < 16
+        or not 0 <= custom < 256
+        or not 0 <= count < 2048
+        or not 0 <= opcode < 32
+        or not 0 <= type_ < 16
+    ):
         raise ValueError("ERT header field out of range")
     return (state & 0xF) | (custom << 4) | (count << 12) | (opcode << 23) | (type_ << 28)
 
@@ -107,7 +123,9 @@ def start_cu(cu_index: int, args: Sequence[int]) -> ErtCommand:
     return ErtCommand(State.NEW, Opcode.START_CU, CmdType.CU, 1 << cu_index, [a & 0xFFFFFFFF for a in args])
 
 
-def start_npu(cu_index: int, instr_addr: int, instr_size: int, args: Sequence[int], props: int = 0) -> ErtCommand:
+def start_npu(
+    cu_index: int, instr_addr: int, instr_size: int, args: Sequence[int], props: int = 0
+) -> ErtCommand:
     """ERT_START_NPU: instruction buffer address (u64), size (u32), property count (u32), kernel args."""
     payload = [instr_addr & 0xFFFFFFFF, instr_addr >> 32, instr_size & 0xFFFFFFFF, props]
     payload += [a & 0xFFFFFFFF for a in args]

@@ -30,7 +30,7 @@ from .errors import DomainClosed, InvalidHandle
 from .status import Status
 
 if TYPE_CHECKING:
-    from .domain import Domain
+    pass
 
 __all__ = ["Fence"]
 
@@ -54,6 +54,8 @@ class Fence(_core.Handle):
     """
 
     __slots__ = ("_inner",)
+
+    _inner: list[Fence] | None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Fence:
         raise TypeError("use Domain.fence(), Domain.import_fence() or Domain.merge()")

@@ -97,10 +97,14 @@ class Graph:
         known = set(self.inputs) | set(self.constants) | {s.output for s in self.stages}
         for i in inputs:
             if i not in known:
-                raise KeyError(f"stage {name!r}: input {i!r} is not a graph input, constant or earlier output")
+                raise KeyError(
+                    f"stage {name!r}: input {i!r} is not a graph input, constant or earlier output"
+                )
         oname, oshape, odtype = output
         self._fresh(oname)
-        self.stages.append(Stage(name, agent, kernel, list(inputs), oname, tuple(oshape), np.dtype(odtype), list(scalars)))
+        self.stages.append(
+            Stage(name, agent, kernel, list(inputs), oname, tuple(oshape), np.dtype(odtype), list(scalars))
+        )
         return self
 
     def _fresh(self, name: str) -> None:
@@ -219,16 +223,27 @@ class CompiledGraph:
             for pos, name in enumerate(g.stages[j].inputs):
                 if name == g.stages[k].output:
                     dst = sl.stage_in[j][pos]
-                    p, extra = self._raw_packet(g.stages[k].agent, "copy", [src.handle, dst.handle], [], 0, 0, out)
+                    p, extra = self._raw_packet(
+                        g.stages[k].agent, "copy", [src.handle, dst.handle], [], 0, 0, out
+                    )
                     sl.owned += extra
                     out = [Follow(g.stages[k].agent.queue.handle, p)]
         return out
 
-    def _packet(self, s: Stage, bufs: list[int], scalars: list[int], k: int, follow: list[Follow]) -> tuple[Packet, list[Any]]:
+    def _packet(
+        self, s: Stage, bufs: list[int], scalars: list[int], k: int, follow: list[Follow]
+    ) -> tuple[Packet, list[Any]]:
         return self._raw_packet(s.agent, s.kernel, bufs, scalars, self.timelines[k].handle, 0, follow)
 
     def _raw_packet(
-        self, agent: Agent, kernel: str, bufs: list[int], scalars: list[int], signal: int, value: int, follow: list[Follow]
+        self,
+        agent: Agent,
+        kernel: str,
+        bufs: list[int],
+        scalars: list[int],
+        signal: int,
+        value: int,
+        follow: list[Follow],
     ) -> tuple[Packet, list[Any]]:
         owned: list[Any] = []
         if agent.kind == "npu":
@@ -240,7 +255,9 @@ class CompiledGraph:
             owned.append(cb)
             ka = Kernargs(buffers=[cb.handle], follow=follow).to_buffer(self.dom)
             owned.append(ka)
-            return Packet(type=PacketType.ERT, kernel=cu, args=ka.handle, signal=signal, signal_value=value), owned
+            return Packet(
+                type=PacketType.ERT, kernel=cu, args=ka.handle, signal=signal, signal_value=value
+            ), owned
         kid = agent.user_kernels.get(kernel) or CPU_KERNELS[kernel][0]
         ka = Kernargs(buffers=bufs, scalars=scalars, follow=follow).to_buffer(self.dom)
         owned.append(ka)
@@ -267,7 +284,7 @@ class CompiledGraph:
 
     def _write_inputs(self, sl: _Slot, inputs: Mapping[str, np.ndarray]) -> None:
         g = self.g
-        for name, (shp, dt) in g.inputs.items():
+        for name, (shp, _dt) in g.inputs.items():
             if name not in inputs:
                 raise KeyError(f"missing graph input {name!r}")
             arr = np.asarray(inputs[name])
@@ -364,7 +381,9 @@ class CompiledGraph:
         self._closed = True
         seen: set[int] = set()
         for sl in self.slots:
-            for b in list(sl.tensors.values()) + [x for xs in sl.stage_in for x in xs] + sl.stage_out + sl.owned:
+            for b in (
+                list(sl.tensors.values()) + [x for xs in sl.stage_in for x in xs] + sl.stage_out + sl.owned
+            ):
                 if id(b) not in seen and b._held:
                     seen.add(id(b))
                     b.release()

@@ -19,9 +19,7 @@ from __future__ import annotations
 import mmap
 import os
 import socket
-from typing import Any
-
-import numpy as np
+from typing import Any, cast
 
 from .buffer import ShapeLike, _Views, normalize_layout
 from .errors import DomainClosed, InvalidHandle
@@ -39,8 +37,13 @@ class ExternalBuffer(_Views):
     fd: int
     """The descriptor (owned by this object; closed by ``close()``)."""
 
+    _mem: mmap.mmap
+    offset: int
+    shape: tuple[int, ...]
+    nbytes: int
+
     def __new__(cls, *args: Any, **kwargs: Any) -> ExternalBuffer:
-        return super().__new__(cls)
+        return cast(ExternalBuffer, super().__new__(cls))
 
     def __init__(self) -> None:
         raise TypeError("use ExternalBuffer.from_fd() or memfd_buffer()")
@@ -67,7 +70,9 @@ class ExternalBuffer(_Views):
             raise ValueError("offset must be >= 0")
         size = os.fstat(fd).st_size
         if size and offset + nbytes > size:
-            raise ValueError(f"region [{offset}, {offset + nbytes}) lies beyond the end of the file ({size} bytes)")
+            raise ValueError(
+                f"region [{offset}, {offset + nbytes}) lies beyond the end of the file ({size} bytes)"
+            )
         own = fd if take else os.dup(fd)
         base = offset - offset % _PAGE
         try:
@@ -77,7 +82,7 @@ class ExternalBuffer(_Views):
             if not take:
                 os.close(own)
             raise
-        self = _Views.__new__(cls)
+        self = cast(ExternalBuffer, _Views.__new__(cls))
         self.shape, self.dtype, self.nbytes = shp, dt, nbytes
         self.fd, self.offset, self._mem = own, offset, mem
         self._set_window(mem, offset - base, nbytes, readonly)
@@ -170,5 +175,3 @@ def recv_fds(sock: socket.socket, maxfds: int = 16, bufsize: int = 65536) -> tup
     if not data and not fds:
         raise EOFError("peer closed the socket")
     return data, list(fds)
-
-

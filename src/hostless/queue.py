@@ -72,7 +72,9 @@ class Packet:
     @classmethod
     def decode(cls, raw: bytes) -> Packet:
         t, fl, k, a, s, sv, w0, w1, v0, v1 = _PKT.unpack(raw)
-        return cls(type=t, kernel=k, args=a, signal=s, signal_value=sv, wait=(w0, w1), wait_value=(v0, v1), flags=fl)
+        return cls(
+            type=t, kernel=k, args=a, signal=s, signal_value=sv, wait=(w0, w1), wait_value=(v0, v1), flags=fl
+        )
 
 
 @dataclass
@@ -191,7 +193,9 @@ class Queue(_core.Handle):
         if not self._held or self._dom._closed:
             return f"<hostless.Queue {self.handle:#x} released>"
         i = self.info()
-        return f"<hostless.Queue {self.handle:#x} {i['write_index'] - i['read_index']}/{i['capacity']} pending>"
+        return (
+            f"<hostless.Queue {self.handle:#x} {i['write_index'] - i['read_index']}/{i['capacity']} pending>"
+        )
 
 
 def check_queue_handle(h: int) -> int:

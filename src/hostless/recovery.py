@@ -68,14 +68,14 @@ def check_tables(
     alive_mask = 0
     alive_inc: dict[int, int] = {}
     for i in range(pcap):
-        ctl = int(parts[i]["ctl"])
-        st = ctl & 0xFF
+        pctl = int(parts[i]["ctl"])
+        st = pctl & 0xFF
         if st == int(C.PART_FREE):
             continue
         if st == int(C.PART_ALIVE):
             if i == me or lock_held(i):
                 alive_mask |= 1 << i
-                alive_inc[i] = (ctl >> 16) & 0xFFFFFF
+                alive_inc[i] = (pctl >> 16) & 0xFFFFFF
             else:
                 out.append(f"participant {i} (pid {int(parts[i]['pid'])}) is dead and not recovered")
         elif st == int(C.PART_RECOVERING):
@@ -92,18 +92,18 @@ def check_tables(
     tl_failed = int(C.TIMELINE_FAILED)
 
     bad_state = np.nonzero(state > int(C.SLOT_DYING))[0]
-    for i in bad_state:
-        out.append(f"fence slot {i} has an invalid state {int(state[i])}")
-    for i in np.nonzero((state == int(C.SLOT_ALLOC)) | (state == int(C.SLOT_DYING)))[0]:
-        pidx = (int(ctl[i]) >> 8) & 0xFF
-        out.append(f"fence slot {i} is stuck in a transient state {int(state[i])} (participant {pidx})")
-    for i in np.nonzero((state == int(C.SLOT_FREE)) & (refs != 0))[0]:
-        out.append(f"free fence slot {i} still has references {int(refs[i]):#x}")
+    for bi in bad_state:
+        out.append(f"fence slot {bi} has an invalid state {int(state[bi])}")
+    for ti in np.nonzero((state == int(C.SLOT_ALLOC)) | (state == int(C.SLOT_DYING)))[0]:
+        pidx = (int(ctl[ti]) >> 8) & 0xFF
+        out.append(f"fence slot {ti} is stuck in a transient state {int(state[ti])} (participant {pidx})")
+    for fi in np.nonzero((state == int(C.SLOT_FREE)) & (refs != 0))[0]:
+        out.append(f"free fence slot {fi} still has references {int(refs[fi]):#x}")
 
     pending: dict[int, int] = {}
     live = np.nonzero(state == int(C.SLOT_LIVE))[0]
-    for i in live:
-        i = int(i)
+    for ii in live:
+        i = int(ii)
         r, k, w = int(refs[i]), int(kind[i]), int(words[i])
         if r == 0:
             out.append(f"live fence slot {i} has no reference (leaked)")
@@ -136,8 +136,8 @@ def check_tables(
             elif w == 0 and aux & 0xFFFFFFFF == 0:
                 out.append(f"merged slot {i} has no pending child but is not signaled")
             pending[i] = aux & 0xFFFFFFFF if w == 0 else 0
-        for link in fences[i]["parents"]:
-            link = int(link)
+        for raw_link in fences[i]["parents"]:
+            link = int(raw_link)
             if not link:
                 continue
             p = (link & 0xFFFFFFFF) - 1
@@ -147,10 +147,10 @@ def check_tables(
     # ACTIVE child that still links to it
     if pending:
         covered: dict[int, int] = {p: 0 for p in pending}
-        for i in live:
-            i = int(i)
-            for link in fences[i]["parents"]:
-                link = int(link)
+        for ii in live:
+            i = int(ii)
+            for raw_link in fences[i]["parents"]:
+                link = int(raw_link)
                 if not link:
                     continue
                 p = (link & 0xFFFFFFFF) - 1
@@ -162,7 +162,9 @@ def check_tables(
                         out.append(f"merged slot {p}: child {i} is signaled but not propagated")
         for p, m in pending.items():
             if m & ~covered[p]:
-                out.append(f"merged slot {p} waits for children that no longer exist (mask {m & ~covered[p]:#x})")
+                out.append(
+                    f"merged slot {p} waits for children that no longer exist (mask {m & ~covered[p]:#x})"
+                )
     if heap is not None:
         out += check_heap(*heap)
     return out
@@ -181,8 +183,8 @@ def check_heap(bitmap: bytes, slots: bytes, used: int, granules: int) -> list[st
     total = 0
     gran, large = int(C.GRANULE), int(C.LARGE_BUFFER)
     blocks = (kind == int(C.KIND_BUFFER)) | (kind == int(C.KIND_QUEUE))
-    for i in np.nonzero((state != int(C.SLOT_FREE)) & blocks)[0]:
-        i = int(i)
+    for ii in np.nonzero((state != int(C.SLOT_FREE)) & blocks)[0]:
+        i = int(ii)
         g, n = int(fences[i]["parents"][0]), int(fences[i]["parents"][1])
         word, nbytes = int(fences[i]["word"]), int(fences[i]["aux"])
         if n == 0:

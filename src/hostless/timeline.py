@@ -23,7 +23,7 @@ from .errors import DomainClosed, InvalidHandle
 from .status import Status
 
 if TYPE_CHECKING:
-    from .domain import Domain
+    pass
 
 __all__ = ["Timeline"]
 
@@ -96,7 +96,9 @@ class Timeline(_core.Handle):
         try:
             w = await (fut if timeout is None else asyncio.wait_for(fut, timeout))
         except asyncio.TimeoutError:
-            raise TimeoutError(f"timeline {self.handle:#x} did not reach {value} within {timeout} s") from None
+            raise TimeoutError(
+                f"timeline {self.handle:#x} did not reach {value} within {timeout} s"
+            ) from None
         return _decode(w)
 
     def add_callback(self, value: int, cb: Callable[[Timeline, Status], object]) -> None:

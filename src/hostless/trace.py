@@ -29,6 +29,7 @@ _EV = np.dtype(
         "itemsize": 64,
     }
 )
+_FIELDS = ("seq", "ts", "type", "part", "a", "b", "c", "d", "e")
 _NAMES = {
     int(C.EV_ENQUEUE): "enqueue",
     int(C.EV_START): "start",
@@ -56,7 +57,7 @@ def events(dom: Domain) -> list[dict[str, int]]:
         e = ev[i % cap]
         if int(e["seq"]) != i + 1:
             continue
-        out.append({k: int(e[k]) for k in _EV.names})
+        out.append({k: int(e[k]) for k in _FIELDS})
     out.sort(key=lambda e: e["ts"])
     return out
 
@@ -67,7 +68,15 @@ def to_chrome(dom: Domain, evs: list[dict[str, int]] | None = None) -> dict[str,
     names = {p.index: f"{p.label} ({p.kind}, pid {p.pid})" for p in dom.participants}
     out: list[dict[str, Any]] = []
     for idx in sorted({e["part"] for e in evs}):
-        out.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": idx, "args": {"name": names.get(idx, f"participant {idx}")}})
+        out.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": 1,
+                "tid": idx,
+                "args": {"name": names.get(idx, f"participant {idx}")},
+            }
+        )
     out.append({"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "hostless domain"}})
     t0 = evs[0]["ts"] if evs else 0
     for e in evs:
@@ -76,16 +85,34 @@ def to_chrome(dom: Domain, evs: list[dict[str, int]] | None = None) -> dict[str,
         base = {"pid": 1, "tid": e["part"], "ts": ts, "cat": kind}
         pid = f"{e['a']:#x}:{e['b']}"  # queue handle : packet index
         if kind == "enqueue":
-            out.append({**base, "ph": "i", "s": "t", "name": f"enqueue k{e['d']}", "args": {"queue": hex(e["a"]), "index": e["b"]}})
+            out.append(
+                {
+                    **base,
+                    "ph": "i",
+                    "s": "t",
+                    "name": f"enqueue k{e['d']}",
+                    "args": {"queue": hex(e["a"]), "index": e["b"]},
+                }
+            )
             out.append({**base, "cat": "flow", "ph": "s", "name": "dispatch", "id": pid})
         elif kind == "start":
             args = {"queue": hex(e["a"]), "index": e["b"], "kernel": e["d"], "signal": hex(e["c"])}
             out.append({**base, "cat": "packet", "ph": "b", "name": "packet", "id": pid, "args": args})
             out.append({**base, "cat": "flow", "ph": "f", "name": "dispatch", "id": pid, "bp": "e"})
         elif kind == "end":
-            out.append({**base, "cat": "packet", "ph": "e", "name": "packet", "id": pid, "args": {"status": e["d"]}})
+            out.append(
+                {**base, "cat": "packet", "ph": "e", "name": "packet", "id": pid, "args": {"status": e["d"]}}
+            )
         elif kind == "signal":
-            out.append({**base, "ph": "i", "s": "t", "name": "signal", "args": {"handle": hex(e["a"]), "value": e["b"]}})
+            out.append(
+                {
+                    **base,
+                    "ph": "i",
+                    "s": "t",
+                    "name": "signal",
+                    "args": {"handle": hex(e["a"]), "value": e["b"]},
+                }
+            )
         else:
             out.append({**base, "ph": "i", "s": "t", "name": kind, "args": {"a": e["a"], "b": e["b"]}})
     return {"traceEvents": out, "displayTimeUnit": "ns"}

@@ -65,7 +65,8 @@ class Agent:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"<hostless.Agent {self.kind} id={self.id} pid={self.proc.pid} {'alive' if self.alive else 'exited'}>"
+        state = "alive" if self.alive else "exited"
+        return f"<hostless.Agent {self.kind} id={self.id} pid={self.proc.pid} {state}>"
 
 
 def spawn(
@@ -94,7 +95,16 @@ def spawn(
     if dom.name is None:
         raise ValueError("agents open the domain by name: create it with a name")
     q = queue if queue is not None else dom.queue(capacity)
-    cmd = [sys.executable, "-m", "hostless.agents.worker", dom.name, hex(q.handle), kind, "--parent", str(os.getpid())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hostless.agents.worker",
+        dom.name,
+        hex(q.handle),
+        kind,
+        "--parent",
+        str(os.getpid()),
+    ]
     if label:
         cmd += ["--label", label]
     ids: dict[str, int] = {}

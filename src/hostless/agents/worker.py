@@ -132,7 +132,7 @@ class Agent:
                         print(f"agent {self.kind}: follow-up failed: {e!r}", file=sys.stderr)
 
     def wait_inputs(self, pkt: Packet) -> Status:
-        for h, v in zip(pkt.wait, pkt.wait_value):
+        for h, v in zip(pkt.wait, pkt.wait_value, strict=True):
             if not h:
                 continue
             try:
