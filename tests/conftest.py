@@ -1,0 +1,234 @@
+"""Shared fixtures and helpers of the hostless test suite.
+
+Every test that creates a domain uses a unique name (``domain_name``) and the
+name is unlinked when the test ends, whatever happened.  Child participants
+run as separate interpreters (``subprocess`` + ``sys.executable -c``): a
+child is a real, independent participant with its own liveness lock, and
+killing it is what a crash looks like.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hostless as hl
+from hostless._abi import FENCE_DTYPE, C
+
+# Prepended to every child's code.
+CHILD_PRELUDE = "import os, sys, time\nimport hostless as hl\n"
+
+
+def unique_name(prefix: str = "hltest") -> str:
+    return f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def unlink_quietly(name: str) -> None:
+    try:
+        hl.Domain.unlink(name)
+    except FileNotFoundError:
+        pass
+
+
+@pytest.fixture
+def domain_name() -> Iterator[str]:
+    """A fresh domain name; the name is unlinked after the test."""
+    name = unique_name()
+    try:
+        yield name
+    finally:
+        unlink_quietly(name)
+
+
+@pytest.fixture
+def make_name() -> Iterator[Callable[[], str]]:
+    """Factory of fresh domain names (all unlinked after the test)."""
+    names: list[str] = []
+
+    def make() -> str:
+        names.append(unique_name())
+        return names[-1]
+
+    try:
+        yield make
+    finally:
+        for n in names:
+            unlink_quietly(n)
+
+
+@pytest.fixture
+def dom(domain_name: str) -> Iterator[hl.Domain]:
+    """A small domain joined by this process; closed and unlinked afterwards."""
+    d = hl.Domain.create(domain_name, fences=256, participants=16)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+@pytest.fixture
+def peer(dom: hl.Domain) -> Iterator[hl.Domain]:
+    """A second participant of ``dom`` in this process (its own Domain object)."""
+    assert dom.name is not None
+    d = hl.Domain.open(dom.name, label="peer")
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+def child_code(body: str) -> str:
+    return CHILD_PRELUDE + textwrap.dedent(body)
+
+
+def run_child(body: str, *args: object, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """Run ``body`` in a fresh interpreter (argv[1:] = args) and wait for it."""
+    return subprocess.run(
+        [sys.executable, "-c", child_code(body), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def spawn_child(body: str, *args: object, stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]:
+    """Start ``body`` in a fresh interpreter with line-buffered text pipes on stdin/stdout."""
+    return subprocess.Popen(
+        [sys.executable, "-c", child_code(body), *map(str, args)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        bufsize=1,
+    )
+
+
+def _line_queue(proc: subprocess.Popen[str]) -> queue.Queue[str | None]:
+    """Lines of ``proc``'s stdout, read by a daemon thread (None at EOF)."""
+    q: queue.Queue[str | None] | None = getattr(proc, "_hl_lines", None)
+    if q is None:
+        q = queue.Queue()
+        stream = proc.stdout
+        assert stream is not None
+
+        def pump() -> None:
+            try:
+                for line in stream:
+                    q.put(line)
+            except (OSError, ValueError):
+                pass
+            q.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        proc._hl_lines = q  # type: ignore[attr-defined]
+    return q
+
+
+def read_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
+    """Next stdout line of ``proc`` (fails the test if the child dies or stays silent)."""
+    try:
+        line = _line_queue(proc).get(timeout=timeout)
+    except queue.Empty:
+        proc.kill()
+        pytest.fail(f"child {proc.pid} said nothing within {timeout} s")
+    if line is None:
+        proc.wait(timeout=10)
+        err = proc.stderr.read() if proc.stderr else ""
+        pytest.fail(f"child {proc.pid} exited (rc={proc.returncode}) before answering:\n{err}")
+    return line.strip()
+
+
+def send_line(proc: subprocess.Popen[str], line: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+
+
+def finish_child(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
+    """Wait for ``proc`` to exit 0; returns what it printed that was not read yet."""
+    if proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"child {proc.pid} did not exit within {timeout} s")
+    err = proc.stderr.read() if proc.stderr else ""
+    assert proc.returncode == 0, f"child failed (rc={proc.returncode}):\n{err}"
+    out = []
+    q = _line_queue(proc)
+    while True:
+        line = q.get(timeout=10)
+        if line is None:
+            return "".join(out)
+        out.append(line)
+
+
+def kill_child(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL one child we started (by its pid) and reap it."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+    if proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+    # stdout/stderr are left to the garbage collector: closing a pipe that the
+    # line pump thread is reading would block until every writer (including a
+    # grandchild the child forked) has gone.
+
+
+def fence_table(d: hl.Domain) -> np.ndarray:
+    """A copy of the fence table, as FENCE_DTYPE records."""
+    h = d.header()
+    return np.frombuffer(
+        bytes(d.raw()), dtype=FENCE_DTYPE, count=int(h["fence_capacity"]), offset=int(h["fences_offset"])
+    ).copy()
+
+
+def slot_states(d: hl.Domain) -> np.ndarray:
+    return (fence_table(d)["ctl"] & np.uint64(0xFF)).astype(np.int64)
+
+
+def live_slots(d: hl.Domain) -> int:
+    """Number of fence slots that are not FREE."""
+    return int(np.count_nonzero(slot_states(d) != int(C.SLOT_FREE)))
+
+
+def assert_all_free(d: hl.Domain) -> None:
+    """Every fence slot FREE with no reference bit left: nothing leaked."""
+    t = fence_table(d)
+    states = (t["ctl"] & np.uint64(0xFF)).astype(np.int64)
+    busy = np.nonzero(states != int(C.SLOT_FREE))[0]
+    assert busy.size == 0, f"slots not freed: {busy.tolist()[:20]} states {states[busy][:20].tolist()}"
+    refs = np.nonzero(t["refs"] != 0)[0]
+    assert refs.size == 0, f"free slots with reference bits: {refs.tolist()[:20]}"
+
+
+def slot_index(handle: int) -> int:
+    return (handle & 0xFFFFFF) - 1
+
+
+def wait_until(pred: Callable[[], bool], timeout: float = 5.0, interval: float = 0.005) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return pred()

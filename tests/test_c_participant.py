@@ -1,0 +1,210 @@
+"""A "firmware" participant: a C program that includes only hostless.h.
+
+It maps /dev/shm/<name>, validates the domain, checks the error paths of the
+inline operations, waits (by polling) for a fence that Python signals, then
+signals a fence, a child of a merged fence and a timeline that Python waits
+on.  The header must also be valid C++.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+import hostless as hl
+from conftest import kill_child, read_line
+
+S = hl.Status
+GCC = shutil.which("gcc")
+GXX = shutil.which("g++")
+HEADER_DIR = os.path.dirname(hl.abi_header_path())
+
+# Valid C11 and C++11 (no implicit void* conversions), so the same program is
+# built both ways.
+PROGRAM = r"""
+#define _POSIX_C_SOURCE 200809L
+#include "hostless.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static hl_u64 arg(const char *s) { return (hl_u64)strtoull(s, NULL, 0); }
+
+int main(int argc, char **argv) {
+    if (argc != 7) {
+        fprintf(stderr, "usage: %s path fence timeline value go child\n", argv[0]);
+        return 2;
+    }
+    hl_u64 fh = arg(argv[2]), th = arg(argv[3]), v = arg(argv[4]), go = arg(argv[5]), ch = arg(argv[6]);
+    int fd = open(argv[1], O_RDWR);
+    if (fd < 0) { perror("open"); return 3; }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) { perror("fstat"); return 3; }
+    void *base = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) { perror("mmap"); return 4; }
+    hl_u64 size = (hl_u64)sb.st_size;
+
+    printf("validate %d\n", hl_domain_validate(base, size));
+    printf("validate_short %d\n", hl_domain_validate(base, size - HL_PAGE));
+    printf("validate_tiny %d\n", hl_domain_validate(base, 100));
+    printf("bad_status %d %d %d\n", hl_fence_signal(base, fh, 0), hl_fence_signal(base, fh, 5),
+           hl_fence_signal(base, fh, 63));
+    printf("timeline_as_fence %d\n", hl_fence_signal(base, th, HL_STATUS_SUCCESS));
+    printf("fence_as_timeline %d\n", hl_timeline_signal(base, fh, v));
+    printf("stale %d\n", hl_fence_signal(base, fh ^ (1ull << 24), HL_STATUS_SUCCESS));
+    printf("foreign %d\n", hl_fence_signal(base, fh ^ (1ull << 57), HL_STATUS_SUCCESS));
+    printf("out_of_table %d\n", hl_fence_signal(base, (fh & ~0xffffffull) | 0xffffffull, HL_STATUS_SUCCESS));
+    printf("word_ok %d\n", hl_word(base, fh) != 0 && hl_word(base, fh ^ (1ull << 57)) == 0);
+    hl_u32 st = 0;
+    int rc = hl_fence_poll(base, fh, &st);
+    printf("poll %d %u\n", rc, st);
+    fflush(stdout);
+
+    /* wait for Python's go fence like a device would: poll word >= 1 */
+    struct timespec nap = {0, 200000};
+    for (int i = 0; i < 100000; i++) {
+        if (hl_fence_poll(base, go, &st) != HL_OK || st != HL_STATUS_ACTIVE) break;
+        nanosleep(&nap, NULL);
+    }
+    printf("go %u\n", st);
+
+    printf("signal %d\n", hl_fence_signal(base, fh, 100));
+    printf("again %d\n", hl_fence_signal(base, fh, HL_STATUS_SUCCESS));
+    printf("child %d\n", hl_fence_signal(base, ch, HL_STATUS_ERROR));
+    printf("tl %d\n", hl_timeline_signal(base, th, v));
+    printf("tl_same %d\n", hl_timeline_signal(base, th, v));
+    printf("tl_too_big %d\n", hl_timeline_signal(base, th, HL_TIMELINE_MAX + 1));
+    hl_u64 w = 0;
+    rc = hl_timeline_poll(base, th, &w);
+    printf("tl_poll %d %llu\n", rc, (unsigned long long)w);
+    fflush(stdout);
+    munmap(base, (size_t)size);
+    close(fd);
+    return 0;
+}
+"""
+
+
+def build(tmp_path: Path, compiler: str, std: str, lang: str) -> Path:
+    src = tmp_path / "participant.c"
+    src.write_text(PROGRAM)
+    exe = tmp_path / f"participant-{lang}"
+    cmd = [compiler, f"-std={std}", "-Wall", "-Wextra", "-Werror", "-pedantic", f"-I{HEADER_DIR}"]
+    if lang == "cxx":
+        cmd += ["-x", "c++"]
+    r = subprocess.run([*cmd, str(src), "-o", str(exe)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"{compiler} failed:\n{r.stderr}"
+    return exe
+
+
+@pytest.mark.parametrize("lang", ["c", "cxx"])
+def test_c_participant_signals(domain_name: str, tmp_path: Path, lang: str) -> None:
+    compiler, std = (GCC, "c11") if lang == "c" else (GXX, "c++11")
+    if compiler is None:
+        pytest.skip(f"{'gcc' if lang == 'c' else 'g++'} is not installed: cannot build the C participant")
+    exe = build(tmp_path, compiler, std, lang)
+    with hl.Domain.create(domain_name, poll_interval=0.005) as d:
+        f, go, child, other = d.fence(), d.fence(), d.fence(), d.fence()
+        m = d.merge([child, other])
+        t = d.timeline(3)
+        value = 2**40 + 5
+        proc = subprocess.Popen(
+            [str(exe), f"/dev/shm/{domain_name}", str(f.handle), str(t.handle), str(value), str(go.handle),
+             str(child.handle)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+            lines = dict(read_line(proc).split(" ", 1) for _ in range(11))
+            assert lines == {
+                "validate": "0",
+                "validate_short": "-1",
+                "validate_tiny": "-1",
+                "bad_status": "-5 -5 -5",
+                "timeline_as_fence": "-2",
+                "fence_as_timeline": "-2",
+                "stale": "-2",
+                "foreign": "-2",
+                "out_of_table": "-2",
+                "word_ok": "1",
+                "poll": f"0 {int(S.ACTIVE)}",
+            }
+            assert f.status is S.ACTIVE and t.value == 3  # the error paths changed nothing
+            got: dict[str, object] = {}
+            ths = [
+                threading.Thread(target=lambda: got.__setitem__("f", f.wait(10, spin=0))),
+                threading.Thread(target=lambda: got.__setitem__("t", t.wait(value, 10, spin=0))),
+                threading.Thread(target=lambda: got.__setitem__("m", m.wait(10, spin=0))),
+            ]
+            for th in ths:
+                th.start()
+            other.signal()
+            go.signal()
+            rest = dict(read_line(proc).split(" ", 1) for _ in range(8))
+            assert rest == {
+                "go": str(int(S.SUCCESS)),
+                "signal": "0",
+                "again": "-3",
+                "child": "0",
+                "tl": "0",
+                "tl_same": "-5",
+                "tl_too_big": "-5",
+                "tl_poll": f"0 {value}",
+            }
+            for th in ths:
+                th.join(10)
+            # the merged parent completes although the C side did not propagate
+            assert got == {"f": S(100), "t": S.SUCCESS, "m": S.ERROR}
+            assert proc.wait(10) == 0
+            assert t.value == value
+            assert d.check() == []
+        finally:
+            kill_child(proc)
+
+
+@pytest.mark.parametrize(
+    "compiler,flags",
+    [
+        ("gcc", ["-std=c11", "-pedantic"]),
+        ("gcc", ["-std=c99", "-DHL_NO_SYSCALLS"]),
+        ("gcc", ["-std=gnu11", "-O2"]),
+        ("g++", ["-std=c++11", "-x", "c++", "-pedantic"]),
+        ("g++", ["-std=c++17", "-x", "c++", "-O2"]),
+    ],
+    ids=["c11", "c99-nosyscalls", "gnu11", "cxx11", "cxx17"],
+)
+def test_header_compiles(tmp_path: Path, compiler: str, flags: list[str]) -> None:
+    exe = shutil.which(compiler)
+    if exe is None:
+        pytest.skip(f"{compiler} is not installed: cannot compile hostless.h")
+    src = tmp_path / "only_header.c"
+    src.write_text(
+        '#include "hostless.h"\n'
+        "int main(void) {\n"
+        "    static unsigned char page[HL_HEADER_SIZE];\n"
+        "    hl_u32 st = 0; hl_u64 w = 0;\n"
+        "    int rc = hl_domain_validate(page, sizeof page);\n"
+        "    rc += hl_fence_poll(page, 1, &st) + hl_timeline_poll(page, 1, &w);\n"
+        "    return rc == HL_E_CORRUPT + 2 * HL_E_HANDLE ? 0 : 1;\n"
+        "}\n"
+    )
+    out = tmp_path / "only_header"
+    r = subprocess.run(
+        [exe, *flags, "-Wall", "-Wextra", "-Werror", f"-I{HEADER_DIR}", str(src), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert subprocess.run([str(out)]).returncode == 0
