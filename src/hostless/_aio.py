@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .errors import HostlessError
+from .errors import DomainClosed, HostlessError
 
 __all__ = ["Notifier"]
 
@@ -23,6 +23,7 @@ class Notifier:
         self._entries: dict[int, tuple[int, int, Any, asyncio.AbstractEventLoop | None]] = {}
         self._ids = itertools.count()
         self._stop = False
+        self._start = 0
         self._thread = threading.Thread(target=self._run, name="hostless-notifier", daemon=True)
         self._thread.start()
 
@@ -39,10 +40,16 @@ class Notifier:
         self._core.kick()
 
     def stop(self) -> None:
+        """Stop the thread; pending waits fail with DomainClosed."""
         self._stop = True
         self._core.kick()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
+        with self._mu:
+            items = list(self._entries.values())
+            self._entries.clear()
+        for _h, _thr, target, loop in items:
+            self._fire(target, loop, DomainClosed("the domain was closed while waiting"))
 
     @staticmethod
     def _fire(target: Any, loop: asyncio.AbstractEventLoop | None, word: int | BaseException) -> None:
@@ -84,6 +91,11 @@ class Notifier:
                         self._entries.pop(key, None)
                 else:
                     live.append((key, h, thr, target, loop))
+            # more entries than one futex_waitv takes: rotate through them,
+            # sleeping at most 1 ms on each batch, so that none is starved
+            if len(live) > _BATCH:
+                self._start = (self._start + _BATCH) % len(live)
+                live = live[self._start :] + live[: self._start]
             batch = live[:_BATCH]
             timeout = -1 if len(live) <= _BATCH else 1_000_000
             if not batch:

@@ -45,7 +45,7 @@ struct hl_futex_waitv {
 #define HL_KIND_SYNC 255u
 #define HAS_BLOCK(k) ((k) == HL_KIND_BUFFER || (k) == HL_KIND_QUEUE) /* check_handle: any fence, merged fence or timeline */
 
-static PyObject *E_OOM, *E_QueueFull;
+static PyObject *E_OOM, *E_QueueFull, *E_Closed;
 static PyObject *E_Hostless, *E_Corrupt, *E_Full, *E_Handle, *E_Already, *E_Invalid;
 
 /* PyErr_Format lacks %llx on older Pythons: format with vsnprintf. */
@@ -103,7 +103,14 @@ typedef struct {
     uint32_t kick; /* private futex word for wait_any */
     long long spin_ns; /* default spin of waits through Handle */
     struct hl_trace *trace; /* NULL when the domain has no trace ring */
+    int closing;            /* leave() in progress: GIL-free loops bail out */
+    int busy;               /* threads inside GIL-free sections */
+    pthread_mutex_t reap_mu; /* one recovery at a time in this process */
 } Core;
+
+#define BUSY_ENTER(c) __atomic_add_fetch(&(c)->busy, 1, __ATOMIC_SEQ_CST)
+#define BUSY_LEAVE(c) __atomic_sub_fetch(&(c)->busy, 1, __ATOMIC_SEQ_CST)
+#define CLOSING(c) __atomic_load_n(&(c)->closing, __ATOMIC_SEQ_CST)
 
 static int part_lock_held(Core *c, int i);
 static struct hl_trace *trace_ring(Core *c);
@@ -154,6 +161,30 @@ static int64_t check_handle(Core *c, uint64_t h, uint32_t want_kind, int need_he
 /* ------------------------------------------------------------------ */
 /* merged fences */
 
+/* Record the first failure of a child in the merged parent named by `link`,
+ * and upward in every merge above it that has none yet, so that the first
+ * failure wins across a tree of merges too. */
+static void record_failure(Core *c, uint64_t link, uint32_t status, int depth) {
+    int64_t pidx = HL_LINK_INDEX(link);
+    if (depth > 64 || pidx < 0 || (uint64_t)pidx >= c->cap) return;
+    struct hl_fence *p = slot(c, (uint32_t)pidx);
+    uint32_t gen = HL_LINK_GEN(link);
+    uint64_t ctl = ld(&p->ctl);
+    if (HL_CTL_STATE(ctl) != HL_SLOT_LIVE || HL_CTL_KIND(ctl) != HL_KIND_MERGED ||
+        (HL_CTL_GEN(ctl) & 0xffffffu) != gen || ld(&p->word))
+        return;
+    uint64_t e = ld(&p->err);
+    while (((e >> 32) & 0xffffffu) == gen && (uint32_t)e == 0) {
+        if (cas(&p->err, &e, ((uint64_t)gen << 32) | status)) {
+            for (int k = 0; k < HL_MAX_PARENTS; k++) {
+                uint64_t l = ld(&p->parents[k]);
+                if (l) record_failure(c, l, status, depth + 1);
+            }
+            return;
+        }
+    }
+}
+
 /* Clear child position `pos` in parent's pending mask; resolve the parent
  * when it reaches zero.  Idempotent. */
 static void propagate_link(Core *c, uint64_t link, uint32_t status, int depth) {
@@ -165,12 +196,7 @@ static void propagate_link(Core *c, uint64_t link, uint32_t status, int depth) {
     if (HL_CTL_KIND(ctl) != HL_KIND_MERGED || (HL_CTL_GEN(ctl) & 0xffffffu) != gen) return;
     uint32_t pos = HL_LINK_POS(link);
     if (pos >= HL_MERGE_MAX_CHILDREN) return;
-    if (status != HL_STATUS_SUCCESS) {
-        uint64_t e = ld(&p->err);
-        while (((e >> 32) & 0xffffffu) == gen && (uint32_t)e == 0) {
-            if (cas(&p->err, &e, ((uint64_t)gen << 32) | status)) break;
-        }
-    }
+    if (status != HL_STATUS_SUCCESS) record_failure(c, link, status, depth);
     uint64_t a = ld(&p->aux);
     for (;;) {
         if (((a >> 32) & 0xffffffu) != gen) return;
@@ -191,6 +217,16 @@ static void propagate_link(Core *c, uint64_t link, uint32_t status, int depth) {
         wake(p);
         if (depth < 64) propagate(c, (uint32_t)pidx, depth + 1);
     }
+}
+
+/* 1 when `link` names a merged fence that still exists (same generation). */
+static int link_live(Core *c, uint64_t link) {
+    if (!link) return 0;
+    int64_t pidx = HL_LINK_INDEX(link);
+    if (pidx < 0 || (uint64_t)pidx >= c->cap) return 0;
+    uint64_t ctl = ld(&slot(c, (uint32_t)pidx)->ctl);
+    return HL_CTL_STATE(ctl) != HL_SLOT_FREE && HL_CTL_KIND(ctl) == HL_KIND_MERGED &&
+           (HL_CTL_GEN(ctl) & 0xffffffu) == HL_LINK_GEN(link);
 }
 
 static void propagate(Core *c, uint32_t idx, int depth) {
@@ -635,6 +671,9 @@ static int recover_participant(Core *c, int d, uint64_t pctl) {
     uint32_t dinc = HL_PCTL_INC(pctl) & 0xffffffu;
     uint32_t actor = (uint32_t)(c->me >= 0 ? c->me : d);
     for (uint32_t i = 0; i < c->cap; i++) {
+        /* a recoverer whose claim was taken over stops at once, so that no
+         * stale recovery touches a slot that a newcomer has joined since */
+        if (ld(&c->parts[d].ctl) != pctl) return 0;
         struct hl_fence *f = slot(c, i);
         uint64_t ctl = ld(&f->ctl);
         uint32_t s = HL_CTL_STATE(ctl);
@@ -684,21 +723,26 @@ static int recover_participant(Core *c, int d, uint64_t pctl) {
             heap_unlock(hp);
         }
     }
+    /* the slot's pid/label are left as they are: a joiner overwrites them, and
+     * clearing them here could wipe a joiner's entry after a concurrent
+     * recovery freed the slot */
     struct hl_participant *p = &c->parts[d];
-    p->pid = 0;
-    p->start_time = 0;
-    memset(p->label, 0, sizeof p->label);
-    memset(p->kind, 0, sizeof p->kind);
-    uint64_t e = ld(&p->ctl);
-    if (HL_PCTL_STATE(e) == HL_PART_RECOVERING &&
-        cas(&p->ctl, &e, HL_PCTL(HL_PCTL_INC(pctl), 0, HL_PART_FREE)))
-        return 1;
+    uint64_t e = pctl;
+    if (cas(&p->ctl, &e, HL_PCTL(HL_PCTL_INC(pctl), 0, HL_PART_FREE))) return 1;
     return 0;
 }
 
 /* Check every participant; recover the dead ones.  Writes recovered
  * participant ids into out (up to outcap); returns their count. */
+static int reap_all_locked(Core *c, uint64_t *out, int outcap);
 static int reap_all(Core *c, uint64_t *out, int outcap) {
+    pthread_mutex_lock(&c->reap_mu);
+    int n = reap_all_locked(c, out, outcap);
+    pthread_mutex_unlock(&c->reap_mu);
+    return n;
+}
+
+static int reap_all_locked(Core *c, uint64_t *out, int outcap) {
     int n = 0;
     for (int i = 0; i < (int)c->pcap; i++) {
         if (i == c->me) continue;
@@ -712,7 +756,8 @@ static int reap_all(Core *c, uint64_t *out, int outcap) {
         } else if (s == HL_PART_RECOVERING) {
             int r = (int)HL_PCTL_RECOVERER(pc);
             if (r == c->me) {
-                /* ours from an earlier call that was interrupted: continue it */
+                /* ours from an earlier call that was interrupted (reap_mu
+                 * keeps this process to one recovery at a time): continue */
             } else if (r < (int)c->pcap && HL_PCTL_STATE(ld(&c->parts[r].ctl)) != HL_PART_FREE &&
                        part_lock_held(c, r)) {
                 continue; /* someone alive is on it */
@@ -720,7 +765,8 @@ static int reap_all(Core *c, uint64_t *out, int outcap) {
         } else {
             continue; /* unknown state: check() reports it */
         }
-        uint64_t claimed = HL_PCTL(HL_PCTL_INC(pc), (uint32_t)(c->me >= 0 ? c->me : 0), HL_PART_RECOVERING);
+        /* a process that has not joined yet records no recoverer (255) */
+        uint64_t claimed = HL_PCTL(HL_PCTL_INC(pc), (uint32_t)(c->me >= 0 ? c->me : 255), HL_PART_RECOVERING);
         uint64_t e = pc;
         if (pc != claimed && !cas(&c->parts[i].ctl, &e, claimed)) continue;
         if (recover_participant(c, i, claimed)) {
@@ -785,6 +831,7 @@ static void core_unmap(Core *c) {
 static void Core_dealloc(Core *c) {
     core_unmap(c);
     pthread_mutex_destroy(&c->wd_mu);
+    pthread_mutex_destroy(&c->reap_mu);
     pthread_cond_destroy(&c->wd_cv);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -795,6 +842,7 @@ static PyObject *Core_new(PyTypeObject *t, PyObject *a, PyObject *k) {
     c->fd = -1;
     c->me = -1;
     pthread_mutex_init(&c->wd_mu, NULL);
+    pthread_mutex_init(&c->reap_mu, NULL);
     pthread_cond_init(&c->wd_cv, NULL);
     return (PyObject *)c;
 }
@@ -1014,7 +1062,7 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
 #define NEED_ATTACHED(c)                                                     \
     do {                                                                     \
         if (!(c)->base || (c)->me < 0) {                                     \
-            PyErr_SetString(E_Invalid, "domain is closed");                  \
+            PyErr_SetString(E_Closed, "domain is closed");                   \
             return NULL;                                                     \
         }                                                                    \
     } while (0)
@@ -1023,6 +1071,15 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
  * OWNER_DIED), free our slot, unlock, unmap. */
 static PyObject *Core_leave(Core *c, PyObject *noargs) {
     if (!c->base) Py_RETURN_NONE;
+    __atomic_store_n(&c->closing, 1, __ATOMIC_SEQ_CST);
+    Py_BEGIN_ALLOW_THREADS;
+    /* threads of this process inside GIL-free loops notice `closing` within
+     * one bounded sleep; the mapping must outlive them */
+    while (__atomic_load_n(&c->busy, __ATOMIC_SEQ_CST)) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    Py_END_ALLOW_THREADS;
     stop_watchdog(c);
     if (c->me >= 0) {
         int me = c->me;
@@ -1110,7 +1167,7 @@ static PyObject *Core_merge(Core *c, PyObject *arg) {
                 return NULL;
             }
         struct hl_fence *f = slot(c, (uint32_t)idxs[i]);
-        if (ld(&f->parents[0]) && ld(&f->parents[1])) {
+        if (link_live(c, ld(&f->parents[0])) && link_live(c, ld(&f->parents[1]))) {
             Py_DECREF(seq);
             hl_err(E_Invalid, "fence 0x%llx is already part of %d merged fences (the most a fence can join)",
                          (unsigned long long)h, HL_MAX_PARENTS);
@@ -1133,8 +1190,10 @@ static PyObject *Core_merge(Core *c, PyObject *arg) {
         uint64_t link = HL_LINK((uint32_t)i, pgen, (uint32_t)pidx);
         int done = 0;
         for (int k = 0; k < HL_MAX_PARENTS && !done; k++) {
-            uint64_t z = 0;
-            if (cas(&f->parents[k], &z, link)) done = 1;
+            uint64_t old = ld(&f->parents[k]);
+            if (link_live(c, old)) continue;
+            /* an empty link, or one whose parent was freed: reuse it */
+            if (cas(&f->parents[k], &old, link)) done = 1;
         }
         if (!done) {
             /* lost a race for the last link: count this child as failed */
@@ -1278,10 +1337,15 @@ static int do_wait(Core *c, uint64_t h, uint64_t thr, long long timeout, long lo
     uint64_t poll = c->h->poll_ns ? c->h->poll_ns : 1000000ull;
     uint64_t deadline = timeout < 0 ? UINT64_MAX : t0 + (uint64_t)timeout;
     int timed_out = 0;
+    BUSY_ENTER(c);
     Py_BEGIN_ALLOW_THREADS;
     for (unsigned it = 0;; it++) {
         w = __atomic_load_n(&f->word, __ATOMIC_ACQUIRE);
         if (w >= thr) break;
+        if (CLOSING(c)) {
+            timed_out = 2;
+            break;
+        }
         if ((it & 63) != 63 && spin > 0) {
             cpu_relax();
             continue;
@@ -1304,7 +1368,12 @@ static int do_wait(Core *c, uint64_t h, uint64_t thr, long long timeout, long lo
         }
         __atomic_sub_fetch(&f->waiters, 1, __ATOMIC_SEQ_CST);
     }
+    BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS;
+    if (timed_out == 2) {
+        PyErr_SetString(E_Closed, "the domain was closed during the wait");
+        return -1;
+    }
     *out = w;
     return timed_out;
 }
@@ -1397,8 +1466,13 @@ static PyObject *Core_tl_fail(Core *c, PyObject *const *args, Py_ssize_t nargs) 
         return NULL;
     }
     uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
-    unsigned long long s = PyLong_AsUnsignedLongLong(args[1]);
     if (PyErr_Occurred()) return NULL;
+    unsigned long long s = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "a failure status is an int: ERROR, CANCEL, OWNER_DIED or 64..2^32-1");
+        return NULL;
+    }
     int64_t idx = check_handle(c, h, HL_KIND_TIMELINE, 1);
     if (idx < 0) return NULL;
     if (!status_ok(s) || s == HL_STATUS_SUCCESS) {
@@ -1472,12 +1546,13 @@ static PyObject *Core_wait_any(Core *c, PyObject *args) {
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
     int any = 0;
+    BUSY_ENTER(c);
     Py_BEGIN_ALLOW_THREADS;
     uint64_t t0 = now_ns();
     for (;;) {
         for (Py_ssize_t i = 0; i < n; i++)
             if (ld(&fs[i]->word) >= thr[i]) any = 1;
-        if (any || __atomic_load_n(&c->kick, __ATOMIC_SEQ_CST) != kick_seen) break;
+        if (any || __atomic_load_n(&c->kick, __ATOMIC_SEQ_CST) != kick_seen || CLOSING(c)) break;
         uint64_t t = now_ns();
         if (timeout >= 0 && t - t0 >= (uint64_t)timeout) break;
         for (Py_ssize_t i = 0; i < n; i++) __atomic_add_fetch(&fs[i]->waiters, 1, __ATOMIC_SEQ_CST);
@@ -1513,7 +1588,13 @@ static PyObject *Core_wait_any(Core *c, PyObject *args) {
         }
         for (Py_ssize_t i = 0; i < n; i++) __atomic_sub_fetch(&fs[i]->waiters, 1, __ATOMIC_SEQ_CST);
     }
+    BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS;
+    if (CLOSING(c)) {
+        Py_DECREF(out);
+        PyErr_SetString(E_Closed, "the domain was closed during the wait");
+        return NULL;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         if (ld(&fs[i]->word) >= thr[i]) {
             PyObject *v = PyLong_FromSsize_t(i);
@@ -1538,8 +1619,10 @@ static PyObject *Core_reap(Core *c, PyObject *noargs) {
     NEED_ATTACHED(c);
     uint64_t ids[HL_MAX_PARTICIPANTS];
     int n;
+    BUSY_ENTER(c);
     Py_BEGIN_ALLOW_THREADS n = reap_all(c, ids, HL_MAX_PARTICIPANTS);
     sweep(c);
+    BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS PyObject *out = PyList_New(n);
     for (int i = 0; i < n; i++) PyList_SET_ITEM(out, i, PyLong_FromUnsignedLongLong(ids[i]));
     return out;
@@ -1679,7 +1762,9 @@ static int do_block_new(Core *c, uint32_t kind, uint64_t nbytes, const void *met
         return -1;
     }
     if (nbytes > hp->data_size) {
-        hl_err(E_OOM, "cannot allocate %llu bytes: the heap holds %llu bytes in all", (unsigned long long)nbytes,
+        hl_err(E_OOM, "cannot allocate %llu bytes from the shared heap: %llu of %llu bytes free",
+               (unsigned long long)nbytes,
+               (unsigned long long)((hp->granules - ld(&hp->used_granules)) * HL_GRANULE),
                (unsigned long long)hp->data_size);
         return -1;
     }
@@ -1767,6 +1852,7 @@ static PyObject *Core_heap_stats(Core *c, PyObject *noargs) {
     struct hl_heap *hp = heap(c);
     if (!hp) return Py_BuildValue("{s:K}", "size", 0ull);
     uint64_t fr, lg, runs, used, repairs, allocs;
+    BUSY_ENTER(c);
     Py_BEGIN_ALLOW_THREADS;
     heap_lock(c, hp);
     heap_scan(hp, heap_bitmap(c, hp), &fr, &lg, &runs);
@@ -1774,6 +1860,7 @@ static PyObject *Core_heap_stats(Core *c, PyObject *noargs) {
     repairs = hp->repairs;
     allocs = hp->allocs;
     heap_unlock(hp);
+    BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS;
     return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size", (unsigned long long)hp->data_size,
                          "used", (unsigned long long)(used * HL_GRANULE), "free", (unsigned long long)(fr * HL_GRANULE),
@@ -1796,16 +1883,16 @@ static PyObject *Core_heap_snapshot(Core *c, PyObject *noargs) {
         Py_DECREF(bits);
         return NULL;
     }
-    uint64_t used, lockv;
+    uint64_t used;
+    BUSY_ENTER(c);
     Py_BEGIN_ALLOW_THREADS;
     heap_lock(c, hp);
     memcpy(PyBytes_AS_STRING(bits), heap_bitmap(c, hp), nb);
     memcpy(PyBytes_AS_STRING(slots), c->fences, (size_t)c->cap * HL_FENCE_SIZE);
     used = hp->used_granules;
-    lockv = 0;
     heap_unlock(hp);
+    BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS;
-    (void)lockv;
     return Py_BuildValue("(NNKK)", bits, slots, (unsigned long long)used, (unsigned long long)hp->granules);
 }
 
@@ -1893,10 +1980,11 @@ static PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t narg
     if (!q) return NULL;
     uint64_t idx = 0, t0 = 0;
     int r, dead = 0;
+    BUSY_ENTER(c);
     Py_BEGIN_ALLOW_THREADS;
     for (unsigned it = 0;; it++) {
         r = hl_queue_try_push(c->base, h, &p, (uint32_t)c->me, &idx);
-        if (r != HL_E_FULL) break;
+        if (r != HL_E_FULL || CLOSING(c)) break;
         uint64_t t = now_ns();
         if (!t0) t0 = t;
         uint32_t cons = __atomic_load_n(&q->consumer, __ATOMIC_SEQ_CST);
@@ -1923,7 +2011,12 @@ static PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t narg
         syscall(SYS_futex, (uint32_t *)&q->read_index, FUTEX_WAIT, (uint32_t)ri, &ts, 0, 0);
         __atomic_sub_fetch(&q->space_waiters, 1, __ATOMIC_SEQ_CST);
     }
+    BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS;
+    if (r == HL_E_FULL && CLOSING(c)) {
+        PyErr_SetString(E_Closed, "the domain was closed while the queue was full");
+        return NULL;
+    }
     if (dead) {
         hl_err(E_Invalid, "queue 0x%llx: its consumer died; respawn the agent", (unsigned long long)h);
         return NULL;
@@ -1966,8 +2059,10 @@ static PyObject *Core_queue_pop(Core *c, PyObject *const *args, Py_ssize_t nargs
     uint64_t r = 0, t0 = now_ns();
     int got = 0;
     uint64_t poll = c->h->poll_ns ? c->h->poll_ns : 1000000ull;
+    BUSY_ENTER(c);
     Py_BEGIN_ALLOW_THREADS;
     for (unsigned it = 0;; it++) {
+        if (CLOSING(c)) break;
         r = ld(&q->read_index);
         uint64_t cl = __atomic_load_n(&cells[r & mask], __ATOMIC_ACQUIRE);
         uint32_t stt = HL_CELL_STATE(cl);
@@ -2003,7 +2098,12 @@ static PyObject *Core_queue_pop(Core *c, PyObject *const *args, Py_ssize_t nargs
         }
         __atomic_sub_fetch(&q->doorbell_waiters, 1, __ATOMIC_SEQ_CST);
     }
+    BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS;
+    if (!got && CLOSING(c)) {
+        PyErr_SetString(E_Closed, "the domain was closed during the wait");
+        return NULL;
+    }
     if (!got) Py_RETURN_NONE;
     return Py_BuildValue("(Ky#)", (unsigned long long)r, (const char *)&out, (Py_ssize_t)sizeof out);
 }
@@ -2164,8 +2264,18 @@ typedef struct {
     Py_ssize_t bb_off;
     Py_ssize_t bb_len;
     int bb_readonly;
+    int bb_ndim;                        /* 0: plain bytes */
+    Py_ssize_t bb_itemsize;
+    Py_ssize_t bb_shape[HL_BUFFER_MAX_DIMS];
+    char bb_fmt[16];                    /* PEP 3118 format of one item */
     PyObject *weakreflist;
 } Handle;
+
+struct export {
+    Py_buffer inner;                    /* pins the mmap */
+    Py_ssize_t shape[HL_BUFFER_MAX_DIMS];
+    Py_ssize_t strides[HL_BUFFER_MAX_DIMS];
+};
 
 static PyTypeObject HandleType;
 
@@ -2192,7 +2302,7 @@ static int handle_live(Handle *o) {
         return 0;
     }
     if (!o->core || !o->core->base || o->core->me < 0) {
-        PyErr_SetString(E_Invalid, "the object's domain is closed");
+        PyErr_SetString(E_Closed, "the object's domain is closed");
         return 0;
     }
     return 1;
@@ -2383,35 +2493,50 @@ static int Handle_getbuffer(Handle *b, Py_buffer *view, int flags) {
         PyErr_SetString(PyExc_BufferError, "buffer is read-only");
         return -1;
     }
-    Py_buffer *inner = PyMem_Malloc(sizeof(Py_buffer));
-    if (!inner) {
+    struct export *ex = PyMem_Malloc(sizeof(struct export));
+    if (!ex) {
         PyErr_NoMemory();
         return -1;
     }
+    Py_buffer *inner = &ex->inner;
     if (PyObject_GetBuffer(b->bb_map, inner, PyBUF_SIMPLE) < 0) {
-        PyMem_Free(inner);
+        PyMem_Free(ex);
         return -1;
     }
     if (b->bb_off < 0 || b->bb_len < 0 || b->bb_off > inner->len || b->bb_len > inner->len - b->bb_off) {
         PyBuffer_Release(inner);
-        PyMem_Free(inner);
+        PyMem_Free(ex);
         PyErr_SetString(PyExc_BufferError, "buffer window lies outside the mapping");
         return -1;
     }
     if (PyBuffer_FillInfo(view, (PyObject *)b, (char *)inner->buf + b->bb_off, b->bb_len, b->bb_readonly, flags) < 0) {
         PyBuffer_Release(inner);
-        PyMem_Free(inner);
+        PyMem_Free(ex);
         return -1;
     }
-    view->internal = inner;
+    /* typed, shaped export (C-contiguous) when the layout is known and asked for */
+    if (b->bb_ndim > 0 && (flags & PyBUF_ND) == PyBUF_ND) {
+        Py_ssize_t st = b->bb_itemsize;
+        for (int i = b->bb_ndim - 1; i >= 0; i--) {
+            ex->shape[i] = b->bb_shape[i];
+            ex->strides[i] = st;
+            st *= b->bb_shape[i];
+        }
+        view->itemsize = b->bb_itemsize;
+        view->format = (flags & PyBUF_FORMAT) ? b->bb_fmt : NULL;
+        view->ndim = b->bb_ndim;
+        view->shape = ex->shape;
+        view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? ex->strides : NULL;
+    }
+    view->internal = ex;
     return 0;
 }
 
 static void Handle_releasebuffer(Handle *b, Py_buffer *view) {
-    Py_buffer *inner = (Py_buffer *)view->internal;
-    if (inner) {
-        PyBuffer_Release(inner);
-        PyMem_Free(inner);
+    struct export *ex = (struct export *)view->internal;
+    if (ex) {
+        PyBuffer_Release(&ex->inner);
+        PyMem_Free(ex);
     }
 }
 
@@ -2421,10 +2546,43 @@ static PyBufferProcs Handle_as_buffer = {
 };
 
 static PyObject *Handle_set_window(Handle *b, PyObject *args) {
-    PyObject *map;
+    PyObject *map, *shape = NULL;
     Py_ssize_t off, len;
     int ro;
-    if (!PyArg_ParseTuple(args, "Onnp", &map, &off, &len, &ro)) return NULL;
+    const char *fmt = NULL;
+    Py_ssize_t itemsize = 0;
+    if (!PyArg_ParseTuple(args, "Onnp|snO", &map, &off, &len, &ro, &fmt, &itemsize, &shape)) return NULL;
+    b->bb_ndim = 0;
+    if (fmt && shape && shape != Py_None) {
+        PyObject *seq = PySequence_Fast(shape, "shape must be a sequence");
+        if (!seq) return NULL;
+        Py_ssize_t nd = PySequence_Fast_GET_SIZE(seq);
+        Py_ssize_t total = itemsize;
+        if (nd == 0) { /* a 0-d buffer exports plain bytes */
+            Py_DECREF(seq);
+            fmt = NULL;
+            goto window;
+        }
+        if (nd < 1 || nd > HL_BUFFER_MAX_DIMS || strlen(fmt) >= sizeof b->bb_fmt || itemsize <= 0) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "bad window layout");
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < nd; i++) {
+            b->bb_shape[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+            total *= b->bb_shape[i];
+        }
+        Py_DECREF(seq);
+        if (PyErr_Occurred()) return NULL;
+        if (total != len) {
+            PyErr_SetString(PyExc_ValueError, "window layout does not match its length");
+            return NULL;
+        }
+        strcpy(b->bb_fmt, fmt);
+        b->bb_itemsize = itemsize;
+        b->bb_ndim = (int)nd;
+    }
+window:
     if (map == Py_None)
         Py_CLEAR(b->bb_map);
     else
@@ -2588,8 +2746,9 @@ static PyObject *Core_wrap(Core *c, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 static PyObject *py_set_exceptions(PyObject *m, PyObject *args) {
-    PyObject *a, *b, *cc, *d, *e, *f, *g, *qf;
-    if (!PyArg_ParseTuple(args, "OOOOOOOO", &a, &b, &cc, &d, &e, &f, &g, &qf)) return NULL;
+    PyObject *a, *b, *cc, *d, *e, *f, *g, *qf, *cl;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO", &a, &b, &cc, &d, &e, &f, &g, &qf, &cl)) return NULL;
+    Py_XSETREF(E_Closed, Py_NewRef(cl));
     Py_XSETREF(E_QueueFull, Py_NewRef(qf));
     Py_XSETREF(E_OOM, Py_NewRef(g));
     Py_XSETREF(E_Hostless, Py_NewRef(a));
@@ -2640,6 +2799,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     E_Invalid = Py_NewRef(PyExc_RuntimeError);
     E_OOM = Py_NewRef(PyExc_MemoryError);
     E_QueueFull = Py_NewRef(PyExc_RuntimeError);
+    E_Closed = Py_NewRef(PyExc_RuntimeError);
     /* the ABI, exported so that Python reads the layout from the header */
     ADD_INT(m, "MAGIC", HL_MAGIC);
     ADD_INT(m, "ABI_VERSION", HL_ABI_VERSION);

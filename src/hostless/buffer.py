@@ -49,8 +49,8 @@ def normalize_layout(shape: ShapeLike, dtype: Any) -> tuple[tuple[int, ...], np.
         raise ValueError("object dtypes cannot live in shared memory")
     if dt.itemsize == 0:
         raise ValueError(f"dtype {dt} has no size")
-    if isinstance(shape, (bool, np.bool_)):
-        raise TypeError("shape must be an int or a sequence of ints")
+    if isinstance(shape, (bool, np.bool_, str, bytes)) or shape is None:
+        raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}")
     if isinstance(shape, (int, np.integer)):
         shp: tuple[int, ...] = (int(shape),)
     else:
@@ -66,6 +66,11 @@ def normalize_layout(shape: ShapeLike, dtype: Any) -> tuple[tuple[int, ...], np.
     for x in shp:
         nbytes *= x
     return shp, dt, nbytes
+
+
+def pep3118(dt: np.dtype) -> tuple[str, int]:
+    """(PEP 3118 format, itemsize) of a dtype, as NumPy exports it."""
+    return memoryview(np.empty(1, dt)).format, dt.itemsize
 
 
 def pack_meta(shape: tuple[int, ...], dt: np.dtype, nbytes: int) -> bytes:
@@ -155,7 +160,12 @@ class _Views(_core.Handle):
         s = self.numpy()
         if d.nbytes != s.nbytes:
             raise ValueError(f"copy_to: size mismatch ({s.nbytes} -> {d.nbytes} bytes)")
-        np.copyto(d.reshape(-1).view(np.uint8), s.reshape(-1).view(np.uint8), casting="no")
+        if d.flags.c_contiguous:
+            np.copyto(d.reshape(-1).view(np.uint8), s.reshape(-1).view(np.uint8), casting="no")
+        elif d.shape == s.shape and d.dtype == s.dtype:
+            np.copyto(d, s, casting="no")  # strided destination: element by element
+        else:
+            raise ValueError("copy_to: a non-contiguous destination needs the source's shape and dtype")
 
 
 class Buffer(_Views):
@@ -218,7 +228,7 @@ class PrivateBuffer(_Views):
 
         # page-aligned anonymous memory, like a device allocation
         self._mem = mmap.mmap(-1, max(nbytes, 1), mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self._set_window(self._mem, 0, nbytes, False)
+        self._set_window(self._mem, 0, nbytes, False, *pep3118(dt), shp)
 
     def __repr__(self) -> str:
         return f"<hostless.PrivateBuffer shape={self.shape} dtype={self.dtype}>"

@@ -6,7 +6,9 @@
     hostless check NAME                invariant violations (exit status 1 if any)
     hostless reap NAME                 recover dead participants, print their ids
     hostless bench fences [--quick] [-o DIR] [-n N] [--no-write]
-    hostless bench buffers [--quick] [-o DIR] [--no-write]
+    hostless bench buffers [--quick] [-o DIR] [--max-size SIZE] [--no-write]
+    hostless bench pipeline [--quick] [-o DIR] [-n N] [--no-pin] [--no-write]
+    hostless trace NAME -o out.json    the domain's trace ring as Chrome / Perfetto JSON
 
 ``info``, ``check`` and ``reap`` join the domain as a participant labelled
 ``hostless-cli`` (with no watchdog, so that they report the domain as they
@@ -300,6 +302,59 @@ def cmd_bench_fences(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_buffers(args: argparse.Namespace) -> int:
+    from hostless.bench import buffers
+    from hostless.domain import parse_size
+
+    cfg = buffers.BufferBenchConfig.quick_config() if args.quick else buffers.BufferBenchConfig()
+    if args.max_size is not None:
+        cfg.max_size = parse_size(args.max_size)
+    if args.no_pin:
+        cfg.pin = False
+    result = buffers.run(cfg)
+    print()
+    buffers.print_report(result, plain=args.plain)
+    if not args.no_write:
+        js, md = buffers.write_results(result, args.output)
+        print(f"wrote {js} and {md}")
+    return 0
+
+
+def cmd_bench_pipeline(args: argparse.Namespace) -> int:
+    from hostless.bench import pipeline
+
+    cfg = pipeline.PipelineBenchConfig.quick_config() if args.quick else pipeline.PipelineBenchConfig()
+    if args.frames is not None:
+        cfg.frames = max(1, args.frames)
+        cfg.rounds = max(1, min(cfg.rounds, cfg.frames))
+    if args.no_pin:
+        cfg.pin = False
+    result = pipeline.run(cfg)
+    print()
+    pipeline.print_report(result, plain=args.plain)
+    if not args.no_write:
+        paths = pipeline.write_results(result, args.output)
+        print("wrote " + ", ".join(str(x) for x in paths))
+        if result.get("plot"):
+            print(result["plot"])
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from hostless import trace
+
+    dom = _open(args.name)
+    try:
+        if not dom.trace_enabled():
+            print(f"{args.name}: this domain has no trace ring (create it with trace=...)", file=sys.stderr)
+            return 1
+        n = trace.export(dom, args.output)
+    finally:
+        dom.close()
+    print(f"wrote {n} trace events to {args.output} (open it in ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (``bench`` is a group: later ``bench buffers`` and ``bench pipeline`` join it)."""
     p = argparse.ArgumentParser(
@@ -346,6 +401,46 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--no-pin", action="store_true", help="do not pin the two processes to CPUs")
     f.add_argument("--no-write", action="store_true", help="print the tables only")
     f.set_defaults(func=cmd_bench_fences)
+    bb = bsub.add_parser(
+        "buffers",
+        help="process-to-process buffer hand-off (zero-copy vs copy mode, shared_memory, pickle); allocator",
+    )
+    bb.add_argument("--quick", action="store_true", help="sizes up to 64 MiB, fewer repetitions (~10 s)")
+    bb.add_argument(
+        "-o",
+        "--output",
+        default="benchmarks/results",
+        metavar="DIR",
+        help="output directory (default: %(default)s)",
+    )
+    bb.add_argument(
+        "--max-size", default=None, metavar="SIZE", help="largest size (default 1G, --quick 64M)"
+    )
+    bb.add_argument("--no-pin", action="store_true", help="do not pin the two processes to CPUs")
+    bb.add_argument("--no-write", action="store_true", help="print the tables only")
+    bb.set_defaults(func=cmd_bench_buffers)
+
+    bp = bsub.add_parser(
+        "pipeline",
+        help="graphs in the four modes (host/direct x copy/shared), per-hop overhead, multiprocessing and Ray peers",
+    )
+    bp.add_argument("--quick", action="store_true", help="a small run (well under a minute)")
+    bp.add_argument(
+        "-o",
+        "--output",
+        default="benchmarks/results",
+        metavar="DIR",
+        help="output directory (default: %(default)s)",
+    )
+    bp.add_argument("-n", "--frames", type=int, default=None, metavar="N", help="frames per latency figure")
+    bp.add_argument("--no-pin", action="store_true", help="do not pin the agents to CPUs")
+    bp.add_argument("--no-write", action="store_true", help="print the tables only")
+    bp.set_defaults(func=cmd_bench_pipeline)
+
+    t = sub.add_parser("trace", help="export the domain's trace ring as Chrome / Perfetto JSON")
+    t.add_argument("name", help="domain name (/dev/shm/NAME)")
+    t.add_argument("-o", "--output", required=True, metavar="FILE", help="output JSON file")
+    t.set_defaults(func=cmd_trace)
     return p
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core
 from ._abi import HEADER_DTYPE, C, owner_code
-from .buffer import Buffer, ShapeLike, normalize_layout, pack_meta, unpack_meta
+from .buffer import Buffer, ShapeLike, normalize_layout, pack_meta, pep3118, unpack_meta
 from .errors import (
     AlreadySignaled,
     CorruptDomain,
@@ -39,8 +39,6 @@ from .status import Status
 
 if TYPE_CHECKING:
     from ._aio import Notifier
-    from .fence import Fence
-    from .timeline import Timeline
 
 _core.set_exceptions(
     HostlessError,
@@ -51,6 +49,7 @@ _core.set_exceptions(
     InvalidOperation,
     OutOfMemory,
     QueueFull,
+    DomainClosed,
 )
 _core.set_status(Status, {int(m): m for m in Status})
 
@@ -385,7 +384,14 @@ class Domain:
 
     def _raw_map(self) -> mmap.mmap:
         if self._map is None:
-            self._map = mmap.mmap(self._fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            # mmap keeps a dup of the descriptor it maps: map through a fresh
+            # open file description, so that it never carries (and, after a
+            # fork, never keeps alive) this participant's liveness lock
+            fd = os.open(f"/proc/self/fd/{self._fd}", os.O_RDWR | os.O_CLOEXEC)
+            try:
+                self._map = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(fd)
         return self._map
 
     def header(self) -> Any:
@@ -517,18 +523,20 @@ class Domain:
         DomainFull when the slot table is full.
         """
         self._check_open()
+        key = (type(shape), shape, type(dtype), dtype)  # 16 and 16.0 hash alike
         try:
-            shp, dt, nbytes, meta = self._layouts[(shape, dtype)]
+            shp, dt, nbytes, meta = self._layouts[key]
         except (KeyError, TypeError):
             shp, dt, nbytes = normalize_layout(shape, dtype)
             meta = pack_meta(shp, dt, nbytes)
             if len(self._layouts) < 256:
                 try:
-                    self._layouts[(shape, dtype)] = (shp, dt, nbytes, meta)
+                    self._layouts[key] = (shp, dt, nbytes, meta)
                 except TypeError:  # unhashable shape or dtype spec
                     pass
         b: Buffer = self._core.new_buffer(Buffer, self, nbytes, meta, self._raw_map())
         b._init_layout(shp, dt, nbytes, b._window_off)
+        b._set_window(self._raw_map(), b._window_off, nbytes, False, *pep3118(dt), shp)
         return b
 
     def import_buffer(self, handle: int) -> Buffer:
@@ -543,7 +551,7 @@ class Domain:
         except BaseException:
             b.release()
             raise
-        b._set_window(self._raw_map(), off, nbytes, False)
+        b._set_window(self._raw_map(), off, nbytes, False, *pep3118(dt), shp)
         b._init_layout(shp, dt, nbytes, off)
         return b
 

@@ -4,9 +4,11 @@ Header word (u32): state[3:0] | custom[11:4] | count[22:12] (payload words)
 | opcode[27:23] | type[31:28].  ``ert_start_kernel_cmd``: header, cu_mask,
 then ``count - 1`` data words.  START_NPU payload: instruction buffer address
 (u64), its size (u32), property count (u32), then kernel arguments.
-CMD_CHAIN payload: command count, submit index, error index, reserved, then
-u64 handles of the chained commands.  The state is written back into the
-header word by the command processor (NEW -> RUNNING -> COMPLETED / ERROR).
+CMD_CHAIN (``ert_cmd_chain_data``, as XRT and the amdxdna driver define it)
+has no cu_mask: its payload follows the header at once: command count,
+submit index, error index, three reserved words, then the u64 handles of the
+chained commands.  The state is written back into the header word by the
+command processor (NEW -> RUNNING -> COMPLETED / ERROR).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ __all__ = [
     "start_cu",
     "start_npu",
     "cmd_chain",
+    "has_cu_mask",
+    "u64_args",
+    "CHAIN_HEADER_WORDS",
 ]
 
 
@@ -84,9 +89,14 @@ def parse_header(word: int) -> tuple[int, int, int, int, int]:
     return word & 0xF, (word >> 4) & 0xFF, (word >> 12) & 0x7FF, (word >> 23) & 0x1F, (word >> 28) & 0xF
 
 
+def has_cu_mask(opcode: int) -> bool:
+    """Whether a command with ``opcode`` carries a cu_mask word after its header (all but CMD_CHAIN)."""
+    return opcode != Opcode.CMD_CHAIN
+
+
 @dataclass
 class ErtCommand:
-    """A decoded command: header fields, cu_mask and payload words."""
+    """A decoded command: header fields, cu_mask (0 for CMD_CHAIN, which has none) and payload words."""
 
     state: int
     opcode: int
@@ -96,26 +106,24 @@ class ErtCommand:
     custom: int = 0
 
     def encode(self) -> bytes:
-        count = 1 + len(self.payload)
-        return struct.pack(
-            f"<II{len(self.payload)}I",
-            header(self.state, count, self.opcode, self.type, self.custom),
-            self.cu_mask,
-            *self.payload,
-        )
+        words = ([self.cu_mask] if has_cu_mask(self.opcode) else []) + list(self.payload)
+        hdr = header(self.state, len(words), self.opcode, self.type, self.custom)
+        return struct.pack(f"<I{len(words)}I", hdr, *words)
 
     @classmethod
     def decode(cls, raw: bytes | memoryview) -> ErtCommand:
         """Parse a command; ValueError when ``count`` runs past the buffer."""
         raw = bytes(raw)
-        if len(raw) < 8:
-            raise ValueError("ERT command shorter than header + cu_mask")
-        word, cu_mask = struct.unpack_from("<II", raw)
+        if len(raw) < 4:
+            raise ValueError("ERT command shorter than its header")
+        (word,) = struct.unpack_from("<I", raw)
         state, custom, count, opcode, type_ = parse_header(word)
-        if count < 1 or 4 + 4 * count > len(raw):
+        masks = 1 if has_cu_mask(opcode) else 0
+        if count < masks or 4 + 4 * count > len(raw):
             raise ValueError(f"ERT command count {count} does not fit a {len(raw)}-byte buffer")
-        payload = list(struct.unpack_from(f"<{count - 1}I", raw, 8))
-        return cls(state, opcode, type_, cu_mask, payload, custom)
+        words = list(struct.unpack_from(f"<{count}I", raw, 4))
+        cu_mask = words[0] if masks else 0
+        return cls(state, opcode, type_, cu_mask, words[masks:], custom)
 
 
 def start_cu(cu_index: int, args: Sequence[int]) -> ErtCommand:
@@ -132,9 +140,13 @@ def start_npu(
     return ErtCommand(State.NEW, Opcode.START_NPU, CmdType.CU, 1 << cu_index, payload)
 
 
+CHAIN_HEADER_WORDS = 6
+"""Words of ``ert_cmd_chain_data`` before its handles: count, submit index, error index, reserved[3]."""
+
+
 def cmd_chain(handles: Sequence[int]) -> ErtCommand:
-    """ERT_CMD_CHAIN: command count, submit index, error index, reserved, then u64 handles."""
-    payload = [len(handles), 0, 0, 0]
+    """ERT_CMD_CHAIN: command count, submit index, error index, 3 reserved words, then u64 handles (no cu_mask)."""
+    payload = [len(handles), 0, 0, 0, 0, 0]
     for h in handles:
         payload += [h & 0xFFFFFFFF, h >> 32]
     return ErtCommand(State.NEW, Opcode.CMD_CHAIN, CmdType.CU, 0, payload)

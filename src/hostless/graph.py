@@ -321,8 +321,18 @@ class CompiledGraph:
                     raise
                 continue
             if st != Status.SUCCESS:
-                raise StageFailed(self.g.stages[k].name, st)
+                raise self._failure(k, st)
             return
+
+    def _failure(self, k: int, st: Status) -> StageFailed:
+        """The error for stage k failing with ``st``: it names the earliest failed
+        stage (in direct mode a failure is passed on down the chain, and the
+        stage where it started is the one to report)."""
+        for j in range(k):
+            f = self.timelines[j].failure
+            if f is not None:
+                return StageFailed(self.g.stages[j].name, f)
+        return StageFailed(self.g.stages[k].name, st)
 
     def _submit(self, sl: _Slot, value: int, timeout: float | None) -> None:
         g = self.g

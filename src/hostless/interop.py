@@ -21,7 +21,7 @@ import os
 import socket
 from typing import Any, cast
 
-from .buffer import ShapeLike, _Views, normalize_layout
+from .buffer import ShapeLike, _Views, normalize_layout, pep3118
 from .errors import DomainClosed, InvalidHandle
 
 __all__ = ["ExternalBuffer", "memfd_buffer", "export_buffer", "send_fds", "recv_fds", "dma_heap_buffer"]
@@ -85,7 +85,7 @@ class ExternalBuffer(_Views):
         self = cast(ExternalBuffer, _Views.__new__(cls))
         self.shape, self.dtype, self.nbytes = shp, dt, nbytes
         self.fd, self.offset, self._mem = own, offset, mem
-        self._set_window(mem, offset - base, nbytes, readonly)
+        self._set_window(mem, offset - base, nbytes, readonly, *pep3118(dt), shp)
         return self
 
     def close(self) -> None:

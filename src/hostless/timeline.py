@@ -80,6 +80,8 @@ class Timeline(_core.Handle):
     def fail(self, status: int = Status.ERROR) -> None:
         """Fail the timeline with ``status`` (not SUCCESS); sticky.  AlreadySignaled if already failed."""
         self._check_held()
+        if isinstance(status, bool) or not 0 < int(status) <= 0xFFFFFFFF:
+            raise ValueError(f"invalid failure status {status!r} (ERROR, CANCEL, OWNER_DIED or 64..2**32-1)")
         self._core.tl_fail(self.handle, int(status))
 
     async def wait_async(self, value: int, timeout: float | None = None) -> Status:

@@ -79,6 +79,10 @@ def to_chrome(dom: Domain, evs: list[dict[str, int]] | None = None) -> dict[str,
         )
     out.append({"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "hostless domain"}})
     t0 = evs[0]["ts"] if evs else 0
+    # The core stamps an enqueue after it published the packet (and retook the
+    # GIL), so a consumer can start it "before" its enqueue; the flow arrow
+    # starts no later than the packet's start (the publish came before both).
+    starts = {(e["a"], e["b"]): e["ts"] for e in evs if e["type"] == int(C.EV_START)}
     for e in evs:
         ts = (e["ts"] - t0) / 1000.0
         kind = _NAMES.get(e["type"], "?")
@@ -94,7 +98,8 @@ def to_chrome(dom: Domain, evs: list[dict[str, int]] | None = None) -> dict[str,
                     "args": {"queue": hex(e["a"]), "index": e["b"]},
                 }
             )
-            out.append({**base, "cat": "flow", "ph": "s", "name": "dispatch", "id": pid})
+            fts = (min(e["ts"], starts.get((e["a"], e["b"]), e["ts"])) - t0) / 1000.0
+            out.append({**base, "ts": fts, "cat": "flow", "ph": "s", "name": "dispatch", "id": pid})
         elif kind == "start":
             args = {"queue": hex(e["a"]), "index": e["b"], "kernel": e["d"], "signal": hex(e["c"])}
             out.append({**base, "cat": "packet", "ph": "b", "name": "packet", "id": pid, "args": args})

@@ -188,16 +188,19 @@ class Agent:
         words[0] = (int(words[0]) & ~0xF) | ert.State.COMPLETED
 
     def run_chain(self, cmd: ert.ErtCommand, words: np.ndarray) -> None:
+        # ert_cmd_chain_data right after the header (no cu_mask): count, submit
+        # index (word 2), error index (word 3), reserved[3], u64 handles
         n = cmd.payload[0] if cmd.payload else 0
-        if len(cmd.payload) < 4 + 2 * n:
+        base = ert.CHAIN_HEADER_WORDS
+        if len(cmd.payload) < base + 2 * n:
             raise ValueError("CMD_CHAIN payload shorter than its command count")
         for i in range(n):
-            words[1 + 2] = i  # submit index (payload word 1)
-            h = cmd.payload[4 + 2 * i] | (cmd.payload[5 + 2 * i] << 32)
+            words[2] = i  # submit index
+            h = cmd.payload[base + 2 * i] | (cmd.payload[base + 1 + 2 * i] << 32)
             try:
                 self.run_ert_buffer(self.cache.get(h).numpy().view(np.uint8))
             except Exception:
-                words[1 + 3] = i  # error index (payload word 2)
+                words[3] = i  # error index
                 raise
 
     def run_cu(self, cmd: ert.ErtCommand) -> None:
