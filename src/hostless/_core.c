@@ -2121,6 +2121,16 @@ static PyObject *Core_queue_info(Core *c, PyObject *arg) {
                          (unsigned long long)ld(&q->completed), "doorbell", (unsigned long long)ld(&q->doorbell));
 }
 
+/* queue_doorbell_addr(handle) -> host address of the queue's doorbell word */
+static PyObject *Core_queue_doorbell_addr(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h;
+    if (get_handle_arg(arg, &h) < 0) return NULL;
+    struct hl_queue *q = get_queue(c, h);
+    if (!q) return NULL;
+    return PyLong_FromVoidPtr((void *)&q->doorbell);
+}
+
 static PyObject *Core_queue_completed(Core *c, PyObject *arg) {
     NEED_ATTACHED(c);
     uint64_t h;
@@ -2178,6 +2188,15 @@ static PyObject *Core_trace_enabled(Core *c, PyObject *noargs) { return PyBool_F
 
 static PyObject *Core_now_ns(PyObject *m, PyObject *noargs) { return PyLong_FromUnsignedLongLong(now_ns()); }
 
+/* A host function for cuLaunchHostFunc: wakes the host threads asleep on the
+ * futex word at `addr` (a completion word or a queue doorbell) after a GPU
+ * stored to it.  Runs in CUDA's callback thread: no Python, one syscall. */
+static void hl_host_wake(void *addr) { syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, 0x7fffffff, 0, 0, 0); }
+
+static PyObject *py_host_wake_fn(PyObject *m, PyObject *noargs) {
+    return PyLong_FromVoidPtr((void *)(uintptr_t)&hl_host_wake);
+}
+
 static PyObject *Core_new_obj(Core *c, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *Core_adopt(Core *c, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *Core_wrap(Core *c, PyObject *const *args, Py_ssize_t nargs);
@@ -2198,6 +2217,7 @@ static PyMethodDef Core_methods[] = {
     {"queue_pop", (PyCFunction)(void (*)(void))Core_queue_pop, METH_FASTCALL, NULL},
     {"queue_info", (PyCFunction)Core_queue_info, METH_O, NULL},
     {"queue_completed", (PyCFunction)Core_queue_completed, METH_O, NULL},
+    {"queue_doorbell_addr", (PyCFunction)Core_queue_doorbell_addr, METH_O, NULL},
     {"queue_reserve_stuck", (PyCFunction)(void (*)(void))Core_queue_reserve_stuck, METH_FASTCALL, NULL},
     {"trace", (PyCFunction)(void (*)(void))Core_trace, METH_FASTCALL, NULL},
     {"trace_enabled", (PyCFunction)Core_trace_enabled, METH_NOARGS, NULL},
@@ -2770,6 +2790,7 @@ static PyObject *py_set_status(PyObject *m, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"now_ns", Core_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the trace clock)"},
+    {"host_wake_fn", py_host_wake_fn, METH_NOARGS, "address of void hl_host_wake(void *futex_word)"},
     {"set_status", py_set_status, METH_VARARGS, NULL},
     {"layout", py_layout, METH_VARARGS, "layout(fences, participants, queues, trace, heap) -> offsets"},
     {"set_exceptions", py_set_exceptions, METH_VARARGS, NULL},

@@ -70,7 +70,7 @@ def normalize_layout(shape: ShapeLike, dtype: Any) -> tuple[tuple[int, ...], np.
 
 def pep3118(dt: np.dtype) -> tuple[str, int]:
     """(PEP 3118 format, itemsize) of a dtype, as NumPy exports it."""
-    return memoryview(np.empty(1, dt)).format, dt.itemsize
+    return memoryview(cast(Any, np.empty(1, dt))).format, dt.itemsize
 
 
 def pack_meta(shape: tuple[int, ...], dt: np.dtype, nbytes: int) -> bytes:

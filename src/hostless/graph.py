@@ -32,7 +32,7 @@ from .agents import Agent
 from .buffer import Buffer
 from .domain import Domain
 from .errors import HostlessError
-from .kernels import CPU_KERNELS, NPU_CUS, f64
+from .kernels import CPU_KERNELS, CUDA_KERNEL_NAMES, NPU_CUS, f64
 from .queue import Follow, Kernargs, Packet, PacketType
 from .status import Status
 from .timeline import Timeline
@@ -91,7 +91,9 @@ class Graph:
         scalars: Sequence[float | int] = (),
     ) -> Graph:
         """Add a stage running ``kernel`` on ``agent``: inputs by name, output (name, shape, dtype)."""
-        table = NPU_CUS if agent.kind == "npu" else CPU_KERNELS
+        table: Any = NPU_CUS if agent.kind == "npu" else CPU_KERNELS
+        if agent.kind == "cuda":
+            table = CUDA_KERNEL_NAMES
         if kernel not in table and kernel not in agent.user_kernels:
             raise KeyError(f"{agent.kind} agent has no kernel {kernel!r}; known: {sorted(table)}")
         known = set(self.inputs) | set(self.constants) | {s.output for s in self.stages}
@@ -261,7 +263,8 @@ class CompiledGraph:
         kid = agent.user_kernels.get(kernel) or CPU_KERNELS[kernel][0]
         ka = Kernargs(buffers=bufs, scalars=scalars, follow=follow).to_buffer(self.dom)
         owned.append(ka)
-        return Packet(kernel=kid, args=ka.handle, signal=signal, signal_value=value), owned
+        flags = 1 if (agent.kind == "cuda" and self.data == "copy") else 0  # stage through device memory
+        return Packet(kernel=kid, args=ka.handle, signal=signal, signal_value=value, flags=flags), owned
 
     # ------------------------------------------------------------- running
     def _set_frame_values(self, sl: _Slot, value: int) -> None:

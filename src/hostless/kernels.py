@@ -164,3 +164,78 @@ def load_user_kernel(spec: str) -> Kernel:
         raise ValueError(f"user kernel spec {spec!r} must be 'module:function'")
     k: Kernel = getattr(importlib.import_module(mod), fn)
     return k
+
+
+# ---------------------------------------------------------------------------
+# CUDA kernels (CuPy): same ids as the CPU kernels; fn(inputs, scalars, out)
+# computes into ``out`` (device scratch) on the current stream.
+
+
+def _cuda_table() -> dict[int, Callable[..., None]]:
+    import cupy as cp
+
+    def need(ins: Sequence[object], n: int, name: str) -> None:
+        if len(ins) != n:
+            raise ValueError(f"{name} takes {n} inputs, got {len(ins)}")
+
+    def copy(ins: Sequence[object], s: Sequence[int], out: object) -> None:
+        need(ins, 1, "copy")
+        src, dst = cp.asarray(ins[0]), cp.asarray(out)
+        if src.nbytes != dst.nbytes:
+            raise ValueError("copy: size mismatch")
+        dst.view(cp.uint8).reshape(-1)[...] = src.view(cp.uint8).reshape(-1)
+
+    def add(ins: Sequence[object], s: Sequence[int], out: object) -> None:
+        need(ins, 2, "add")
+        cp.add(ins[0], ins[1], out=out)
+
+    def scale(ins: Sequence[object], s: Sequence[int], out: object) -> None:
+        need(ins, 1, "scale")
+        cp.multiply(ins[0], as_f64(s[0]), out=out, casting="unsafe")
+
+    def relu(ins: Sequence[object], s: Sequence[int], out: object) -> None:
+        need(ins, 1, "relu")
+        cp.maximum(ins[0], 0, out=out)
+
+    def gemm(ins: Sequence[object], s: Sequence[int], out: object) -> None:
+        need(ins, 2, "gemm")
+        a, w, o = cp.asarray(ins[0]), cp.asarray(ins[1]), cp.asarray(out)
+        if a.ndim != 2 or w.ndim != 2 or a.shape[1] != w.shape[0] or o.shape != (a.shape[0], w.shape[1]):
+            raise ValueError(f"gemm: shapes {a.shape} @ {w.shape} -> {o.shape} do not match")
+        cp.matmul(a, w, out=o)
+
+    def softmax(ins: Sequence[object], s: Sequence[int], out: object) -> None:
+        need(ins, 1, "softmax")
+        x = cp.asarray(ins[0]).astype(cp.float32, copy=False)
+        e = cp.exp(x - x.max(axis=-1, keepdims=True))
+        cp.divide(e, e.sum(axis=-1, keepdims=True), out=out, casting="unsafe")
+
+    def normalize(ins: Sequence[object], s: Sequence[int], out: object) -> None:
+        need(ins, 1, "normalize")
+        mean = as_f64(s[0]) if len(s) > 0 else 0.0
+        std = as_f64(s[1]) if len(s) > 1 else 1.0
+        cp.divide(cp.subtract(ins[0], mean), std, out=out, casting="unsafe")
+
+    def conv2d(ins: Sequence[object], s: Sequence[int], out: object) -> None:
+        need(ins, 2, "conv2d")
+        img, ker, o = cp.asarray(ins[0]), cp.asarray(ins[1]), cp.asarray(out)
+        kh, kw = ker.shape
+        acc = cp.zeros(o.shape, dtype=cp.float32)
+        for i in range(kh):
+            for j in range(kw):
+                acc += img[i : i + o.shape[0], j : j + o.shape[1]] * ker[i, j]
+        o[...] = acc
+
+    return {
+        CPU_KERNELS["copy"][0]: copy,
+        CPU_KERNELS["add"][0]: add,
+        CPU_KERNELS["scale"][0]: scale,
+        CPU_KERNELS["relu"][0]: relu,
+        CPU_KERNELS["gemm"][0]: gemm,
+        CPU_KERNELS["softmax"][0]: softmax,
+        CPU_KERNELS["normalize"][0]: normalize,
+        CPU_KERNELS["conv2d"][0]: conv2d,
+    }
+
+
+CUDA_KERNEL_NAMES = ("copy", "add", "scale", "relu", "gemm", "softmax", "normalize", "conv2d")

@@ -80,18 +80,27 @@ def spawn(
     timeout: float = 30.0,
     **opts: Any,
 ) -> Agent:
-    """Start an agent of ``kind`` ("cpu" or "npu") consuming ``queue`` (a new one by default).
+    """Start an agent of ``kind`` ("cpu", "npu" or "cuda") consuming ``queue`` (a new one by default).
+
+    ``device=N`` picks the GPU of a cuda agent.
 
     ``user_kernels`` maps names to ``"module:function"`` kernels (taking
     ``(buffers, scalars)``) the agent imports; their ids are in
     ``agent.user_kernels``.  Passing the ``queue`` of a dead agent respawns it.
     """
-    if kind not in ("cpu", "npu"):
-        if kind == "cuda":
-            raise NotImplementedError("the cuda agent is not part of this release (see issue 5)")
-        raise ValueError(f"unknown agent kind {kind!r} (cpu, npu)")
+    if kind not in ("cpu", "npu", "cuda"):
+        raise ValueError(f"unknown agent kind {kind!r} (cpu, npu, cuda)")
+    device = int(opts.pop("device", 0))
     if opts:
         raise TypeError(f"unknown options {sorted(opts)}")
+    if kind == "cuda":
+        from ..cuda import available
+
+        why = available()
+        if why is not None:
+            from ..cuda import CudaUnavailable
+
+            raise CudaUnavailable(f"cannot start a cuda agent: {why}")
     if dom.name is None:
         raise ValueError("agents open the domain by name: create it with a name")
     q = queue if queue is not None else dom.queue(capacity)
@@ -107,6 +116,8 @@ def spawn(
     ]
     if label:
         cmd += ["--label", label]
+    if kind == "cuda":
+        cmd += ["--device", str(device)]
     ids: dict[str, int] = {}
     for i, (name, spec) in enumerate(sorted((user_kernels or {}).items())):
         ids[name] = USER_KERNEL_BASE + i

@@ -76,7 +76,7 @@ class Agent:
         self.dom, self.queue, self.kind, self.parent = dom, queue, kind, parent
         self.cache = _Cache(dom)
         table = NPU_CUS if kind == "npu" else CPU_KERNELS
-        self.kernels: dict[int, Kernel] = {kid: fn for kid, fn in table.values()}
+        self.kernels: dict[int, Any] = {kid: fn for kid, fn in table.values()}
         self.kernels.update(user)
         self.running = True
 
@@ -256,6 +256,112 @@ class Agent:
         self.finish(Packet(signal=h, signal_value=value), status, -1)
 
 
+FLAG_STAGE_COPY = 1  # packet flag: stage the inputs through device memory (copy mode)
+
+
+class CudaAgent(Agent):
+    """A GPU agent: each packet becomes stream work, and the host thread moves on.
+
+    Waits are ``cuStreamWaitValue64`` on the GPU, the kernel runs on CuPy arrays
+    (zero-copy views of the heap, or device copies in copy mode), the output is
+    committed and the signal stored by the GPU only when every input succeeded,
+    and follow-up packets are pushed into their queues by a device-side enqueue
+    kernel.  This process never synchronizes the stream in the loop.
+    """
+
+    def __init__(self, dom: Domain, queue: Queue, user: dict[int, Kernel], parent: int, device: int) -> None:
+        super().__init__(dom, queue, "cuda", user, parent)
+        from ..cuda import CudaPeer
+        from ..kernels import _cuda_table
+
+        self.peer = CudaPeer(dom, device)
+        self.cp = self.peer.cp
+        self.kernels = dict(_cuda_table())
+        self.kernels.update(user)
+        self.inflight: list[tuple[Any, list[Any]]] = []  # (event, objects to keep until it completes)
+
+    def _recycle(self) -> None:
+        keep = []
+        for ev, objs in self.inflight:
+            if ev.done:
+                for o in objs:
+                    o.release()
+            else:
+                keep.append((ev, objs))
+        self.inflight = keep
+
+    def execute(self, idx: int, pkt: Packet) -> None:
+        cp, peer = self.cp, self.peer
+        st = peer.stream
+        core = self.dom._core
+        core.trace(_EV_START, self.queue.handle, idx, pkt.signal, pkt.kernel, 0)
+        self._recycle()
+        keep: list[Any] = []
+        try:
+            waits = []
+            for h, v in zip(pkt.wait, pkt.wait_value, strict=True):
+                if h:
+                    o = self.cache.get(h)
+                    peer.wait(o, v if (h >> 48) & 0xFF == _KIND_TIMELINE else 1)
+                    waits.append(o)
+            gate = peer.gate(waits)
+            follow: list[Follow] = []
+            if pkt.type == PacketType.KERNEL:
+                fn = self.kernels.get(pkt.kernel)
+                if fn is None:
+                    raise ValueError(f"unknown kernel {pkt.kernel}")
+                ka = Kernargs.decode(self.cache.get(pkt.args).numpy())
+                bufs = [self.cache.get(h) for h in ka.buffers]
+                if not bufs:
+                    raise ValueError("kernel packet without buffers")
+                with st:
+                    if pkt.flags & FLAG_STAGE_COPY:  # copy mode: explicit host -> device copies
+                        ins = []
+                        for b in bufs[:-1]:
+                            d = cp.empty(b.shape, b.dtype)
+                            d.set(b.numpy(), stream=st)
+                            ins.append(d)
+                    else:  # shared mode: the GPU reads the heap in place
+                        ins = [peer.array(b) for b in bufs[:-1]]
+                    out = bufs[-1]
+                    scratch = cp.empty(out.shape, out.dtype)
+                    fn(ins, ka.scalars, scratch)
+                    peer.commit(out, scratch, gate)
+                keep += [scratch, *ins]
+                follow = ka.follow
+            elif pkt.type != PacketType.BARRIER:
+                raise ValueError(f"the cuda agent does not run packets of type {pkt.type}")
+            if pkt.signal:
+                peer.signal(self.cache.get(pkt.signal), pkt.signal_value, gate)
+            packets: list[Any] = []
+            for f in follow:
+                pb = self.dom.buffer(int(C.PACKET_SIZE))
+                pb.numpy()[:] = np.frombuffer(f.packet.encode(), np.uint8)
+                keep.append(peer.enqueue(self.cache.get(f.queue), pb, gate))
+                packets.append(pb)
+            keep.append(gate)
+        except Exception as e:
+            if os.environ.get("HOSTLESS_AGENT_DEBUG"):
+                print(f"agent cuda: packet {idx} failed: {e!r}", file=sys.stderr)
+            st.synchronize()
+            self.finish(pkt, Status.ERROR, idx)
+            self.fail_downstream(pkt, Status.ERROR)
+            return
+        # packet buffers of follow-ups and device temporaries live until the GPU passed them
+        self.inflight.append((st.record(), packets + [_Keep(keep)]))
+        core.trace(_EV_END, self.queue.handle, idx, pkt.signal, 0, 1)
+
+
+class _Keep:
+    """Holds device temporaries until their stream work completed."""
+
+    def __init__(self, objs: list[Any]) -> None:
+        self.objs = objs
+
+    def release(self) -> None:
+        self.objs = []
+
+
 def _set_pdeathsig() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -269,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hostless.agents.worker")
     ap.add_argument("domain")
     ap.add_argument("queue", type=lambda s: int(s, 0))
-    ap.add_argument("kind", choices=["cpu", "npu"])
+    ap.add_argument("kind", choices=["cpu", "npu", "cuda"])
+    ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--parent", type=int, required=True)
     ap.add_argument("--label", default=None)
     ap.add_argument("--user", action="append", default=[], help="ID=module:function")
@@ -287,7 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     q.bind()
     sys.stdout.write(f"{dom.participant_id}\n")
     sys.stdout.flush()
-    agent = Agent(dom, q, a.kind, user, a.parent)
+    if a.kind == "cuda":
+        agent: Agent = CudaAgent(dom, q, user, a.parent, a.device)
+    else:
+        agent = Agent(dom, q, a.kind, user, a.parent)
     try:
         agent.run()
     finally:

@@ -1,0 +1,345 @@
+"""The GPU as a peer of a domain (NVIDIA, through CuPy and cuda.bindings).
+
+:class:`CudaPeer` registers the whole domain mapping with the GPU
+(``cudaHostRegister``, mapped: with unified addressing the device pointer is
+the host pointer), after which:
+
+* heap buffers are CuPy arrays with no copy (:meth:`CudaPeer.array`);
+* a stream waits for a fence or timeline point on the GPU itself
+  (``cuStreamWaitValue64`` GEQ on its completion word) and signals one
+  (a one-thread kernel doing ``atomicCAS_system``, so that a fence is still
+  signaled once even against recovery's OWNER_DIED), with no host thread in
+  between;
+* host waiters asleep on a word the GPU stored are woken by
+  ``cuLaunchHostFunc`` with a C function of the core that makes one
+  ``FUTEX_WAKE`` (no Python, one syscall in CUDA's callback thread); without
+  it they still see the store within the domain's poll interval;
+* a device-side enqueue kernel, compiled with NVRTC from ``hostless.h``
+  itself, pushes a prepared packet into any queue and rings its doorbell:
+  the GPU dispatches the next engine's work when its own stage completes.
+
+A failed input must not produce output: the stage computes into device
+scratch memory, a gate kernel reads its inputs' words, and a commit kernel
+copies the scratch into the output and signals SUCCESS only when every input
+succeeded; otherwise the output is untouched and the failure is signaled.
+
+Install with ``pip install hostless[cuda]``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ._abi import C
+from .buffer import Buffer
+from .domain import Domain
+from .errors import HostlessError
+
+__all__ = ["CudaPeer", "CudaUnavailable", "available"]
+
+_KIND_TIMELINE = int(C.KIND_TIMELINE)
+_FAILED = int(C.TIMELINE_FAILED)
+
+
+class CudaUnavailable(HostlessError):
+    """CUDA support cannot be used here (missing packages, no GPU, missing capability)."""
+
+
+def _imports() -> tuple[Any, Any]:
+    try:
+        import cupy as cp
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        raise CudaUnavailable(
+            f"CuPy is not installed ({e}); install the CUDA extra: pip install 'hostless[cuda]'"
+        ) from None
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        try:
+            from cuda import cuda as cu  # older cuda-python layout
+        except ImportError as e:  # pragma: no cover
+            raise CudaUnavailable(
+                f"cuda.bindings is not installed ({e}); install the CUDA extra: pip install 'hostless[cuda]'"
+            ) from None
+    return cp, cu
+
+
+def available() -> str | None:
+    """None when CUDA peers work here, otherwise the reason why not."""
+    try:
+        cp, cu = _imports()
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return str(e)
+    if n < 1:
+        return "no CUDA device"
+    return None
+
+
+_KERNELS = r"""
+#include "hostless.h"
+
+/* Push the prepared packet *p into queue q (one thread). */
+extern "C" __global__ void hl_enqueue(void *base, unsigned long long q, const struct hl_packet *p,
+                                      const int *gate, int *result) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    if (gate && *(volatile const int *)gate != 0) { *result = 1; return; } /* an input failed */
+    hl_u64 idx = 0;
+    int r = HL_E_FULL;
+    for (long spins = 0; spins < (1L << 24) && r == HL_E_FULL; spins++)
+        r = hl_queue_try_push(base, q, p, HL_PRODUCER_DEVICE, &idx); /* a full queue: wait for room */
+    *result = r;
+}
+
+/* gate[0] = first failure among n completion words (0 when all succeeded).
+ * kinds[i]: 1 binary fence (word is the status), 2 timeline (FAILED bit). */
+extern "C" __global__ void hl_gate(const unsigned long long *const *words, const int *kinds, int n, int *gate) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int st = 0;
+    for (int i = 0; i < n && !st; i++) {
+        unsigned long long w = *(volatile const unsigned long long *)words[i];
+        if (kinds[i] == 2) {
+            if (w & HL_TIMELINE_FAILED) st = (int)(w & 0xffffffffull);
+        } else if (w != HL_STATUS_SUCCESS) {
+            st = (int)w;
+        }
+    }
+    *gate = st;
+}
+
+/* Signal a fence (CAS 0 -> status) or advance a timeline (CAS loop up to
+ * value, or fail it), with the gate's failure taking precedence. */
+extern "C" __global__ void hl_signal(unsigned long long *word, int kind, unsigned long long value, const int *gate) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int g = gate ? *(volatile const int *)gate : 0;
+    __threadfence_system();
+    if (kind == 2) {
+        unsigned long long cur = *(volatile unsigned long long *)word;
+        for (;;) {
+            if (cur & HL_TIMELINE_FAILED) return;
+            unsigned long long want = g ? (HL_TIMELINE_FAILED | (unsigned long long)g) : value;
+            if (!g && value <= cur) return;
+            unsigned long long old = atomicCAS_system(word, cur, want);
+            if (old == cur) break;
+            cur = old;
+        }
+    } else {
+        atomicCAS_system(word, 0ull, g ? (unsigned long long)g : (unsigned long long)HL_STATUS_SUCCESS);
+    }
+    __threadfence_system();
+}
+
+/* out[i] = src[i] when the gate is open (every input succeeded). */
+extern "C" __global__ void hl_commit(unsigned char *out, const unsigned char *src, unsigned long long n, const int *gate) {
+    if (gate && *(volatile const int *)gate != 0) return;
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
+    const unsigned long long *s8 = (const unsigned long long *)src;
+    unsigned long long *o8 = (unsigned long long *)out;
+    unsigned long long n8 = n / 8;
+    for (unsigned long long k = i; k < n8; k += step) o8[k] = s8[k];
+    for (unsigned long long k = n8 * 8 + i; k < n; k += step) out[k] = src[k];
+}
+"""
+
+
+class CudaPeer:
+    """The GPU ``device`` as a peer of ``dom``, in this process (for users who own a CUDA context)."""
+
+    def __init__(self, dom: Domain, device: int = 0) -> None:
+        cp, cu = _imports()
+        self.cp, self.cu, self.dom, self.device = cp, cu, dom, device
+        if not 0 <= device < cp.cuda.runtime.getDeviceCount():
+            raise CudaUnavailable(f"no CUDA device {device}")
+        self._dev = cp.cuda.Device(device)
+        self._dev.use()
+        (err, dev) = cu.cuDeviceGet(device)
+        self._check(err, "cuDeviceGet")
+        attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
+        err, ok = cu.cuDeviceGetAttribute(attr, dev)
+        self._check(err, "cuDeviceGetAttribute")
+        if not ok:
+            raise CudaUnavailable(
+                f"GPU {device} cannot use 64-bit stream memory operations (CAN_USE_64_BIT_STREAM_MEM_OPS = 0): "
+                "device-side waits on completion words need them (recent drivers enable them on Volta and later)"
+            )
+        self.base = int(dom._core.address())
+        self.size = int(dom.header()["total_size"])
+        try:
+            cp.cuda.runtime.hostRegister(self.base, self.size, 1 | 2)  # portable | mapped
+        except cp.cuda.runtime.CUDARuntimeError as e:
+            if "already registered" not in str(e).lower():
+                raise CudaUnavailable(f"cannot register the domain with the GPU: {e}") from None
+        self.dbase = int(cp.cuda.runtime.hostGetDevicePointer(self.base, 0))
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        from . import abi_header_path
+
+        inc = os.path.dirname(abi_header_path())
+        self.module = cp.RawModule(code=_KERNELS, options=(f"-I{inc}", "--std=c++14"))
+        self._k_enqueue = self.module.get_function("hl_enqueue")
+        self._k_gate = self.module.get_function("hl_gate")
+        self._k_signal = self.module.get_function("hl_signal")
+        self._k_commit = self.module.get_function("hl_commit")
+        from . import _core
+
+        self._wake_fn = cu.CUhostFn(_core.host_wake_fn())
+        self._closed = False
+
+    # ------------------------------------------------------------ helpers
+    @staticmethod
+    def _check(err: Any, what: str) -> None:
+        if int(err) != 0:
+            raise HostlessError(f"{what} failed with CUDA error {int(err)} ({err})")
+
+    def dptr(self, host_offset: int) -> int:
+        """Device address of a byte of the domain mapping."""
+        if not 0 <= host_offset < self.size:
+            raise ValueError("offset outside the domain")
+        return self.dbase + host_offset
+
+    def word_addr(self, obj: Any) -> int:
+        """Device address of the completion word of a fence or timeline."""
+        h = obj.handle if hasattr(obj, "handle") else int(obj)
+        idx = (h & 0xFFFFFF) - 1
+        hdr = self.dom.header()
+        if not 0 <= idx < int(hdr["fence_capacity"]):
+            raise ValueError(f"handle {h:#x} names no slot")
+        return self.dptr(int(hdr["fences_offset"]) + idx * int(C.FENCE_SIZE) + int(C.F_WORD))
+
+    def _cu_stream(self, stream: Any) -> Any:
+        return self.cu.CUstream(int((stream or self.stream).ptr))
+
+    # ------------------------------------------------------------- arrays
+    def array(self, buf: Buffer) -> Any:
+        """A CuPy array over a heap buffer, no copy (the GPU reads host memory)."""
+        cp = self.cp
+        mem = cp.cuda.UnownedMemory(self.dptr(buf.offset), buf.nbytes, buf, self.device)
+        return cp.ndarray(buf.shape, buf.dtype, cp.cuda.MemoryPointer(mem, 0))
+
+    # ------------------------------------------------------ waits/signals
+    def wait(self, obj: Any, value: int = 1, stream: Any = None) -> None:
+        """Make ``stream`` wait (on the GPU) until the word of ``obj`` is >= value.
+
+        For a fence use value 1 (released by every outcome, failures too).
+        """
+        err = self.cu.cuStreamWaitValue64(
+            self._cu_stream(stream),
+            self.cu.CUdeviceptr(self.word_addr(obj)),
+            self.cu.cuuint64_t(value),
+            self.cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ,
+        )
+        self._check(err[0] if isinstance(err, tuple) else err, "cuStreamWaitValue64")
+
+    def write_value(self, obj: Any, value: int, stream: Any = None) -> None:
+        """``cuStreamWriteValue64`` of ``value`` into the word of ``obj`` (a plain device store)."""
+        err = self.cu.cuStreamWriteValue64(
+            self._cu_stream(stream),
+            self.cu.CUdeviceptr(self.word_addr(obj)),
+            self.cu.cuuint64_t(value),
+            self.cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT,
+        )
+        self._check(err[0] if isinstance(err, tuple) else err, "cuStreamWriteValue64")
+
+    def signal(
+        self, obj: Any, value: int = 0, gate: Any = None, stream: Any = None, wake: bool = True
+    ) -> None:
+        """Signal ``obj`` from the GPU after the work queued on ``stream``: a fence SUCCESS
+        (or the gate's failure), a timeline ``value`` (or failed with the gate's status)."""
+        h = obj.handle if hasattr(obj, "handle") else int(obj)
+        kind = 2 if (h >> 48) & 0xFF == _KIND_TIMELINE else 1
+        st = stream or self.stream
+        gp = 0 if gate is None else int(gate.data.ptr)
+        self._k_signal(
+            (1,),
+            (1,),
+            (np.uint64(self.word_addr(h)), np.int32(kind), np.uint64(value), np.uint64(gp)),
+            stream=st,
+        )
+        if wake:
+            self.host_wake(self.word_addr(h) - self.dbase + self.base, st)
+
+    def host_wake(self, host_addr: int, stream: Any = None) -> None:
+        """After the work on ``stream``: FUTEX_WAKE the host sleepers of the word at ``host_addr``."""
+        err = self.cu.cuLaunchHostFunc(self._cu_stream(stream), self._wake_fn, host_addr)
+        self._check(err[0] if isinstance(err, tuple) else err, "cuLaunchHostFunc")
+
+    def gate(self, inputs: list[Any], stream: Any = None) -> Any:
+        """A device int: 0 when every input's word says success, else the first failure status."""
+        cp = self.cp
+        g = cp.zeros(1, dtype=cp.int32)
+        if not inputs:
+            return g
+        words = cp.asarray(np.array([self.word_addr(o) for o in inputs], dtype=np.uint64))
+        kinds = cp.asarray(
+            np.array(
+                [
+                    2 if ((o.handle if hasattr(o, "handle") else o) >> 48) & 0xFF == _KIND_TIMELINE else 1
+                    for o in inputs
+                ],
+                dtype=np.int32,
+            )
+        )
+        self._k_gate((1,), (1,), (words, kinds, np.int32(len(inputs)), g), stream=stream or self.stream)
+        return g
+
+    def commit(self, out: Buffer, scratch: Any, gate: Any, stream: Any = None) -> None:
+        """Copy device ``scratch`` into heap buffer ``out`` when the gate is open."""
+        n = out.nbytes
+        if scratch.nbytes != n:
+            raise ValueError("scratch and output sizes differ")
+        blocks = max(1, min(1024, (n // 8 + 255) // 256))
+        self._k_commit(
+            (blocks,),
+            (256,),
+            (np.uint64(self.dptr(out.offset)), scratch, np.uint64(n), gate),
+            stream=stream or self.stream,
+        )
+
+    def enqueue(
+        self, queue: Any, packet_buf: Buffer, gate: Any = None, stream: Any = None, wake: bool = True
+    ) -> Any:
+        """After the work on ``stream``, push the packet held in ``packet_buf`` (64 bytes, in the
+        heap) into ``queue`` from the GPU and ring its doorbell.  Returns a device int with the
+        push's result (0 = pushed, 1 = skipped by the gate)."""
+        cp = self.cp
+        if packet_buf.nbytes != int(C.PACKET_SIZE):
+            raise ValueError("a packet buffer is 64 bytes")
+        res = cp.zeros(1, dtype=cp.int32)
+        gp = np.uint64(0) if gate is None else gate
+        st = stream or self.stream
+        self._k_enqueue(
+            (1,),
+            (1,),
+            (
+                np.uint64(self.dbase),
+                np.uint64(queue.handle),
+                np.uint64(self.dptr(packet_buf.offset)),
+                gp,
+                res,
+            ),
+            stream=st,
+        )
+        if wake:
+            info = self.dom._core.queue_doorbell_addr(queue.handle)
+            self.host_wake(int(info), st)
+        return res
+
+    def close(self) -> None:
+        """Unregister the domain (after synchronizing the stream)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.stream.synchronize()
+        try:
+            self.cp.cuda.runtime.hostUnregister(self.base)
+        except Exception:
+            pass
+
+    def __enter__(self) -> CudaPeer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

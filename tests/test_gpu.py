@@ -1,0 +1,194 @@
+"""GPU tests (run on the GPU machine; skipped elsewhere with the reason).
+
+Zero-copy visibility both ways, a device-side wait released by another
+process's signal, a GPU signal waking an async host waiter, a GPU kernel
+enqueuing an ERT command that the npu agent completes, the four Graph modes
+with cuda stages agreeing with NumPy, and an npu agent SIGKILLed while the GPU
+waits on its fence (the GPU stage must fail, not hang).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import hostless as hl
+from hostless import agents, ert, kernels
+from hostless.graph import Graph
+
+cuda = pytest.importorskip("hostless.cuda")
+_why = cuda.available()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_why is not None, reason=f"no usable GPU: {_why}")]
+
+
+@pytest.fixture
+def dom():
+    name = f"hlgpu-{uuid.uuid4().hex[:10]}"
+    d = hl.Domain.create(name, heap="256M", trace="1M")
+    yield d
+    d.close()
+    hl.Domain.unlink(name)
+
+
+@pytest.fixture
+def peer(dom):
+    p = cuda.CudaPeer(dom, 0)
+    yield p
+    p.close()
+
+
+def test_zero_copy_both_ways(dom, peer):
+    b = dom.buffer((1024,), "f4")
+    b.numpy()[:] = np.arange(1024, dtype="f4")
+    g = peer.array(b)
+    assert float(g.sum()) == float(np.arange(1024, dtype="f4").sum())  # GPU reads host writes
+    with peer.stream:
+        g *= 2
+    peer.stream.synchronize()
+    assert (b.numpy() == 2 * np.arange(1024, dtype="f4")).all()  # host reads GPU writes
+    b.release()
+
+
+def test_device_wait_released_by_another_process(dom, peer):
+    f = dom.fence()
+    t = dom.timeline()
+    out = dom.buffer(4, "i4")
+    out.numpy()[:] = 0
+    g = peer.array(out)
+    peer.wait(f, 1)
+    peer.wait(t, 5)
+    with peer.stream:
+        g += 7
+    code = (
+        "import hostless as hl, sys, time\n"
+        "d = hl.Domain.open(sys.argv[1]); f = d.import_fence(int(sys.argv[2])); t = d.import_timeline(int(sys.argv[3]))\n"
+        "time.sleep(0.2); t.signal(5); f.signal(); d.close()\n"
+    )
+    time.sleep(0.05)
+    assert (out.numpy() == 0).all()  # the GPU is held by the wait
+    p = subprocess.run([sys.executable, "-c", code, dom.name, str(f.handle), str(t.handle)], timeout=30)
+    assert p.returncode == 0
+    peer.stream.synchronize()
+    assert (out.numpy() == 7).all()
+
+
+def test_gpu_signal_wakes_async_waiter(dom, peer):
+    f = dom.fence()
+    t = dom.timeline()
+    gate = peer.gate([])
+
+    async def main() -> tuple[hl.Status, hl.Status, float]:
+        t0 = time.perf_counter()
+        peer.signal(f, 0, gate)
+        peer.signal(t, 3, gate)
+        a = await asyncio.wait_for(f.wait_async(), 10)
+        b = await asyncio.wait_for(t.wait_async(3), 10)
+        return a, b, time.perf_counter() - t0
+
+    a, b, dt = asyncio.run(main())
+    assert a == hl.Status.SUCCESS and b == hl.Status.SUCCESS and t.value == 3
+    assert dt < 5
+
+
+def test_gpu_enqueues_ert_command_for_npu(dom, peer):
+    npu = agents.spawn(dom, "npu")
+    try:
+        x = dom.buffer((8, 8), "f4")
+        y = dom.buffer((8, 8), "f4")
+        x.numpy()[:] = np.random.default_rng(1).standard_normal((8, 8))
+        cmd = ert.start_cu(kernels.cu_index("relu"), [2, *ert.u64_args([x.handle, y.handle])]).encode()
+        cb = dom.buffer(len(cmd))
+        cb.numpy()[:] = np.frombuffer(cmd, np.uint8)
+        ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(dom)
+        done = dom.fence(owner=npu.id)
+        pkt = hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=done.handle)
+        pb = dom.buffer(64)
+        pb.numpy()[:] = np.frombuffer(pkt.encode(), np.uint8)
+        res = peer.enqueue(npu.queue, pb)
+        assert done.wait(10) == hl.Status.SUCCESS
+        assert int(res.get()[0]) == 0
+        assert ert.parse_header(int(cb.numpy().view("<u4")[0]))[0] == ert.State.COMPLETED
+        assert np.allclose(y.numpy(), np.maximum(x.numpy(), 0))
+    finally:
+        npu.stop()
+
+
+def _graph(dom, gpu, npu, cpu):
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((64, 64)).astype("f4")
+    w2 = rng.standard_normal((64, 32)).astype("f4")
+    g = Graph(dom).input("frame", (64, 64), "f4").constant("W1", w1).constant("W2", w2)
+    g.stage("pre", gpu, "normalize", ["frame"], ("x", (64, 64), "f4"), scalars=[0.5, 2.0])
+    g.stage("gemm1", gpu, "gemm", ["x", "W1"], ("h", (64, 64), "f4"))
+    g.stage("npu", npu, "gemm", ["h", "W2"], ("y", (64, 32), "f4"))
+    g.stage("post", cpu, "softmax", ["y"], ("z", (64, 32), "f4"))
+    frame = rng.random((64, 64)).astype("f4")
+    x = (frame - 0.5) / 2.0
+    y = (x @ w1) @ w2
+    e = np.exp(y - y.max(-1, keepdims=True))
+    return g, frame, e / e.sum(-1, keepdims=True)
+
+
+def test_graph_modes_with_cuda_stages(dom):
+    gpu, npu, cpu = agents.spawn(dom, "cuda"), agents.spawn(dom, "npu"), agents.spawn(dom, "cpu")
+    try:
+        g, frame, ref = _graph(dom, gpu, npu, cpu)
+        for dispatch in ("host", "direct"):
+            for data in ("copy", "shared"):
+                with g.compile(dispatch=dispatch, data=data) as cg:
+                    out = cg.run({"frame": frame}, timeout=60)
+                    assert np.allclose(out["z"], ref, atol=1e-4), (dispatch, data)
+                    outs = list(cg.stream([{"frame": frame}] * 8, timeout=60))
+                    assert all(np.allclose(o["z"], ref, atol=1e-4) for o in outs)
+    finally:
+        for a in (gpu, npu, cpu):
+            a.stop()
+
+
+def test_npu_killed_while_gpu_waits_fails_the_gpu_stage(dom):
+    gpu, npu = agents.spawn(dom, "cuda"), agents.spawn(dom, "npu")
+    try:
+        blocker = dom.fence()  # the npu stage waits on it, so it is in flight when killed
+        x = dom.buffer((16,), "f4")
+        y = dom.buffer((16,), "f4")
+        z = dom.buffer((16,), "f4")
+        x.numpy()[:] = 1
+        z.numpy()[:] = -5
+        npu_done = dom.fence(owner=npu.id)
+        ka = hl.Kernargs(buffers=[x.handle, y.handle]).to_buffer(dom)
+        cmd = ert.start_cu(kernels.cu_index("relu"), [2, *ert.u64_args([x.handle, y.handle])]).encode()
+        cb = dom.buffer(len(cmd))
+        cb.numpy()[:] = np.frombuffer(cmd, np.uint8)
+        ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(dom)
+        npu.queue.push(
+            hl.Packet(
+                type=hl.PacketType.ERT, args=ka.handle, signal=npu_done.handle, wait=(blocker.handle, 0)
+            )
+        )
+        gpu_done = dom.fence(owner=gpu.id)
+        kg = hl.Kernargs(buffers=[y.handle, z.handle]).to_buffer(dom)
+        gpu.queue.push(
+            hl.Packet(
+                kernel=kernels.kernel_id("relu"),
+                args=kg.handle,
+                signal=gpu_done.handle,
+                wait=(npu_done.handle, 0),
+            )
+        )
+        time.sleep(0.3)
+        t0 = time.perf_counter()
+        npu.kill()
+        st = gpu_done.wait(10)
+        assert st == hl.Status.OWNER_DIED, st  # the GPU stage fails with its input's status
+        assert time.perf_counter() - t0 < 5
+        assert (z.numpy() == -5).all()  # and its output is untouched
+        blocker.signal()
+    finally:
+        gpu.stop()
+        npu.kill()
