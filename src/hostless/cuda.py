@@ -173,7 +173,9 @@ class CudaPeer:
         except cp.cuda.runtime.CUDARuntimeError as e:
             if "already registered" not in str(e).lower():
                 raise CudaUnavailable(f"cannot register the domain with the GPU: {e}") from None
-        self.dbase = int(cp.cuda.runtime.hostGetDevicePointer(self.base, 0))
+        err, dptr = cu.cuMemHostGetDevicePointer(self.base, 0)
+        self._check(err, "cuMemHostGetDevicePointer")
+        self.dbase = int(dptr)
         self.stream = cp.cuda.Stream(non_blocking=True)
         from . import abi_header_path
 
