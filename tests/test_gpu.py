@@ -61,6 +61,9 @@ def test_device_wait_released_by_another_process(dom, peer):
     out = dom.buffer(4, "i4")
     out.numpy()[:] = 0
     g = peer.array(out)
+    with peer.stream:  # compile the kernel first: never compile behind a pending wait
+        g += 0
+    peer.stream.synchronize()
     peer.wait(f, 1)
     peer.wait(t, 5)
     with peer.stream:

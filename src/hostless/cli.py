@@ -422,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bp = bsub.add_parser(
         "pipeline",
-        help="graphs in the four modes (host/direct x copy/shared), per-hop overhead, multiprocessing and Ray peers",
+        help="graphs in the four modes (host/direct x copy/shared), per-hop overhead, "
+        "multiprocessing and Ray peers",
     )
     bp.add_argument("--quick", action="store_true", help="a small run (well under a minute)")
     bp.add_argument(

@@ -145,7 +145,7 @@ CHAIN_HEADER_WORDS = 6
 
 
 def cmd_chain(handles: Sequence[int]) -> ErtCommand:
-    """ERT_CMD_CHAIN: command count, submit index, error index, 3 reserved words, then u64 handles (no cu_mask)."""
+    """ERT_CMD_CHAIN: count, submit index, error index, 3 reserved words, u64 handles (no cu_mask)."""
     payload = [len(handles), 0, 0, 0, 0, 0]
     for h in handles:
         payload += [h & 0xFFFFFFFF, h >> 32]

@@ -6,35 +6,48 @@ when the machine has at least two.  For every size from 4 KiB to 1 GiB (powers
 of 4; ``--quick`` stops at 64 MiB) the modes run one after the other.
 
 Every hand-off has two steps.  First the producer prepares the data (not
-measured, the same work in every mode: it fills every byte of a fresh buffer)
-while the consumer sleeps (a futex wait, or a blocking Pipe read); then the
-producer wakes the consumer with an untimed "prepare" notice, the consumer
-answers that it is ready and goes into a spinning wait, and PREPARE_DELAY
-(20 us) later the timed hand-off starts.  So in every mode and at every size
-the consumer is awake, spinning, and has been idle for the same short time
-when the hand-off comes: what is measured is the hand-off, not how long the
-consumer slept (a wake-up from a long sleep costs tens of microseconds on a
-virtual machine, more on a loaded one, whatever the size).  ``zero_copy_cold``
-shows the plain case for information.
+measured, the same work in every mode: it writes one byte in every 4 KiB page
+of the buffer, so that every page is resident and dirty, as after a device
+wrote it) while the consumer sleeps (a futex wait, or a blocking Pipe read);
+then the producer wakes the consumer with an untimed "prepare" notice, the
+consumer answers that it is ready and goes into a spinning wait, and
+PREPARE_DELAY (20 us) later the timed hand-off starts.  So in every mode and
+at every size the consumer is awake, spinning, and has been idle for the same
+short time when the hand-off comes: what is measured is the hand-off, not how
+long the consumer slept (a wake-up from a long sleep costs tens of
+microseconds on a virtual machine, more on a loaded one, whatever the size).
 
 * ``zero_copy``: the producer has allocated a heap buffer (``dom.buffer(n)``)
-  and filled it; it writes the handle and its start time into a mailbox (a
+  and written it; it writes the handle and its start time into a mailbox (a
   small heap buffer) and signals a timeline; the consumer wakes, imports the
   handle, makes a NumPy view and reads its first byte.  Measured: from the
   producer's signal to the consumer's first byte (import + view + read).
-* ``zero_copy_cold``: the same without the prepare step: the consumer waits
-  through the producer's fill in the domain's default wait (spins 50 us, then
-  sleeps on the futex), for information.
+* ``zero_copy_plain_wait`` (for information): the same without the prepare
+  step: the consumer waits through the producer's work in the domain's
+  default wait (spins 50 us, then sleeps on the futex).
+* ``zero_copy_control`` (the control of the size goal): the producer writes
+  a buffer of the row's size as in ``zero_copy`` (one byte per page) but hands
+  off a separate 4 KiB buffer.  Writing one byte in each of the 262,144 pages
+  of 1 GiB pulls 16 MiB of data lines and 2 MiB of page tables through the
+  caches and the TLB, so code and data the hand-off needs may have been
+  evicted; this figure has the same pollution with a 4 KiB hand-off, so
+  ``zero_copy`` / ``zero_copy_control`` at one size is the effect of the
+  handed-off buffer's size alone.
+* ``zero_copy_full_fill`` (for information): the same as ``zero_copy`` but the
+  producer wrote every byte: at hundreds of MiB that write evicts the
+  consumer's code and data from every cache level, and the consumer's import
+  path then runs from DRAM; this is the cost of the fill, not of the hand-off
+  (which touches no data).
 * ``copy``: the copy baseline done the careful way: the producer copies its
-  filled :class:`~hostless.PrivateBuffer` into a shared staging buffer
+  written :class:`~hostless.PrivateBuffer` into a shared staging buffer
   (``copy_to``: one memcpy), signals, the consumer copies the staging buffer
   into its own PrivateBuffer (one memcpy) and reads its first byte.  Measured:
   from the start of the producer's copy to the consumer's first byte.
 * ``shm_pipe``: ``multiprocessing.shared_memory``: the producer has created
-  and filled a segment and sends its name over a ``multiprocessing.Pipe``;
+  and written a segment and sends its name over a ``multiprocessing.Pipe``;
   the consumer attaches by name, makes an ndarray view and reads its first
   byte.  Measured: from the send to the first byte (the attach included).
-* ``pickle_pipe``: the producer sends the filled ndarray over a Pipe
+* ``pickle_pipe``: the producer sends the written ndarray over a Pipe
   (pickled); measured from the send to the consumer's first byte of the
   unpickled array.
 
@@ -94,7 +107,9 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
 MODES: dict[str, str] = {
     "zero_copy": "hostless zero-copy (handle + timeline)",
-    "zero_copy_cold": "hostless zero-copy, plain default wait (no prepare step)",
+    "zero_copy_plain_wait": "hostless zero-copy, default wait, no prepare step",
+    "zero_copy_full_fill": "hostless zero-copy, producer wrote every byte",
+    "zero_copy_control": "control: 4 KiB zero-copy hand-off after the producer wrote this size",
     "copy": "hostless copy mode (copy_to staging, copy_to out)",
     "shm_pipe": "multiprocessing.shared_memory + Pipe message",
     "pickle_pipe": "ndarray pickled over a Pipe",
@@ -164,6 +179,18 @@ def fmt_size(n: int) -> str:
     return f"{n} B"
 
 
+def _produce(a: np.ndarray[Any, Any], r: int, full: bool = False) -> None:
+    """The producer's work on buffer ``a`` (uint8) before hand-off ``r``, not measured:
+    one byte written in every 4 KiB page (so every page is resident and dirty, as
+    after a device wrote it), or every byte with ``full``."""
+    v = _fill_value(r)
+    if full:
+        a.fill(v)
+    else:
+        a[::4096] = v
+        a[-1] = v
+
+
 def _fill_value(i: int) -> int:
     return i % 251 + 1  # never 0: a page nobody wrote reads as 0
 
@@ -203,8 +230,10 @@ def _consumer_main(conn: Connection, cpu: int | None, name: str) -> None:
                     break
                 if cmd == "zero_copy":
                     out = _consume_zero_copy(dom, mailbox, go, ack, **args)
-                elif cmd == "zero_copy_cold":
+                elif cmd == "zero_copy_plain_wait":
                     out = _consume_zero_copy(dom, mailbox, go, ack, prepare=False, **args)
+                elif cmd in ("zero_copy_full_fill", "zero_copy_control"):
+                    out = _consume_zero_copy(dom, mailbox, go, ack, **args)
                 elif cmd == "copy":
                     out = _consume_copy(dom, mailbox, go, ack, **args)
                 elif cmd == "shm_pipe":
@@ -460,17 +489,34 @@ class _Bench:
     def zero_copy(self, size: int, count: int) -> np.ndarray[Any, Any]:
         return self._zero_copy(size, count, True)
 
-    def zero_copy_cold(self, size: int, count: int) -> np.ndarray[Any, Any]:
+    def zero_copy_plain_wait(self, size: int, count: int) -> np.ndarray[Any, Any]:
         return self._zero_copy(size, count, False)
 
-    def _zero_copy(self, size: int, count: int, prepare: bool) -> np.ndarray[Any, Any]:
-        first = self._start("zero_copy" if prepare else "zero_copy_cold", count)
+    def zero_copy_full_fill(self, size: int, count: int) -> np.ndarray[Any, Any]:
+        return self._zero_copy(size, count, True, full=True)
+
+    def zero_copy_control(self, size: int, count: int) -> np.ndarray[Any, Any]:
+        return self._zero_copy(size, count, True, control=True)
+
+    def _zero_copy(
+        self, size: int, count: int, prepare: bool, full: bool = False, control: bool = False
+    ) -> np.ndarray[Any, Any]:
+        cmd = "zero_copy_full_fill" if full else ("zero_copy" if prepare else "zero_copy_plain_wait")
+        if control:
+            cmd = "zero_copy_control"
+        first = self._start(cmd, count)
         mb, buffer, signal, clock = self.mb, self.dom.buffer, self.go.signal, time.monotonic_ns
         assert mb is not None
+        # control: the producer writes a buffer of `size` (not handed off), then hands off 4 KiB
+        big = buffer(size) if control else None
         for k in range(count):
             r = first + k
-            b = buffer(size)
-            b.numpy().fill(_fill_value(r))  # the producer's work: not measured
+            if big is not None:
+                _produce(big.numpy(), r)
+                b = buffer(4096)
+            else:
+                b = buffer(size)
+            _produce(b.numpy(), r, full)  # the producer's work: not measured
             if prepare:
                 self._prepare(r)
             mb[0] = b.handle
@@ -479,6 +525,8 @@ class _Bench:
             signal(2 * r)
             self._ack(2 * r)
             b.release()
+        if big is not None:
+            big.release()
         return self._samples()
 
     def copy(self, size: int, count: int) -> np.ndarray[Any, Any]:
@@ -491,7 +539,7 @@ class _Bench:
             assert mb is not None
             for k in range(count):
                 r = first + k
-                pa.fill(_fill_value(r))  # the producer's work: not measured
+                _produce(pa, r)  # the producer's work: not measured
                 self._prepare(r)
                 t0 = clock()
                 p.copy_to(staging)
@@ -515,7 +563,7 @@ class _Bench:
             shm = shared_memory.SharedMemory(create=True, size=size)
             try:
                 a: np.ndarray[Any, Any] = np.ndarray((size,), dtype=np.uint8, buffer=shm.buf)
-                a.fill(_fill_value(r))  # the producer's work: not measured
+                _produce(a, r)  # the producer's work: not measured
                 self._pipe_prepare(r)
                 conn.send((shm.name, clock()))
                 self._pipe_ack(r)
@@ -533,7 +581,7 @@ class _Bench:
         clock = time.monotonic_ns
         for k in range(count):
             r = first + k
-            a.fill(_fill_value(r))  # the producer's work: not measured
+            _produce(a, r)  # the producer's work: not measured
             self._pipe_prepare(r)
             conn.send((clock(), a))
             self._pipe_ack(r)
@@ -874,6 +922,25 @@ def evaluate_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "met": None if r is None else r <= 2.0,
             }
         )
+        ctl = _fig(result, "zero_copy_control", hi)
+        if ctl is not None and hi > lo:
+            r = ratio(_fig(result, "zero_copy", hi), ctl)
+            goals.append(
+                {
+                    "figure": "size_independence_control",
+                    "label": f"zero-copy hand-off, {fmt_size(hi)} vs 4 KiB after the same write",
+                    "p50_ns": _fig(result, "zero_copy", hi),
+                    "p90_ns": _fig(result, "zero_copy", hi, "p90"),
+                    "reference_ns": ctl,
+                    "ratio_of": f"zero-copy {fmt_size(hi)} / control (4 KiB hand-off, same write)",
+                    "ratio": r,
+                    "ratio_p90": ratio(
+                        _fig(result, "zero_copy", hi, "p90"), _fig(result, "zero_copy_control", hi, "p90")
+                    ),
+                    "goal": "<= 2x: the size goal with the producer's cache and TLB pollution made equal",
+                    "met": None if r is None else r <= 2.0,
+                }
+            )
     at = 64 * MIB
     z, c = _fig(result, "zero_copy", at), _fig(result, "copy", at)
     r = ratio(c, z)
@@ -1092,27 +1159,38 @@ def report_markdown(result: dict[str, Any]) -> str:
     lines += [
         "## How each mode is measured",
         "",
-        "The producer fills the whole buffer (every byte) before each hand-off in every mode, while the "
-        "consumer sleeps; the fill is not measured. Then the producer wakes the consumer with an untimed "
-        "prepare notice (a timeline point, or a Pipe message), the consumer answers that it is ready and "
-        "goes into a spinning wait (the timeline wait with a long spin budget, or a loop on `poll()`), and "
-        "20 us later the timed hand-off starts: the consumer is awake and has been idle for the same short "
-        "time in every mode and at every size. Both processes read `time.monotonic_ns()` (CLOCK_MONOTONIC, "
-        "one clock for the machine); the consumer subtracts the producer's start time.",
+        "Before each hand-off the producer writes one byte in every 4 KiB page of the buffer (every page "
+        "resident and dirty, as after a device wrote it), the same in every mode, while the consumer "
+        "sleeps; this is not measured. Then the producer wakes the consumer with an untimed prepare notice "
+        "(a timeline point, or a Pipe message), the consumer answers that it is ready and goes into a "
+        "spinning wait (the timeline wait with a long spin budget, or a loop on `poll()`), and 20 us later "
+        "the timed hand-off starts: the consumer is awake and has been idle for the same short time in "
+        "every mode and at every size. Both processes read `time.monotonic_ns()` (CLOCK_MONOTONIC, one "
+        "clock for the machine); the consumer subtracts the producer's start time.",
         "",
-        "- zero-copy: the producer has allocated `dom.buffer(n)` and filled it; it stores the handle and its "
-        "start time in a mailbox (a small heap buffer) and signals a timeline. The consumer, spinning in "
-        "`timeline.wait`, wakes, `dom.import_buffer(handle)`, `.numpy()`, reads byte 0, takes its time, "
-        "releases the buffer and signals back. Measured: signal -> first byte (import + view + read).",
-        "- zero-copy, plain (no prepare step): the consumer waits through the producer's fill in the "
-        "domain's default wait (spins 50 us, then sleeps on the futex): small fills are caught spinning, "
-        "long ones cost a futex wake-up (tens of us in a VM). For information.",
-        "- copy mode: the producer's filled `PrivateBuffer` is copied into a shared staging buffer "
+        "- zero-copy: the producer has allocated `dom.buffer(n)` and written it; it stores the handle and "
+        "its start time in a mailbox (a small heap buffer) and signals a timeline. The consumer, spinning "
+        "in `timeline.wait`, wakes, `dom.import_buffer(handle)`, `.numpy()`, reads byte 0, takes its "
+        "time, releases the buffer and signals back. Measured: signal -> first byte (import + view + "
+        "read).",
+        "- zero-copy, default wait (for information): no prepare step: the consumer waits through the "
+        "producer's work in the domain's default wait (spins 50 us, then sleeps on the futex): short "
+        "waits are caught spinning, long ones pay a futex wake-up (tens of us in a VM).",
+        "- control (4 KiB after this size): the producer writes a buffer of the row's size as for zero-copy "
+        "(one byte per page; not handed off) and then hands off a separate 4 KiB buffer. Writing one byte "
+        "in each page of 1 GiB pulls 16 MiB of data lines and 2 MiB of page tables through the caches and "
+        "the TLB and can evict what the hand-off needs; the control has the same pollution with a 4 KiB "
+        "hand-off, so zero-copy / control in one row is the effect of the handed-off size alone.",
+        "- zero-copy, producer wrote every byte (for information): as zero-copy, but the producer "
+        "filled the whole buffer. From a few hundred MiB on, that write evicts the consumer's code and "
+        "data from every cache level (L3 included), and the import path runs from DRAM: the extra time is "
+        "the fill's, not the hand-off's, which touches no data.",
+        "- copy mode: the producer's written `PrivateBuffer` is copied into a shared staging buffer "
         "(`copy_to`, one memcpy); timeline signal; the consumer copies the staging buffer into its own "
         "`PrivateBuffer` (`copy_to`) and reads byte 0. Measured: start of the producer's copy -> first byte "
         "after the consumer's copy.",
-        "- multiprocessing.shared_memory + Pipe: the producer creates and fills a `SharedMemory` segment and "
-        "sends `(name, start time)` over a `multiprocessing.Pipe`; the consumer, spinning on `poll()`, "
+        "- multiprocessing.shared_memory + Pipe: the producer creates and writes a `SharedMemory` segment "
+        "and sends `(name, start time)` over a `multiprocessing.Pipe`; the consumer, spinning on `poll()`, "
         "receives it, attaches by name (`SharedMemory(name=...)`), makes an ndarray view and reads byte 0. "
         "Measured: send -> first byte (the attach included).",
         "- pickle over a Pipe: the producer sends `(start time, ndarray)` with `Connection.send` (pickled); "

@@ -43,6 +43,7 @@ Markdown report and a PNG plot (when matplotlib is importable).
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -75,13 +76,19 @@ __all__ = [
 
 DEFAULT_OUT_DIR = "benchmarks/results"
 
-MODES: tuple[tuple[str, str], ...] = (("host", "copy"), ("host", "shared"), ("direct", "copy"), ("direct", "shared"))
+MODES: tuple[tuple[str, str], ...] = (
+    ("host", "copy"),
+    ("host", "shared"),
+    ("direct", "copy"),
+    ("direct", "shared"),
+)
 """(dispatch, data) of the four modes; host+copy (the first) is the baseline."""
 
 RAY_MEASURED_P50_NS = (142_000.0, 261_000.0)
 """Ray 2.60 Compiled Graph a->b echo, p50 on the 2-core dev machine (shared/measured.md, 2026-11-30)."""
 
 _Progress = Callable[[str], None]
+_BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def mode_name(dispatch: str, data: str) -> str:
@@ -116,6 +123,12 @@ class PipelineBenchConfig:
     """Round trips per multiprocessing / Ray figure."""
     pin: bool = True
     """Pin the host and the agents to CPUs (see ``placement`` in the result)."""
+    host_spin: float | None = None
+    """Spin budget (seconds) of the host's waits; None: 0 with fewer than 3 CPUs (a spinning host
+    takes a CPU from an agent there, which measured slower in every mode), else the domain default."""
+    blas_threads: int = 1
+    """BLAS threads per agent (OPENBLAS/OMP/MKL_NUM_THREADS in the agents' environment): one engine,
+    one core.  0 leaves the environment alone."""
     quick: bool = False
 
     @classmethod
@@ -225,7 +238,9 @@ def _relu_chain(dom: Any, cpu: Any, npu: Any, n: int, nbytes: int, kernel: str =
     return g, ref
 
 
-def _gemm_chain(dom: Any, cpu: Any, npu: Any, n: int, stages: int, rng: np.random.Generator) -> tuple[Any, Any]:
+def _gemm_chain(
+    dom: Any, cpu: Any, npu: Any, n: int, stages: int, rng: np.random.Generator
+) -> tuple[Any, Any]:
     from hostless.graph import Graph
 
     ws = [(rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32) for _ in range(stages)]
@@ -367,26 +382,40 @@ def _throughput(
     return out
 
 
-def _agent_floor(dom: Any, n: int = 4000) -> dict[str, Any]:
-    """Per-packet work of an agent with no wake-up: push, pop, decode, a 4 KiB relu, signal,
-    all in this process (the agent's loop body, run here)."""
+def _agent_floor(dom: Any, kind: str, n: int = 4000) -> dict[str, Any]:
+    """Per-packet work of an agent with no wake-up: push, pop, decode, a 4 KiB relu (a KERNEL
+    packet for cpu, an ERT START_CU command for npu), signal, all in this process (the agent's
+    loop body, run here)."""
     import hostless as hl
+    from hostless import ert
     from hostless.agents.worker import Agent
-    from hostless.kernels import kernel_id
+    from hostless.kernels import cu_index, kernel_id
 
     q = dom.queue(64)
     x, y = dom.buffer((1024,), np.float32), dom.buffer((1024,), np.float32)
     tl = dom.timeline()
-    ka = hl.Kernargs(buffers=[x.handle, y.handle]).to_buffer(dom)
+    owned: list[Any] = []
+    if kind == "cpu":
+        ka = hl.Kernargs(buffers=[x.handle, y.handle]).to_buffer(dom)
+        p = hl.Packet(kernel=kernel_id("relu"), args=ka.handle, signal=tl.handle)
+    else:
+        cmd = ert.start_cu(cu_index("relu"), [2] + ert.u64_args([x.handle, y.handle])).encode()
+        cb = dom.buffer(len(cmd))
+        owned.append(cb)
+        ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(dom)
+        p = hl.Packet(type=hl.PacketType.ERT, kernel=cu_index("relu"), args=ka.handle, signal=tl.handle)
+    owned.append(ka)
+    raw_cmd = cb.numpy() if kind == "npu" else None
     agent = None
     try:
         q.bind()
-        agent = Agent(dom, q, "cpu", {}, os.getppid())
-        p = hl.Packet(kernel=kernel_id("relu"), args=ka.handle, signal=tl.handle)
+        agent = Agent(dom, q, kind, {}, os.getppid())
         samples = np.empty(n, dtype=np.int64)
         clock = time.perf_counter_ns
         for i in range(n):
             p.signal_value = i + 1
+            if raw_cmd is not None:
+                raw_cmd[:] = np.frombuffer(cmd, np.uint8)  # a fresh NEW command each time
             t0 = clock()
             q.push(p)
             r = q.pop_raw(0, 0)
@@ -397,7 +426,7 @@ def _agent_floor(dom: Any, n: int = 4000) -> dict[str, Any]:
     finally:
         if agent is not None:
             agent.cache.clear()
-        for o in (ka, tl, y, x, q):
+        for o in owned + [tl, y, x, q]:
             o.release()
 
 
@@ -427,6 +456,9 @@ def _mp_worker(kind: str, idx: int, inbox: Any, nxt: Any, home: Any, cpus: list[
             send_next((left - 1, op, arr))
 
 
+_PEER_TIMEOUT = 30.0
+
+
 class _MpChain:
     """``n`` spawned processes chained with Pipes or Queues; chains of any length <= n."""
 
@@ -434,19 +466,36 @@ class _MpChain:
         ctx = mp.get_context("spawn")
         self.kind, self.n = kind, n
         self.procs: list[mp.process.BaseProcess] = []
+        self._keep: Any = None
         if kind == "pipe":
             boxes = [ctx.Pipe(duplex=False) for _ in range(n)]  # (reader, writer)
             home_r, home_w = ctx.Pipe(duplex=False)
             self.first = boxes[0][1].send
-            self.recv = home_r.recv
-            ends: list[tuple[Any, Any]] = [(boxes[i][0], boxes[i + 1][1] if i + 1 < n else None) for i in range(n)]
+
+            def recv_pipe() -> Any:
+                if not home_r.poll(_PEER_TIMEOUT):
+                    raise RuntimeError(f"multiprocessing chain: nothing back within {_PEER_TIMEOUT} s")
+                return home_r.recv()
+
+            self.recv = recv_pipe
+            ends: list[tuple[Any, Any]] = [
+                (boxes[i][0], boxes[i + 1][1] if i + 1 < n else None) for i in range(n)
+            ]
             home: Any = home_w
             self._close = [b for pair in boxes for b in pair] + [home_r, home_w]
         else:
             qs = [ctx.Queue() for _ in range(n)]
             hq = ctx.Queue()
             self.first = qs[0].put
-            self.recv = hq.get
+
+            def recv_queue() -> Any:
+                return hq.get(timeout=_PEER_TIMEOUT)
+
+            self.recv = recv_queue
+            self._keep = (
+                qs,
+                hq,
+            )  # Process.start() drops its args: the queues must outlive the children's start
             ends = [(qs[i], qs[i + 1] if i + 1 < n else None) for i in range(n)]
             home = hq
             self._close = []
@@ -491,7 +540,10 @@ def _mp_peers(cfg: PipelineBenchConfig, say: _Progress) -> dict[str, Any]:
             warm = max(5, cfg.warmup // 2)
             x = np.zeros(1024, np.float32)
             s = chain.round_trips(2, "echo", x, cfg.peer_frames, warm)
-            out[f"{kind}_echo"] = {"label": f"multiprocessing.{kind.capitalize()} 2-process echo, 4 KiB", **summarize(s)}
+            out[f"{kind}_echo"] = {
+                "label": f"multiprocessing.{kind.capitalize()} 2-process echo, 4 KiB",
+                **summarize(s),
+            }
             for nbytes in cfg.chain_sizes:
                 if kind == "queue" and nbytes > 4096:
                     continue  # the Queue peer is measured on the small tensors only
@@ -607,8 +659,13 @@ def run(cfg: PipelineBenchConfig | None = None, progress: _Progress | None = Non
     rng = np.random.default_rng(2026)
     name = _domain_name()
     heap = max(256 << 20, 24 * max(cfg.chain_sizes) * max(cfg.chain_stages))
-    dom = hl.Domain.create(name, heap=heap, fences=8192, participants=16, label="bench-host")
+    host_spin = cfg.host_spin if cfg.host_spin is not None else (0.0 if len(cpus) < 3 else 50e-6)
+    result["host_spin_s"] = host_spin
+    dom = hl.Domain.create(name, heap=heap, fences=8192, participants=16, label="bench-host", spin=host_spin)
     spawned: list[Any] = []
+    saved_env = {k: os.environ.get(k) for k in _BLAS_VARS}
+    if cfg.blas_threads > 0:
+        os.environ.update(dict.fromkeys(_BLAS_VARS, str(cfg.blas_threads)))
     try:
         with _host_affinity(place["host"]):
             cpu = agents.spawn(dom, "cpu", label="bench-cpu")
@@ -636,7 +693,7 @@ def run(cfg: PipelineBenchConfig | None = None, progress: _Progress | None = Non
                     key = f"chain_{nbytes}_{n}"
                     g, ref = _relu_chain(dom, cpu, npu, n, nbytes)
                     x = rng.standard_normal(nbytes // 4).astype(np.float32)
-                    r = step(key, lambda g=g, x=x, ref=ref: _latency(g, {"x": x}, ref(x), cfg))
+                    r = step(key, functools.partial(_latency, g, {"x": x}, ref(x), cfg))
                     if r is not None:
                         wl[key] = {"kind": "chain", "stages": n, "nbytes": nbytes, "modes": r}
                         say(f"chain {n} stages x {_size(nbytes)}: " + _mode_line(r))
@@ -656,17 +713,23 @@ def run(cfg: PipelineBenchConfig | None = None, progress: _Progress | None = Non
             frames = [rng.integers(0, 256, cfg.vision_shape, dtype=np.uint8) for _ in range(8)]
             r = step("vision", lambda: _latency(g, {"frame": frames[0]}, vref(frames[0]), cfg))
             if r is not None:
-                wl["vision"] = {"kind": "vision", "stages": len(g.stages), "shape": list(cfg.vision_shape), "modes": r}
+                wl["vision"] = {
+                    "kind": "vision",
+                    "stages": len(g.stages),
+                    "shape": list(cfg.vision_shape),
+                    "modes": r,
+                }
                 say("vision pipeline, latency: " + _mode_line(r))
             t = step("vision_stream", lambda: _throughput(g, lambda i: {"frame": frames[i % 8]}, cfg))
             if t is not None:
                 wl["vision_stream"] = {"kind": "stream", "stages": len(g.stages), "variants": t}
                 say("vision pipeline, streaming: " + ", ".join(f"{k} {v['fps']:.0f}/s" for k, v in t.items()))
             say("agent floor (one process, no wake-up)")
-            fl = step("agent_floor", lambda: _agent_floor(dom))
-            if fl is not None:
-                result["agent_floor"] = fl
-                say(f"  p50 {fmt_ns(fl['p50'])} per packet")
+            for kind in ("cpu", "npu"):
+                fl = step(f"agent_floor_{kind}", functools.partial(_agent_floor, dom, kind))
+                if fl is not None:
+                    result.setdefault("agent_floor", {})[kind] = fl
+                    say(f"  {kind}: p50 {fmt_ns(fl['p50'])} per packet")
         say("multiprocessing peers")
         peers = step("multiprocessing", lambda: _mp_peers(cfg, say))
         if peers is not None:
@@ -675,6 +738,11 @@ def run(cfg: PipelineBenchConfig | None = None, progress: _Progress | None = Non
         result["peers"]["ray"] = _ray_peer(cfg)
         say(f"  ray: {result['peers']['ray']['status']}")
     finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         for a in spawned:
             try:
                 a.stop()
@@ -702,14 +770,17 @@ def derive(result: dict[str, Any]) -> None:
     """Per-hop figures of the chains: frame p50 / N, and the slope between the shortest and longest chain."""
     wl = result["workloads"]
     hops: dict[str, Any] = {}
-    for key, w in wl.items():
+    for w in wl.values():
         if w["kind"] != "chain":
             continue
-        for mode, st in w["modes"].items():
+        for st in w["modes"].values():
             st["per_hop_ns"] = st["p50"] / w["stages"]
     sizes = sorted({w["nbytes"] for w in wl.values() if w["kind"] == "chain"})
     for nbytes in sizes:
-        chains = sorted((w for w in wl.values() if w["kind"] == "chain" and w["nbytes"] == nbytes), key=lambda w: w["stages"])
+        chains = sorted(
+            (w for w in wl.values() if w["kind"] == "chain" and w["nbytes"] == nbytes),
+            key=lambda w: w["stages"],
+        )
         if len(chains) < 2:
             continue
         lo, hi = chains[0], chains[-1]
@@ -748,7 +819,17 @@ def evaluate_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
 
     def add(goal: str, figure: str, value: float | None, limit: float, at_most: bool, detail: str) -> None:
         met = None if value is None else (value <= limit if at_most else value >= limit)
-        goals.append({"goal": goal, "figure": figure, "value": value, "limit": limit, "at_most": at_most, "met": met, "detail": detail})
+        goals.append(
+            {
+                "goal": goal,
+                "figure": figure,
+                "value": value,
+                "limit": limit,
+                "at_most": at_most,
+                "met": met,
+                "detail": detail,
+            }
+        )
 
     add(
         "per-hop overhead in direct+shared <= 5 us",
@@ -771,7 +852,10 @@ def evaluate_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     if ray.get("status") == "measured":
         ray_p50, src = float(ray["p50"]), f"Ray {ray['version']} measured in this run"
     else:
-        ray_p50, src = RAY_MEASURED_P50_NS[0], "Ray 2.60 from shared/measured.md (142 us, the low end; not installed here)"
+        ray_p50, src = (
+            RAY_MEASURED_P50_NS[0],
+            "Ray 2.60 from shared/measured.md (142 us, the low end; not installed here)",
+        )
     add(
         ">= 25x lower per-hop latency than Ray Compiled Graphs",
         "2-stage echo (copy kernels, 4 KiB), direct+shared: Ray a->b p50 / hostless p50",
@@ -822,7 +906,16 @@ def goal_rows(result: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-LATENCY_HEADERS = ["workload", "mode", "p50", "p90", "per hop", "host CPU / frame", "speedup vs host+copy", "ok"]
+LATENCY_HEADERS = [
+    "workload",
+    "mode",
+    "p50",
+    "p90",
+    "per hop",
+    "host CPU / frame",
+    "speedup vs host+copy",
+    "ok",
+]
 
 
 def _workload_label(key: str, w: dict[str, Any]) -> str:
@@ -860,7 +953,14 @@ def latency_rows(result: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-STREAM_HEADERS = ["mode", "in flight", "frames/s", "time per frame", "host CPU / frame", "speedup vs host+copy"]
+STREAM_HEADERS = [
+    "mode",
+    "in flight",
+    "frames/s",
+    "time per frame",
+    "host CPU / frame",
+    "speedup vs host+copy",
+]
 
 
 def stream_rows(result: dict[str, Any]) -> list[list[str]]:
@@ -897,7 +997,15 @@ def peer_rows(result: dict[str, Any]) -> list[list[str]]:
     for key, p in result["peers"].items():
         if key == "ray":
             if p.get("status") == "measured":
-                rows.append([f"Ray {p['version']} Compiled Graph, 2-actor echo", fmt_ns(p["p50"]), fmt_ns(p["p90"]), fmt_ns(p["p99"]), fmt_ns(p["p50"] / 2)])
+                rows.append(
+                    [
+                        f"Ray {p['version']} Compiled Graph, 2-actor echo",
+                        fmt_ns(p["p50"]),
+                        fmt_ns(p["p90"]),
+                        fmt_ns(p["p99"]),
+                        fmt_ns(p["p50"] / 2),
+                    ]
+                )
             else:
                 lo, hi = RAY_MEASURED_P50_NS
                 rows.append(
@@ -912,16 +1020,24 @@ def peer_rows(result: dict[str, Any]) -> list[list[str]]:
             continue
         n = p.get("stages", 2)
         rows.append([p["label"], fmt_ns(p["p50"]), fmt_ns(p["p90"]), fmt_ns(p["p99"]), fmt_ns(p["p50"] / n)])
-    fl = result.get("agent_floor")
-    if fl:
-        rows.append(["agent floor: one packet in one process, no wake-up (4 KiB relu)", fmt_ns(fl["p50"]), fmt_ns(fl["p90"]), fmt_ns(fl["p99"]), fmt_ns(fl["p50"])])
+    for kind, fl in result.get("agent_floor", {}).items():
+        what = "KERNEL packet" if kind == "cpu" else "ERT START_CU packet"
+        rows.append(
+            [
+                f"agent floor, {kind}: one {what} (4 KiB relu) in one process, no wake-up",
+                fmt_ns(fl["p50"]),
+                fmt_ns(fl["p90"]),
+                fmt_ns(fl["p99"]),
+                fmt_ns(fl["p50"]),
+            ]
+        )
     return rows
 
 
 def _chain_vs_peers_rows(result: dict[str, Any]) -> list[list[str]]:
     """Hostless direct+shared against multiprocessing chains of the same length and size."""
     rows = []
-    for key, w in result["workloads"].items():
+    for w in result["workloads"].values():
         if w["kind"] != "chain":
             continue
         n, nb = w["stages"], w["nbytes"]
@@ -954,8 +1070,12 @@ def report_markdown(result: dict[str, Any], plot_file: str | None = None) -> str
         f"- software: Python {m['python']}, NumPy {m['numpy']}, hostless {m['hostless']}"
         f"{' (git ' + m['git'] + ')' if m.get('git') else ''}; Ray: "
         + (ray.get("version") or str(ray.get("status"))),
-        f"- placement: {result['placement']['note']}; one cpu agent and one npu agent, stages alternate between them",
-        f"- {cfg['frames']} frames per latency figure in {cfg['rounds']} interleaved round(s) after {cfg['warmup']} "
+        f"- placement: {result['placement']['note']}; one cpu agent and one npu agent, stages alternate "
+        f"between them; host waits spin {result.get('host_spin_s', 50e-6) * 1e6:g} us before sleeping, "
+        "agents 50 us (their default); "
+        f"{cfg.get('blas_threads', 0) or 'default'} BLAS thread(s) per agent",
+        f"- {cfg['frames']} frames per latency figure in {cfg['rounds']} interleaved round(s) after "
+        f"{cfg['warmup']} "
         f"warm-up frames per mode; {cfg['stream_frames']} frames per streaming figure"
         f"{' (--quick run)' if cfg['quick'] else ''}",
         f"- run took {result.get('duration_s', '?')} s",
@@ -999,7 +1119,14 @@ def report_markdown(result: dict[str, Any], plot_file: str | None = None) -> str
         "### hostless direct+shared against multiprocessing chains of the same shape",
         "",
         markdown_table(
-            ["chain", "hostless direct+shared", "Pipe chain", "Pipe / hostless", "Queue chain", "Queue / hostless"],
+            [
+                "chain",
+                "hostless direct+shared",
+                "Pipe chain",
+                "Pipe / hostless",
+                "Queue chain",
+                "Queue / hostless",
+            ],
             _chain_vs_peers_rows(result),
         ),
         "",
@@ -1012,11 +1139,13 @@ def report_markdown(result: dict[str, Any], plot_file: str | None = None) -> str
         "- One domain, one `cpu` agent (NumPy worker) and one `npu` agent (emulated NPU: every stage is an "
         "ERT START_CU command buffer), spawned once; every workload is compiled in the four modes, each mode "
         "checked against a NumPy reference, warmed up, then timed frame by frame in interleaved rounds.",
-        "- host dispatch: the host pushes a stage's packet, waits for the stage's timeline, (copy mode: copies "
+        "- host dispatch: the host pushes a stage's packet, waits for the stage's timeline, (copy mode: "
+        "copies "
         "the output into the next stage's private input), pushes the next.  direct dispatch: the host pushes "
         "the first packet; each packet carries the next stage's packet (and in copy mode a copy packet) as a "
         "follow-up that the agent enqueues itself; the host waits for the last timeline.",
-        "- multiprocessing peers: spawned processes chained by `Pipe(duplex=False)` or `Queue`, each applying "
+        "- multiprocessing peers: spawned processes chained by `Pipe(duplex=False)` or `Queue`, each "
+        "applying "
         "the same relu (`np.maximum`) and sending the array on (pickled); the host sends into the first and "
         "receives from the last.",
         "- Ray: `ray.dag` two-actor echo compiled with `experimental_compile()`, in a child interpreter.",
@@ -1040,10 +1169,19 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> str | None:
         return "matplotlib is not installed: plot skipped (pip install matplotlib)"
     wl = result["workloads"]
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.2))
-    colors = {"host+copy": "#c0392b", "host+shared": "#e67e22", "direct+copy": "#2980b9", "direct+shared": "#27ae60"}
+    colors = {
+        "host+copy": "#c0392b",
+        "host+shared": "#e67e22",
+        "direct+copy": "#2980b9",
+        "direct+shared": "#27ae60",
+    }
     ax = axes[0]
-    for nbytes, style in zip(sorted({w["nbytes"] for w in wl.values() if w["kind"] == "chain"}), ("-", "--")):
-        chains = sorted((w for w in wl.values() if w["kind"] == "chain" and w["nbytes"] == nbytes), key=lambda w: w["stages"])
+    sizes = sorted({w["nbytes"] for w in wl.values() if w["kind"] == "chain"})
+    for nbytes, style in zip(sizes, ("-", "--", ":", "-.")[: len(sizes)], strict=True):
+        chains = sorted(
+            (w for w in wl.values() if w["kind"] == "chain" and w["nbytes"] == nbytes),
+            key=lambda w: w["stages"],
+        )
         for mode, c in colors.items():
             xs = [w["stages"] for w in chains]
             ys = [w["modes"][mode]["p50"] / 1e3 for w in chains]
@@ -1059,9 +1197,17 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> str | None:
     keys = [k for k, w in wl.items() if "modes" in w]
     width = 0.2
     for j, (mode, c) in enumerate(colors.items()):
-        ax.bar([i + (j - 1.5) * width for i in range(len(keys))], [wl[k]["modes"][mode]["speedup"] for k in keys], width, color=c, label=mode)
+        ax.bar(
+            [i + (j - 1.5) * width for i in range(len(keys))],
+            [wl[k]["modes"][mode]["speedup"] for k in keys],
+            width,
+            color=c,
+            label=mode,
+        )
     ax.set_xticks(range(len(keys)))
-    ax.set_xticklabels([k.replace("chain_", "c").replace("_", "/") for k in keys], rotation=45, ha="right", fontsize=7)
+    ax.set_xticklabels(
+        [k.replace("chain_", "c").replace("_", "/") for k in keys], rotation=45, ha="right", fontsize=7
+    )
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_ylabel("speedup vs host+copy (p50)")
     ax.set_title("speedup per workload")
@@ -1071,7 +1217,11 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> str | None:
     ax = axes[2]
     vs = _get(result, "workloads", "vision_stream", "variants") or {}
     labels = list(vs)
-    ax.barh(range(len(labels)), [vs[k]["fps"] for k in labels], color=[colors[mode_name(vs[k]["dispatch"], vs[k]["data"])] for k in labels])
+    ax.barh(
+        range(len(labels)),
+        [vs[k]["fps"] for k in labels],
+        color=[colors[mode_name(vs[k]["dispatch"], vs[k]["data"])] for k in labels],
+    )
     ax.set_yticks(range(len(labels)))
     ax.set_yticklabels(labels, fontsize=7)
     ax.set_xlabel("frames / s")
