@@ -134,6 +134,8 @@ class BufferBenchConfig:
     """Measured hand-offs per mode for sizes up to 1 MiB; larger sizes get
     ``reps_small * sqrt(1 MiB / size)`` (at least ``min_reps``)."""
     min_reps: int = 6
+    min_reps_zero_copy: int = 30
+    """The zero-copy modes cost little per hand-off at any size: at least this many."""
     alloc_ops: int = 200_000
     """alloc + free per allocator-throughput run."""
     alloc_runs: int = 7
@@ -152,6 +154,7 @@ class BufferBenchConfig:
             max_size=64 * MIB,
             reps_small=50,
             min_reps=4,
+            min_reps_zero_copy=10,
             alloc_ops=50_000,
             alloc_runs=5,
             frag_ops=5_000,
@@ -165,10 +168,16 @@ class BufferBenchConfig:
             n *= 4
         return out
 
-    def reps(self, size: int) -> int:
-        if size <= MIB:
-            return self.reps_small
-        return max(self.min_reps, int(self.reps_small * math.sqrt(MIB / size)))
+    def reps(self, size: int, mode: str = "copy") -> int:
+        """Measured hand-offs of ``mode`` at ``size``."""
+        n = (
+            self.reps_small
+            if size <= MIB
+            else max(self.min_reps, int(self.reps_small * math.sqrt(MIB / size)))
+        )
+        if mode.startswith("zero_copy"):
+            n = max(n, self.min_reps_zero_copy)
+        return n
 
 
 def fmt_size(n: int) -> str:
@@ -833,12 +842,15 @@ def run(cfg: BufferBenchConfig | None = None, progress: _Progress | None = None)
                         result["skipped"][str(size)] = why
                         say(f"{fmt_size(size)}: skipped ({why})")
                         continue
-                    reps = cfg.reps(size)
-                    warm = max(1, reps // 10)
-                    say(f"{fmt_size(size)}: {reps} hand-offs per mode (+{warm} warm-up)")
+                    say(
+                        f"{fmt_size(size)}: {cfg.reps(size)} hand-offs per mode "
+                        f"({cfg.reps(size, 'zero_copy')} zero-copy), 10% more as warm-up"
+                    )
                     figs: dict[str, Any] = {}
                     for mode, label in MODES.items():
                         key = f"{mode}@{size}"
+                        reps = cfg.reps(size, mode)
+                        warm = max(2, reps // 10)
                         try:
                             fn = getattr(bench, mode)
                             fn(size, warm)
@@ -1109,8 +1121,9 @@ def report_markdown(result: dict[str, Any]) -> str:
         f"- producer (this process) and consumer (a spawned process) {pinned}",
         f"- sizes {fmt_size(cfg['min_size'])} to {fmt_size(cfg['max_size'])} (powers of 4)"
         f"{' (--quick run)' if cfg['quick'] else ''}; {cfg['reps_small']} hand-offs per mode up to 1 MiB, "
-        f"fewer above (reps * sqrt(1 MiB / size), at least {cfg['min_reps']}), after 10% dropped warm-up "
-        "hand-offs",
+        f"fewer above (reps * sqrt(1 MiB / size), at least {cfg['min_reps']}; at least "
+        f"{cfg.get('min_reps_zero_copy', cfg['min_reps'])} in the zero-copy modes), after 10% dropped "
+        "warm-up hand-offs",
         f"- run took {result.get('duration_s', '?')} s",
         "",
         "## Goals",
