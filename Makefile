@@ -14,7 +14,7 @@ $(VENV)/.created:
 
 $(VENV)/.deps: $(VENV)/.created pyproject.toml
 	$(PIP) install -q --upgrade "setuptools>=64" wheel
-	$(PIP) install -q "numpy>=1.23" "pytest>=7" "hypothesis>=6.80" "ruff>=0.5" "mypy>=1.8" "rich>=13"
+	$(PIP) install -q "numpy>=1.23" "pytest>=7" "hypothesis>=6.80" "ruff>=0.5" "mypy>=1.8" "rich>=13" "matplotlib>=3.6"
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
@@ -25,6 +25,7 @@ venv: $(VENV)/.installed
 
 demo: venv
 	$(PY) examples/demo.py
+	$(PY) examples/pipeline_demo.py
 
 test: venv
 	$(PY) -m pytest -q -ra tests
