@@ -58,12 +58,6 @@ class Env:
         return b
 
 
-def _with_tests_on_path() -> dict[str, str]:
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = TESTS_DIR + (os.pathsep + old if old else "")
-    return {"PYTHONPATH": old or ""}
-
-
 @pytest.fixture(scope="module")
 def env() -> Iterator[Env]:
     name = f"hltest-ag-{os.getpid()}-{uuid.uuid4().hex[:10]}"
@@ -71,7 +65,8 @@ def env() -> Iterator[Env]:
     spawned: list[agents.Agent] = []
     old = os.environ.get("PYTHONPATH")
     try:
-        _with_tests_on_path()  # the cpu agent imports hl_user_kernels from here
+        # the cpu agent imports hl_user_kernels from this folder
+        os.environ["PYTHONPATH"] = TESTS_DIR + (os.pathsep + old if old else "")
         cpu = agents.spawn(
             d,
             "cpu",
