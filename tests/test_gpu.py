@@ -70,7 +70,8 @@ def test_device_wait_released_by_another_process(dom, peer):
         g += 7
     code = (
         "import hostless as hl, sys, time\n"
-        "d = hl.Domain.open(sys.argv[1]); f = d.import_fence(int(sys.argv[2])); t = d.import_timeline(int(sys.argv[3]))\n"
+        "d = hl.Domain.open(sys.argv[1]); f = d.import_fence(int(sys.argv[2]))\n"
+        "t = d.import_timeline(int(sys.argv[3]))\n"
         "time.sleep(0.2); t.signal(5); f.signal(); d.close()\n"
     )
     time.sleep(0.05)

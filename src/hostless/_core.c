@@ -1731,13 +1731,14 @@ static struct hl_trace *trace_ring(Core *c) {
     return t;
 }
 
-static void trace_emit(Core *c, uint32_t type, uint64_t a, uint64_t b, uint64_t cc, uint64_t d, uint64_t e) {
+static void trace_emit_at(Core *c, uint64_t ts, uint32_t type, uint64_t a, uint64_t b, uint64_t cc, uint64_t d,
+                          uint64_t e) {
     struct hl_trace *t = c->trace;
     if (!t) return;
     uint64_t i = __atomic_fetch_add(&t->write, 1, __ATOMIC_RELAXED);
     struct hl_trace_event *ev = (struct hl_trace_event *)((char *)t + 64) + (i % t->capacity);
     __atomic_store_n(&ev->seq, 0, __ATOMIC_RELAXED);
-    ev->ts_ns = now_ns();
+    ev->ts_ns = ts;
     ev->type = type;
     ev->participant = (uint32_t)c->me;
     ev->a = a;
@@ -1746,6 +1747,10 @@ static void trace_emit(Core *c, uint32_t type, uint64_t a, uint64_t b, uint64_t 
     ev->d = d;
     ev->e = e;
     __atomic_store_n(&ev->seq, i + 1, __ATOMIC_RELEASE);
+}
+
+static void trace_emit(Core *c, uint32_t type, uint64_t a, uint64_t b, uint64_t cc, uint64_t d, uint64_t e) {
+    if (c->trace) trace_emit_at(c, now_ns(), type, a, b, cc, d, e);
 }
 
 /* Allocate a buffer of nbytes with its metadata; returns 0 and the handle
@@ -1947,6 +1952,7 @@ static PyObject *Core_queue_bind(Core *c, PyObject *arg) {
         }
         if (__atomic_compare_exchange_n(&q->consumer, &cur, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) break;
     }
+    __atomic_or_fetch(&q->flags, HL_QUEUE_WAS_BOUND, __ATOMIC_SEQ_CST);
     Py_RETURN_NONE;
 }
 
@@ -1978,7 +1984,7 @@ static PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t narg
     if (PyErr_Occurred()) return NULL;
     struct hl_queue *q = get_queue(c, h);
     if (!q) return NULL;
-    uint64_t idx = 0, t0 = 0;
+    uint64_t idx = 0, t0 = 0, t_pushed = 0;
     int r, dead = 0;
     BUSY_ENTER(c);
     Py_BEGIN_ALLOW_THREADS;
@@ -1988,8 +1994,9 @@ static PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t narg
         uint64_t t = now_ns();
         if (!t0) t0 = t;
         uint32_t cons = __atomic_load_n(&q->consumer, __ATOMIC_SEQ_CST);
-        if (cons && (it & 255) == 255 && !owner_alive(c, cons)) {
-            dead = 1;
+        if ((it & 255) == 255 && (cons ? !owner_alive(c, cons)
+                                       : (__atomic_load_n(&q->flags, __ATOMIC_SEQ_CST) & HL_QUEUE_WAS_BOUND))) {
+            dead = 1; /* its consumer died (recovery may already have unbound it) */
             break;
         }
         if (timeout >= 0 && t - t0 >= (uint64_t)timeout) break;
@@ -2011,6 +2018,7 @@ static PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t narg
         syscall(SYS_futex, (uint32_t *)&q->read_index, FUTEX_WAIT, (uint32_t)ri, &ts, 0, 0);
         __atomic_sub_fetch(&q->space_waiters, 1, __ATOMIC_SEQ_CST);
     }
+    t_pushed = now_ns(); /* stamped before the GIL is taken back */
     BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS;
     if (r == HL_E_FULL && CLOSING(c)) {
@@ -2029,7 +2037,7 @@ static PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t narg
         hl_err(E_Handle, "queue 0x%llx is not a valid queue", (unsigned long long)h);
         return NULL;
     }
-    trace_emit(c, HL_EV_ENQUEUE, h, idx, p.signal, p.kernel, p.type);
+    trace_emit_at(c, t_pushed, HL_EV_ENQUEUE, h, idx, p.signal, p.kernel, p.type);
     return PyLong_FromUnsignedLongLong(idx);
 }
 
@@ -2565,13 +2573,8 @@ static PyBufferProcs Handle_as_buffer = {
     (releasebufferproc)Handle_releasebuffer,
 };
 
-static PyObject *Handle_set_window(Handle *b, PyObject *args) {
-    PyObject *map, *shape = NULL;
-    Py_ssize_t off, len;
-    int ro;
-    const char *fmt = NULL;
-    Py_ssize_t itemsize = 0;
-    if (!PyArg_ParseTuple(args, "Onnp|snO", &map, &off, &len, &ro, &fmt, &itemsize, &shape)) return NULL;
+/* Set the typed layout of a window (0 dims: plain bytes). */
+static int set_layout(Handle *b, const char *fmt, Py_ssize_t itemsize, PyObject *shape, Py_ssize_t len) {
     b->bb_ndim = 0;
     if (fmt && shape && shape != Py_None) {
         PyObject *seq = PySequence_Fast(shape, "shape must be a sequence");
@@ -2580,29 +2583,38 @@ static PyObject *Handle_set_window(Handle *b, PyObject *args) {
         Py_ssize_t total = itemsize;
         if (nd == 0) { /* a 0-d buffer exports plain bytes */
             Py_DECREF(seq);
-            fmt = NULL;
-            goto window;
+            return 0;
         }
         if (nd < 1 || nd > HL_BUFFER_MAX_DIMS || strlen(fmt) >= sizeof b->bb_fmt || itemsize <= 0) {
             Py_DECREF(seq);
             PyErr_SetString(PyExc_ValueError, "bad window layout");
-            return NULL;
+            return -1;
         }
         for (Py_ssize_t i = 0; i < nd; i++) {
             b->bb_shape[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
             total *= b->bb_shape[i];
         }
         Py_DECREF(seq);
-        if (PyErr_Occurred()) return NULL;
+        if (PyErr_Occurred()) return -1;
         if (total != len) {
             PyErr_SetString(PyExc_ValueError, "window layout does not match its length");
-            return NULL;
+            return -1;
         }
         strcpy(b->bb_fmt, fmt);
         b->bb_itemsize = itemsize;
         b->bb_ndim = (int)nd;
     }
-window:
+    return 0;
+}
+
+static PyObject *Handle_set_window(Handle *b, PyObject *args) {
+    PyObject *map, *shape = NULL;
+    Py_ssize_t off, len;
+    int ro;
+    const char *fmt = NULL;
+    Py_ssize_t itemsize = 0;
+    if (!PyArg_ParseTuple(args, "Onnp|snO", &map, &off, &len, &ro, &fmt, &itemsize, &shape)) return NULL;
+    if (set_layout(b, fmt, itemsize, shape, len) < 0) return NULL;
     if (map == Py_None)
         Py_CLEAR(b->bb_map);
     else
@@ -2732,9 +2744,9 @@ static PyObject *Core_adopt(Core *c, PyObject *const *args, Py_ssize_t nargs) {
 /* Core.new_buffer(cls, dom, nbytes, meta, mmap) -> instance with its window set */
 static PyObject *Core_new_buffer(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     NEED_ATTACHED(c);
-    if (nargs != 5 || !PyType_Check(args[0]) || !PyBytes_Check(args[3]) ||
+    if ((nargs != 5 && nargs != 8) || !PyType_Check(args[0]) || !PyBytes_Check(args[3]) ||
         PyBytes_GET_SIZE(args[3]) != HL_BUFFER_META_SIZE) {
-        PyErr_SetString(PyExc_TypeError, "new_buffer(cls, dom, nbytes, meta: 128 bytes, mmap)");
+        PyErr_SetString(PyExc_TypeError, "new_buffer(cls, dom, nbytes, meta: 128 bytes, mmap[, fmt, itemsize, shape])");
         return NULL;
     }
     unsigned long long nbytes = PyLong_AsUnsignedLongLong(args[2]);
@@ -2750,6 +2762,14 @@ static PyObject *Core_new_buffer(Core *c, PyObject *const *args, Py_ssize_t narg
     o->bb_off = (Py_ssize_t)off;
     o->bb_len = (Py_ssize_t)nbytes;
     o->bb_readonly = 0;
+    if (nargs == 8) {
+        const char *fmt = PyUnicode_AsUTF8(args[5]);
+        Py_ssize_t itemsize = PyLong_AsSsize_t(args[6]);
+        if (!fmt || PyErr_Occurred() || set_layout(o, fmt, itemsize, args[7], (Py_ssize_t)nbytes) < 0) {
+            Py_DECREF(o); /* the finalizer drops the reference */
+            return NULL;
+        }
+    }
     return (PyObject *)o;
 }
 

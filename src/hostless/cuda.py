@@ -96,7 +96,8 @@ extern "C" __global__ void hl_enqueue(void *base, unsigned long long q, const st
 
 /* gate[0] = first failure among n completion words (0 when all succeeded).
  * kinds[i]: 1 binary fence (word is the status), 2 timeline (FAILED bit). */
-extern "C" __global__ void hl_gate(const unsigned long long *const *words, const int *kinds, int n, int *gate) {
+extern "C" __global__ void hl_gate(const unsigned long long *const *words, const int *kinds, int n,
+                                   int *gate) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int st = 0;
     for (int i = 0; i < n && !st; i++) {
@@ -112,7 +113,8 @@ extern "C" __global__ void hl_gate(const unsigned long long *const *words, const
 
 /* Signal a fence (CAS 0 -> status) or advance a timeline (CAS loop up to
  * value, or fail it), with the gate's failure taking precedence. */
-extern "C" __global__ void hl_signal(unsigned long long *word, int kind, unsigned long long value, const int *gate) {
+extern "C" __global__ void hl_signal(unsigned long long *word, int kind, unsigned long long value,
+                                     const int *gate) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int g = gate ? *(volatile const int *)gate : 0;
     __threadfence_system();
@@ -133,7 +135,8 @@ extern "C" __global__ void hl_signal(unsigned long long *word, int kind, unsigne
 }
 
 /* out[i] = src[i] when the gate is open (every input succeeded). */
-extern "C" __global__ void hl_commit(unsigned char *out, const unsigned char *src, unsigned long long n, const int *gate) {
+extern "C" __global__ void hl_commit(unsigned char *out, const unsigned char *src, unsigned long long n,
+                                     const int *gate) {
     if (gate && *(volatile const int *)gate != 0) return;
     unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
     unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
@@ -163,8 +166,9 @@ class CudaPeer:
         self._check(err, "cuDeviceGetAttribute")
         if not ok:
             raise CudaUnavailable(
-                f"GPU {device} cannot use 64-bit stream memory operations (CAN_USE_64_BIT_STREAM_MEM_OPS = 0): "
-                "device-side waits on completion words need them (recent drivers enable them on Volta and later)"
+                f"GPU {device} cannot use 64-bit stream memory operations "
+                "(CAN_USE_64_BIT_STREAM_MEM_OPS = 0): device-side waits on completion words need them "
+                "(recent drivers enable them on Volta and later)"
             )
         self.base = int(dom._core.address())
         self.size = int(dom.header()["total_size"])
@@ -301,7 +305,13 @@ class CudaPeer:
         )
 
     def enqueue(
-        self, queue: Any, packet_buf: Buffer, gate: Any = None, stream: Any = None, wake: bool = True
+        self,
+        queue: Any,
+        packet_buf: Buffer,
+        gate: Any = None,
+        stream: Any = None,
+        wake: bool = True,
+        result: Any = None,
     ) -> Any:
         """After the work on ``stream``, push the packet held in ``packet_buf`` (64 bytes, in the
         heap) into ``queue`` from the GPU and ring its doorbell.  Returns a device int with the
@@ -309,7 +319,7 @@ class CudaPeer:
         cp = self.cp
         if packet_buf.nbytes != int(C.PACKET_SIZE):
             raise ValueError("a packet buffer is 64 bytes")
-        res = cp.zeros(1, dtype=cp.int32)
+        res = cp.zeros(1, dtype=cp.int32) if result is None else result
         gp = np.uint64(0) if gate is None else gate
         st = stream or self.stream
         self._k_enqueue(

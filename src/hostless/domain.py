@@ -133,7 +133,7 @@ class Domain:
     _lock: threading.Lock
     _notifier: Notifier | None
     _map: mmap.mmap | None
-    _layouts: dict[Any, tuple[tuple[int, ...], Any, int, bytes]]
+    _layouts: dict[Any, tuple[tuple[int, ...], Any, int, bytes, str]]
     _fd: int
     _index: int
     _incarnation: int
@@ -525,18 +525,18 @@ class Domain:
         self._check_open()
         key = (type(shape), shape, type(dtype), dtype)  # 16 and 16.0 hash alike
         try:
-            shp, dt, nbytes, meta = self._layouts[key]
+            shp, dt, nbytes, meta, fmt = self._layouts[key]
         except (KeyError, TypeError):
             shp, dt, nbytes = normalize_layout(shape, dtype)
             meta = pack_meta(shp, dt, nbytes)
+            fmt = pep3118(dt)[0]
             if len(self._layouts) < 256:
                 try:
-                    self._layouts[key] = (shp, dt, nbytes, meta)
+                    self._layouts[key] = (shp, dt, nbytes, meta, fmt)
                 except TypeError:  # unhashable shape or dtype spec
                     pass
-        b: Buffer = self._core.new_buffer(Buffer, self, nbytes, meta, self._raw_map())
+        b: Buffer = self._core.new_buffer(Buffer, self, nbytes, meta, self._raw_map(), fmt, dt.itemsize, shp)
         b._init_layout(shp, dt, nbytes, b._window_off)
-        b._set_window(self._raw_map(), b._window_off, nbytes, False, *pep3118(dt), shp)
         return b
 
     def import_buffer(self, handle: int) -> Buffer:

@@ -322,6 +322,7 @@ struct hl_buffer_meta {
 #define HL_QUEUE_MAGIC 0x455545555153534cULL /* "LSSQUEUE" */
 #define HL_PACKET_SIZE 64u
 #define HL_QUEUE_HEADER_SIZE 256u
+#define HL_QUEUE_WAS_BOUND 1u /* hl_queue.flags: a consumer bound it once (unbound again = it died) */
 
 #define HL_CELL_FREE 0u
 #define HL_CELL_RESERVED 1u
@@ -344,7 +345,7 @@ struct hl_queue {
     hl_u32 capacity;         /*   8 packets, a power of two */
     hl_u32 packet_size;      /*  12 HL_PACKET_SIZE */
     hl_u32 consumer;         /*  16 HL_OWNER of the consumer, 0 = none yet */
-    hl_u32 flags;            /*  20 */
+    hl_u32 flags;            /*  20 HL_QUEUE_WAS_BOUND once a consumer bound it */
     hl_u64 cells_offset;     /*  24 from the start of the queue */
     hl_u64 packets_offset;   /*  32 from the start of the queue */
     hl_u8 pad0[64 - 40];

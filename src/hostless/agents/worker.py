@@ -79,13 +79,14 @@ class Agent:
         self.kernels: dict[int, Any] = {kid: fn for kid, fn in table.values()}
         self.kernels.update(user)
         self.running = True
+        self.spin_ns = 50_000  # how long an idle agent polls its doorbell before sleeping
 
     # ------------------------------------------------------------------
     def run(self) -> None:
         q = self.queue
         idle = 0
         while self.running:
-            r = q.pop_raw(50_000_000, 50_000)  # 50 ms bounded wait, 50 us spin
+            r = q.pop_raw(50_000_000, self.spin_ns)  # 50 ms bounded wait after the spin
             if r is None:
                 idle += 1
                 if os.getppid() != self.parent:
@@ -399,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("queue", type=lambda s: int(s, 0))
     ap.add_argument("kind", choices=["cpu", "npu", "cuda"])
     ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--spin", type=float, default=50e-6, help="seconds to poll the doorbell before sleeping")
     ap.add_argument("--parent", type=int, required=True)
     ap.add_argument("--label", default=None)
     ap.add_argument("--user", action="append", default=[], help="ID=module:function")
@@ -420,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         agent: Agent = CudaAgent(dom, q, user, a.parent, a.device)
     else:
         agent = Agent(dom, q, a.kind, user, a.parent)
+    agent.spin_ns = int(max(0.0, a.spin) * 1e9)
     try:
         agent.run()
     finally:

@@ -79,27 +79,30 @@ def handoff(dom: hl.Domain, peer: Any, npu: agents.Agent, n: int, direct: bool) 
     with peer.stream:
         g += 0  # compile before the loop
     peer.stream.synchronize()
+    # prepared packets (one fence each), in the heap where the GPU reads them
+    fences = [dom.fence(owner=npu.id) for _ in range(n)]
+    pbs = []
+    for f in fences:
+        pb = dom.buffer(64)
+        pkt = hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=f.handle)
+        pb.numpy()[:] = np.frombuffer(pkt.encode(), np.uint8)
+        pbs.append(pb)
+    res = cp.zeros(1, dtype=cp.int32)
     times = []
-    for _ in range(n):
-        done = dom.fence(owner=npu.id)
-        pkt = hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=done.handle)
+    for i in range(n):
         t0 = time.perf_counter()
         with peer.stream:
             g *= 1.0  # the GPU stage
         if direct:
-            pb = dom.buffer(64)
-            pb.numpy()[:] = np.frombuffer(pkt.encode(), np.uint8)
-            peer.enqueue(npu.queue, pb, wake=True)
+            peer.enqueue(npu.queue, pbs[i], wake=True, result=res)  # the GPU launches the NPU's work
         else:
-            peer.stream.synchronize()
-            npu.queue.push(pkt)
-        done.wait(10, spin=1.0)
+            peer.stream.synchronize()  # host-mediated: sync, then launch
+            npu.queue.push(hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=fences[i].handle))
+        fences[i].wait(10, spin=1.0)
         times.append(time.perf_counter() - t0)
-        done.release()
-        if direct:
-            peer.stream.synchronize()
-            pb.release()
-    _ = cp
+    peer.stream.synchronize()
+    for o in fences + pbs:
+        o.release()
     for o in (x, y, cb, ka):
         o.release()
     return _stats(times[n // 10 :])
@@ -155,11 +158,19 @@ def graph_modes(
     return out
 
 
+class _Skip(Exception):
+    pass
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hostless.bench.gpu")
     ap.add_argument("-o", "--out", default="benchmarks/results")
     ap.add_argument("-n", type=int, default=2000)
     ap.add_argument("--frames", type=int, default=30)
+    ap.add_argument(
+        "--agent-spin", type=float, default=1e-3, help="agents' doorbell polling before sleeping (s)"
+    )
+    ap.add_argument("--skip-graph", action="store_true")
     a = ap.parse_args(argv)
     from hostless.cuda import CudaPeer
 
@@ -171,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         cp = peer.cp
         res.update(
             {
+                "agent_spin_s": a.agent_spin,
                 "machine": {
                     "host": platform.node(),
                     "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
@@ -178,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                     "python": sys.version.split()[0],
                     "cupy": cp.__version__,
                     "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                }
+                },
             }
         )
         os.makedirs(a.out, exist_ok=True)
@@ -191,19 +203,23 @@ def main(argv: list[str] | None = None) -> int:
         res["gpu_wait_rt"] = gpu_wait_rt(dom, peer, a.n)
         print("gpu wait rt", res["gpu_wait_rt"], flush=True)
         save()
-        npu = agents.spawn(dom, "npu")
+        npu = agents.spawn(dom, "npu", spin=a.agent_spin)
         try:
             res["handoff_direct"] = handoff(dom, peer, npu, a.n // 4, True)
             res["handoff_host"] = handoff(dom, peer, npu, a.n // 4, False)
             print("handoff", res["handoff_direct"], res["handoff_host"], flush=True)
             save()
-            gpu = agents.spawn(dom, "cuda")
-            cpu = agents.spawn(dom, "cpu")
+            if a.skip_graph:
+                raise _Skip
+            gpu = agents.spawn(dom, "cuda", spin=a.agent_spin)
+            cpu = agents.spawn(dom, "cpu", spin=a.agent_spin)
             try:
                 res["graph"] = graph_modes(dom, gpu, npu, cpu, a.frames)
             finally:
                 gpu.stop()
                 cpu.stop()
+        except _Skip:
+            pass
         finally:
             npu.stop()
         peer.close()
