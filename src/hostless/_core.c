@@ -2092,7 +2092,13 @@ static PyObject *Core_queue_pop(Core *c, PyObject *const *args, Py_ssize_t nargs
         }
         uint64_t t = now_ns();
         if (timeout >= 0 && t - t0 >= (uint64_t)timeout) break;
-        if (t - t0 < (uint64_t)(spin > 0 ? spin : 0)) continue;
+        if (t - t0 < (uint64_t)(spin > 0 ? spin : 0)) {
+            /* polling: give the CPU away now and then, so that a consumer spinning
+             * on a machine with fewer cores than busy processes does not starve
+             * the producer it is waiting for */
+            if ((it & 1023) == 1023) sched_yield();
+            continue;
+        }
         /* idle: sleep on the doorbell, bounded (devices ring it without a wake-up) */
         uint64_t db = ld(&q->doorbell);
         __atomic_add_fetch(&q->doorbell_waiters, 1, __ATOMIC_SEQ_CST);

@@ -17,6 +17,7 @@ import argparse
 import ctypes
 import os
 import signal
+import struct
 import sys
 from collections import OrderedDict
 from typing import Any
@@ -41,6 +42,14 @@ class _Cache:
     def __init__(self, dom: Domain, size: int = 256) -> None:
         self.dom, self.size = dom, size
         self.items: OrderedDict[int, Any] = OrderedDict()
+        self.views: dict[int, np.ndarray] = {}  # NumPy views of cached buffers (made once)
+
+    def view(self, h: int) -> np.ndarray:
+        """The NumPy view of buffer ``h`` (imported and viewed once, then reused)."""
+        v = self.views.get(h)
+        if v is None:
+            v = self.views[h] = self.get(h).numpy()
+        return v
 
     def get(self, h: int) -> Any:
         o = self.items.get(h)
@@ -58,17 +67,44 @@ class _Cache:
             o = self.dom.import_fence(h)
         self.items[h] = o
         if len(self.items) > self.size:
-            _, old = self.items.popitem(last=False)
+            oh, old = self.items.popitem(last=False)
+            self.views.pop(oh, None)
             old.release()
         return o
 
     def clear(self) -> None:
+        self.views.clear()
         for o in self.items.values():
             try:
                 o.release()
             except HostlessError:
                 pass
         self.items.clear()
+
+
+_KA_HEAD = struct.Struct("<IHHH")
+_U64 = struct.Struct("<Q")
+
+
+def decode_args(raw: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...], list[tuple[int, bytes]]]:
+    """(buffers, scalars, [(queue, raw packet)]) of an argument block, without copying it
+    (the fast form of ``Kernargs.decode``; ValueError when malformed)."""
+    n = raw.shape[0]
+    if n < 16:
+        raise ValueError("argument block shorter than its header")
+    magic, nb, ns, nf = _KA_HEAD.unpack_from(raw)
+    if magic != int(C.KERNARG_MAGIC):
+        raise ValueError(f"argument block has a bad magic {magic:#x}")
+    off = 16 + 8 * (nb + ns)
+    if off + 72 * nf > n:
+        raise ValueError("argument block is shorter than its counts")
+    bufs = struct.unpack_from(f"<{nb}Q", raw, 16)
+    scal = struct.unpack_from(f"<{ns}Q", raw, 16 + 8 * nb)
+    follow = [
+        (_U64.unpack_from(raw, off + 72 * j)[0], raw[off + 72 * j + 8 : off + 72 * j + 72].tobytes())
+        for j in range(nf)
+    ]
+    return bufs, scal, follow
 
 
 class Agent:
@@ -107,7 +143,7 @@ class Agent:
         core = self.dom._core
         core.trace(_EV_START, self.queue.handle, idx, pkt.signal, pkt.kernel, 0)
         status = self.wait_inputs(pkt)
-        follow: list[Follow] = []
+        follow: list[tuple[int, bytes]] = []
         if status == Status.SUCCESS:
             try:
                 if pkt.type == PacketType.KERNEL:
@@ -124,11 +160,12 @@ class Agent:
         if status != Status.SUCCESS:
             self.fail_downstream(pkt, status)
         else:
-            for f in follow:
+            for qh, raw_pkt in follow:
                 try:
-                    self.cache.get(f.queue).push(f.packet)
+                    self.cache.get(qh).push(raw_pkt)
                 except HostlessError as e:
-                    self.fail_signal(f.packet.signal, f.packet.signal_value, Status.ERROR)
+                    fp = Packet.decode(raw_pkt)
+                    self.fail_signal(fp.signal, fp.signal_value, Status.ERROR)
                     if os.environ.get("HOSTLESS_AGENT_DEBUG"):
                         print(f"agent {self.kind}: follow-up failed: {e!r}", file=sys.stderr)
 
@@ -145,27 +182,27 @@ class Agent:
                 return Status(st)  # a failed input fails this stage without running it
         return Status.SUCCESS
 
-    def run_kernel(self, pkt: Packet) -> list[Follow]:
+    def run_kernel(self, pkt: Packet) -> list[tuple[int, bytes]]:
         fn = self.kernels.get(pkt.kernel)
         if fn is None:
             raise ValueError(f"unknown kernel {pkt.kernel}")
         if not pkt.args:
             raise ValueError("kernel packet without an argument block")
-        ka = Kernargs.decode(self.cache.get(pkt.args).numpy())
-        bufs = [self.cache.get(h).numpy() for h in ka.buffers]
-        fn(bufs, ka.scalars)
-        return ka.follow
+        bufs, scalars, follow = decode_args(self.cache.view(pkt.args))
+        view = self.cache.view
+        fn([view(h) for h in bufs], scalars)
+        return follow
 
-    def run_ert(self, pkt: Packet) -> list[Follow]:
+    def run_ert(self, pkt: Packet) -> list[tuple[int, bytes]]:
         """ERT packet: ``args`` is an argument block whose first buffer is the
         command buffer (as EXEC_CMD names a command BO), plus follow-ups."""
         if not pkt.args:
             raise ValueError("ERT packet without an argument block")
-        ka = Kernargs.decode(self.cache.get(pkt.args).numpy())
-        if not ka.buffers:
+        bufs, _scalars, follow = decode_args(self.cache.view(pkt.args))
+        if not bufs:
             raise ValueError("ERT packet without a command buffer")
-        self.run_ert_buffer(self.cache.get(ka.buffers[0]).numpy().view(np.uint8))
-        return ka.follow
+        self.run_ert_buffer(self.cache.view(bufs[0]).view(np.uint8))
+        return follow
 
     def run_ert_buffer(self, raw: np.ndarray) -> None:
         words = raw[: raw.size - raw.size % 4].view("<u4")
@@ -199,7 +236,7 @@ class Agent:
             words[2] = i  # submit index
             h = cmd.payload[base + 2 * i] | (cmd.payload[base + 1 + 2 * i] << 32)
             try:
-                self.run_ert_buffer(self.cache.get(h).numpy().view(np.uint8))
+                self.run_ert_buffer(self.cache.view(h).view(np.uint8))
             except Exception:
                 words[3] = i  # error index
                 raise
@@ -221,7 +258,7 @@ class Agent:
         hs = [args[1 + 2 * i] | (args[2 + 2 * i] << 32) for i in range(nbuf)]
         rest = args[1 + 2 * nbuf :]
         scalars = [rest[2 * i] | (rest[2 * i + 1] << 32) for i in range(len(rest) // 2)]
-        fn([self.cache.get(h).numpy() for h in hs], scalars)
+        fn([self.cache.view(h) for h in hs], scalars)
 
     def finish(self, pkt: Packet, status: Status, idx: int) -> None:
         self.dom._core.trace(_EV_END, self.queue.handle, idx, pkt.signal, int(status), 0)
