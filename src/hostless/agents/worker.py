@@ -86,10 +86,11 @@ _KA_HEAD = struct.Struct("<IHHH")
 _U64 = struct.Struct("<Q")
 
 
-def decode_args(raw: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...], list[tuple[int, bytes]]]:
+def decode_args(arr: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...], list[tuple[int, bytes]]]:
     """(buffers, scalars, [(queue, raw packet)]) of an argument block, without copying it
     (the fast form of ``Kernargs.decode``; ValueError when malformed)."""
-    n = raw.shape[0]
+    raw: Any = arr  # an ndarray exports the buffer protocol
+    n = arr.shape[0]
     if n < 16:
         raise ValueError("argument block shorter than its header")
     magic, nb, ns, nf = _KA_HEAD.unpack_from(raw)

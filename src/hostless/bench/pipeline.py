@@ -382,6 +382,35 @@ def _throughput(
     return out
 
 
+def _spin_round_trip(dom: Any, n: int = 3000) -> dict[str, Any]:
+    """Host -> cpu agent -> host round trip when neither sleeps: the host pushes a 4 KiB relu
+    packet and spins on its timeline; the agent (a separate process) polls its doorbell."""
+    import hostless as hl
+    from hostless import agents
+    from hostless.kernels import kernel_id
+
+    a = agents.spawn(dom, "cpu", spin=0.5)
+    x, y = dom.buffer((1024,), np.float32), dom.buffer((1024,), np.float32)
+    ka = hl.Kernargs(buffers=[x.handle, y.handle]).to_buffer(dom)
+    tl = dom.timeline(owner=a.id)
+    try:
+        samples = np.empty(n, dtype=np.int64)
+        clock = time.perf_counter_ns
+        p = hl.Packet(kernel=kernel_id("relu"), args=ka.handle, signal=tl.handle)
+        for i in range(n):
+            p.signal_value = i + 1
+            raw = p.encode()
+            t0 = clock()
+            a.queue.push(raw)
+            tl.wait(i + 1, 10.0, spin=1.0)
+            samples[i] = clock() - t0
+        return summarize(samples[n // 10 :])
+    finally:
+        a.stop()
+        for o in (x, y, ka, tl):
+            o.release()
+
+
 def _agent_floor(dom: Any, kind: str, n: int = 4000) -> dict[str, Any]:
     """Per-packet work of an agent with no wake-up: push, pop, decode, a 4 KiB relu (a KERNEL
     packet for cpu, an ERT START_CU command for npu), signal, all in this process (the agent's
@@ -730,6 +759,10 @@ def run(cfg: PipelineBenchConfig | None = None, progress: _Progress | None = Non
                 if fl is not None:
                     result.setdefault("agent_floor", {})[kind] = fl
                     say(f"  {kind}: p50 {fmt_ns(fl['p50'])} per packet")
+            rt = step("spin_round_trip", functools.partial(_spin_round_trip, dom))
+            if rt is not None:
+                result["spin_round_trip"] = rt
+                say(f"host -> cpu agent -> host, both polling: p50 {fmt_ns(rt['p50'])}")
         say("multiprocessing peers")
         peers = step("multiprocessing", lambda: _mp_peers(cfg, say))
         if peers is not None:
@@ -1020,6 +1053,17 @@ def peer_rows(result: dict[str, Any]) -> list[list[str]]:
             continue
         n = p.get("stages", 2)
         rows.append([p["label"], fmt_ns(p["p50"]), fmt_ns(p["p90"]), fmt_ns(p["p99"]), fmt_ns(p["p50"] / n)])
+    rt = result.get("spin_round_trip")
+    if rt:
+        rows.append(
+            [
+                "host -> cpu agent -> host round trip (4 KiB relu), both polling, no wake-up",
+                fmt_ns(rt["p50"]),
+                fmt_ns(rt["p90"]),
+                fmt_ns(rt["p99"]),
+                fmt_ns(rt["p50"] / 2),
+            ]
+        )
     for kind, fl in result.get("agent_floor", {}).items():
         what = "KERNEL packet" if kind == "cpu" else "ERT START_CU packet"
         rows.append(
