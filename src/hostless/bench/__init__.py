@@ -156,6 +156,29 @@ def safe_hostname(name: str | None = None) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", host.split(".")[0]) or "host"
 
 
+def result_stem(kind: str, result: dict[str, Any]) -> str:
+    """``<kind>-<host>-<YYYY-MM-DD-HHMM>[-quick]``: the file name of a run's results."""
+    try:
+        when = _dt.datetime.fromisoformat(result["machine"]["date"])
+    except (KeyError, ValueError):
+        when = _dt.datetime.now(_dt.timezone.utc)
+    stem = f"{kind}-{safe_hostname(result['machine'].get('hostname'))}-{when.strftime('%Y-%m-%d-%H%M')}"
+    if result.get("config", {}).get("quick"):
+        stem += "-quick"
+    return stem
+
+
+def write_json_md(path_stem: Any, result: dict[str, Any], markdown: str) -> tuple[Any, Any]:
+    """Write ``<stem>.json`` (every figure) and ``<stem>.md`` (the report); returns both paths."""
+    import json
+
+    js = path_stem.parent / (path_stem.name + ".json")
+    md = path_stem.parent / (path_stem.name + ".md")
+    js.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    md.write_text(markdown, encoding="utf-8")
+    return js, md
+
+
 def pin_cpus() -> tuple[int | None, int | None]:
     """Two distinct CPUs this process may run on, or (None, None) with fewer than two."""
     try:

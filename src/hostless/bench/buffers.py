@@ -68,8 +68,6 @@ Markdown report (``buffers-<host>-<date>[-quick].json`` / ``.md``).
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import math
 import multiprocessing as mp
 import os
@@ -88,7 +86,17 @@ from typing import Any, cast
 
 import numpy as np
 
-from . import fmt_ns, fmt_ratio, machine_info, markdown_table, pin_cpus, print_table, safe_hostname, summarize
+from . import (
+    fmt_ns,
+    fmt_ratio,
+    machine_info,
+    markdown_table,
+    pin_cpus,
+    print_table,
+    result_stem,
+    summarize,
+    write_json_md,
+)
 
 __all__ = [
     "BufferBenchConfig",
@@ -1222,17 +1230,8 @@ def write_results(
     """Write ``buffers-<host>-<date>.json`` and ``.md`` into ``out_dir``; returns both paths."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    try:
-        when = _dt.datetime.fromisoformat(result["machine"]["date"])
-    except (KeyError, ValueError):
-        when = _dt.datetime.now(_dt.timezone.utc)
-    stem = f"buffers-{safe_hostname(result['machine'].get('hostname'))}-{when.strftime('%Y-%m-%d-%H%M')}"
-    if result["config"].get("quick"):
-        stem += "-quick"
-    js, md = d / f"{stem}.json", d / f"{stem}.md"
-    js.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    md.write_text(report_markdown(result), encoding="utf-8")
-    return js, md
+    js, md = write_json_md(d / result_stem("buffers", result), result, report_markdown(result))
+    return Path(js), Path(md)
 
 
 def print_report(result: dict[str, Any], *, plain: bool = False) -> None:

@@ -42,7 +42,6 @@ Markdown report and a PNG plot (when matplotlib is importable).
 
 from __future__ import annotations
 
-import datetime as _dt
 import functools
 import json
 import multiprocessing as mp
@@ -59,7 +58,16 @@ from typing import Any
 
 import numpy as np
 
-from . import fmt_ns, fmt_ratio, machine_info, markdown_table, print_table, safe_hostname, summarize
+from . import (
+    fmt_ns,
+    fmt_ratio,
+    machine_info,
+    markdown_table,
+    print_table,
+    result_stem,
+    summarize,
+    write_json_md,
+)
 
 __all__ = [
     "PipelineBenchConfig",
@@ -1283,20 +1291,13 @@ def write_results(result: dict[str, Any], out_dir: str | os.PathLike[str] = DEFA
     """Write ``pipeline-<host>-<date>.json``, ``.md`` and ``.png`` into ``out_dir``; returns the paths."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    try:
-        when = _dt.datetime.fromisoformat(result["machine"]["date"])
-    except (KeyError, ValueError):
-        when = _dt.datetime.now(_dt.timezone.utc)
-    stem = f"pipeline-{safe_hostname(result['machine'].get('hostname'))}-{when.strftime('%Y-%m-%d-%H%M')}"
-    if result["config"].get("quick"):
-        stem += "-quick"
-    js, md, png = d / f"{stem}.json", d / f"{stem}.md", d / f"{stem}.png"
+    stem = d / result_stem("pipeline", result)
+    png = d / (stem.name + ".png")
     why = plot(result, png)
     if why:
         result["plot"] = why
-    js.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    md.write_text(report_markdown(result, None if why else png.name), encoding="utf-8")
-    return [js, md] + ([] if why else [png])
+    js, md = write_json_md(stem, result, report_markdown(result, None if why else png.name))
+    return [Path(js), Path(md)] + ([] if why else [png])
 
 
 def print_report(result: dict[str, Any], *, plain: bool = False) -> None:
