@@ -85,6 +85,10 @@ def test_chaos_kills(domain_name: str, tmp_path: Path) -> None:
                     time.sleep(0.01)
                     continue
                 kind, h = wr.choice(cands)
+                if (h >> 48) & 0xFF == 3 and wr.random() < 0.9:
+                    # merged fences built on the parent's own fences complete only at the
+                    # end of the run: waiting on many of them starves the statistics below
+                    continue
                 try:
                     o = d.import_timeline(h) if kind == "T" else d.import_fence(h)
                 except hl.InvalidHandle:

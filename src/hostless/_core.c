@@ -2685,9 +2685,19 @@ static PyGetSetDef Handle_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+static PyObject *Handle_enter(Handle *o, PyObject *noargs) { return Py_NewRef((PyObject *)o); }
+
+/* __exit__: release the reference if it is still held (a `with` block owns it) */
+static PyObject *Handle_exit(Handle *o, PyObject *args) {
+    if (o->held) return Handle_release(o, NULL);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Handle_methods[] = {
     {"release", (PyCFunction)Handle_release, METH_NOARGS,
      "Drop this reference (InvalidHandle if already released)."},
+    {"__enter__", (PyCFunction)Handle_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Handle_exit, METH_VARARGS, "Release the reference if still held."},
     {"_fence_signal", (PyCFunction)(void (*)(void))Handle_fence_signal, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"_fence_wait", (PyCFunction)(void (*)(void))Handle_fence_wait, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"_timeline_signal", (PyCFunction)(void (*)(void))Handle_timeline_signal, METH_FASTCALL | METH_KEYWORDS, NULL},

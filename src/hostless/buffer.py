@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any, Union, cast
 
 import numpy as np
@@ -190,15 +189,6 @@ class Buffer(_Views):
         if self._dom._closed:
             raise DomainClosed("the buffer's domain is closed")
         return super().numpy(readonly=readonly)
-
-    def __enter__(self) -> Buffer:
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._held:
-            self.release()
 
     def __len__(self) -> int:
         return self.nbytes

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Generator
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from . import _core
@@ -158,15 +157,6 @@ class Fence(_core.Handle):
             self._inner = None
             for node in inner:
                 node.release()
-
-    def __enter__(self) -> Fence:
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._held:
-            self.release()
 
     def __repr__(self) -> str:
         if not self._held or self._dom._closed:

@@ -182,13 +182,6 @@ class Queue(_core.Handle):
         d: dict[str, int] = self._core.queue_info(self.handle)
         return d
 
-    def __enter__(self) -> Queue:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._held:
-            self.release()
-
     def __repr__(self) -> str:
         if not self._held or self._dom._closed:
             return f"<hostless.Queue {self.handle:#x} released>"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from . import _core
@@ -111,15 +110,6 @@ class Timeline(_core.Handle):
         except RuntimeError:
             loop = None
         self._dom.notifier().watch(self.handle, value, lambda w: cb(self, _decode(w)), loop)
-
-    def __enter__(self) -> Timeline:
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._held:
-            self.release()
 
     def __repr__(self) -> str:
         if not self._held or self._dom._closed:
