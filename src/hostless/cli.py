@@ -33,7 +33,7 @@ __all__ = ["main", "build_parser", "domain_info"]
 CLI_LABEL = "hostless-cli"
 
 _STATE_NAMES = {0: "free", 1: "alloc", 2: "live", 3: "dying"}
-_KIND_NAMES = {1: "fence", 2: "timeline", 3: "merged"}
+_KIND_NAMES = {1: "fence", 2: "timeline", 3: "merged", 4: "buffer", 5: "queue"}
 
 
 def _open(name: str) -> Any:
@@ -91,7 +91,9 @@ def domain_info(dom: Any) -> dict[str, Any]:
     for i in np.nonzero(state == int(C.SLOT_LIVE))[0]:
         k = _KIND_NAMES.get(int(kind[i]), f"kind{int(kind[i])}")
         w = int(words[i])
-        if k == "timeline":
+        if k in ("buffer", "queue"):
+            key = "in the heap"
+        elif k == "timeline":
             key = f"failed {_status_name(w & 0xFFFFFFFF)}" if w & failed_bit else "active"
         else:
             key = "ACTIVE" if w == 0 else _status_name(w)
@@ -196,7 +198,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     ]
     _print_table("participants", ["id", "slot", "pid", "label", "kind", "state", "joined"], rows, args.plain)
     orows = []
-    for k in ("fence", "timeline", "merged"):
+    for k in ("fence", "timeline", "merged", "buffer", "queue"):
         counts = info["objects"].get(k, {})
         if not counts:
             continue
