@@ -44,22 +44,27 @@ def _stats(xs: list[float]) -> dict[str, float]:
     }
 
 
-def gpu_wait_rt(dom: hl.Domain, peer: Any, n: int) -> dict[str, float]:
+def gpu_wait_rt(
+    dom: hl.Domain, peer: Any, n: int, host_spin: float = 1.0, wake: bool = False
+) -> dict[str, float]:
+    """Round trip: host signals t1 = i, the GPU's stream wait on t1 >= i is released and the GPU
+    signals t2 = i; the host waits for t2 (spinning ``host_spin`` s, then asleep on the futex;
+    ``wake``: the GPU's signal is followed by the host function that FUTEX_WAKEs sleepers)."""
     t1, t2 = dom.timeline(), dom.timeline()
     gate = peer.gate([])
     ahead = 32  # a stream holds a bounded number of pending operations: stay well below it
     for i in range(1, min(n, ahead) + 1):
         peer.wait(t1, i)
-        peer.signal(t2, i, gate, wake=False)
+        peer.signal(t2, i, gate, wake=wake)
     rts = []
     for i in range(1, n + 1):
         t0 = time.perf_counter()
         t1.signal(i)
-        t2.wait(i, spin=1.0)
+        t2.wait(i, spin=host_spin)
         rts.append(time.perf_counter() - t0)
         if i + ahead <= n:
             peer.wait(t1, i + ahead)
-            peer.signal(t2, i + ahead, gate, wake=False)
+            peer.signal(t2, i + ahead, gate, wake=wake)
     peer.stream.synchronize()
     t1.release()
     t2.release()
@@ -105,6 +110,52 @@ def handoff(dom: hl.Domain, peer: Any, npu: agents.Agent, n: int, direct: bool) 
         o.release()
     for o in (x, y, cb, ka):
         o.release()
+    return _stats(times[n // 10 :])
+
+
+def handoff_graph(dom: hl.Domain, peer: Any, npu: agents.Agent, n: int, direct: bool) -> dict[str, float]:
+    """As :func:`handoff`, with the GPU stage (and, direct, the device-side enqueue) captured once
+    into a CUDA graph, so that a frame is one graph launch from the host: the way a prepared
+    pipeline would run, without Python's per-kernel launch costs."""
+    cp = peer.cp
+    x = dom.buffer((256,), "f4")
+    y = dom.buffer((256,), "f4")
+    x.numpy()[:] = 1.0
+    cmd = ert.start_cu(kernels.cu_index("relu"), [2, *ert.u64_args([x.handle, y.handle])]).encode()
+    cb = dom.buffer(len(cmd))
+    cb.numpy()[:] = np.frombuffer(cmd, np.uint8)
+    ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(dom)
+    g = peer.array(x)
+    st = peer.stream
+    with st:
+        g *= 1.0  # compile before capturing
+    st.synchronize()
+    pb = dom.buffer(64)
+    res = cp.zeros(1, dtype=cp.int32)
+    st.begin_capture()
+    with st:
+        g *= 1.0  # the GPU stage
+    if direct:
+        peer.enqueue(npu.queue, pb, wake=False, result=res)  # the GPU launches the NPU's work
+    graph = st.end_capture()
+    fences = [dom.fence(owner=npu.id) for _ in range(n)]
+    times = []
+    try:
+        for i in range(n):
+            raw = hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=fences[i].handle).encode()
+            if direct:
+                pb.numpy()[:] = np.frombuffer(raw, np.uint8)  # the prepared packet the GPU will push
+            t0 = time.perf_counter()
+            graph.launch(st)
+            if not direct:
+                st.synchronize()  # host-mediated: sync, then launch
+                npu.queue.push(raw)
+            fences[i].wait(10, spin=1.0)
+            times.append(time.perf_counter() - t0)
+        st.synchronize()
+    finally:
+        for o in (*fences, pb, x, y, cb, ka):
+            o.release()
     return _stats(times[n // 10 :])
 
 
@@ -202,12 +253,27 @@ def main(argv: list[str] | None = None) -> int:
 
         res["gpu_wait_rt"] = gpu_wait_rt(dom, peer, a.n)
         print("gpu wait rt", res["gpu_wait_rt"], flush=True)
+        # a sleeping host waiter: woken by the GPU's host function, or by its bounded sleep alone
+        res["gpu_wait_rt_sleeping_host_woken"] = gpu_wait_rt(dom, peer, a.n // 4, host_spin=0.0, wake=True)
+        res["gpu_wait_rt_sleeping_host_poll_only"] = gpu_wait_rt(dom, peer, 200, host_spin=0.0, wake=False)
+        print(
+            "sleeping host",
+            res["gpu_wait_rt_sleeping_host_woken"],
+            res["gpu_wait_rt_sleeping_host_poll_only"],
+        )
         save()
         npu = agents.spawn(dom, "npu", spin=a.agent_spin)
         try:
             res["handoff_direct"] = handoff(dom, peer, npu, a.n // 4, True)
             res["handoff_host"] = handoff(dom, peer, npu, a.n // 4, False)
             print("handoff", res["handoff_direct"], res["handoff_host"], flush=True)
+            save()
+            for key, direct in (("handoff_graph_direct", True), ("handoff_graph_host", False)):
+                try:
+                    res[key] = handoff_graph(dom, peer, npu, a.n // 4, direct)
+                except Exception as e:  # recorded, the rest of the run goes on
+                    res[key] = {"error": repr(e)}
+                print(key, res[key], flush=True)
             save()
             if a.skip_graph:
                 raise _Skip
