@@ -2135,6 +2135,16 @@ static PyObject *Core_queue_info(Core *c, PyObject *arg) {
                          (unsigned long long)ld(&q->completed), "doorbell", (unsigned long long)ld(&q->doorbell));
 }
 
+/* queue_addr(handle) -> host address of the queue's struct hl_queue (validated) */
+static PyObject *Core_queue_addr(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h;
+    if (get_handle_arg(arg, &h) < 0) return NULL;
+    struct hl_queue *q = get_queue(c, h);
+    if (!q) return NULL;
+    return PyLong_FromVoidPtr((void *)q);
+}
+
 /* queue_doorbell_addr(handle) -> host address of the queue's doorbell word */
 static PyObject *Core_queue_doorbell_addr(Core *c, PyObject *arg) {
     NEED_ATTACHED(c);
@@ -2232,6 +2242,7 @@ static PyMethodDef Core_methods[] = {
     {"queue_info", (PyCFunction)Core_queue_info, METH_O, NULL},
     {"queue_completed", (PyCFunction)Core_queue_completed, METH_O, NULL},
     {"queue_doorbell_addr", (PyCFunction)Core_queue_doorbell_addr, METH_O, NULL},
+    {"queue_addr", (PyCFunction)Core_queue_addr, METH_O, NULL},
     {"queue_reserve_stuck", (PyCFunction)(void (*)(void))Core_queue_reserve_stuck, METH_FASTCALL, NULL},
     {"trace", (PyCFunction)(void (*)(void))Core_trace, METH_FASTCALL, NULL},
     {"trace_enabled", (PyCFunction)Core_trace_enabled, METH_NOARGS, NULL},

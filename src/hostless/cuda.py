@@ -82,15 +82,18 @@ def available() -> str | None:
 _KERNELS = r"""
 #include "hostless.h"
 
-/* Push the prepared packet *p into queue q (one thread). */
-extern "C" __global__ void hl_enqueue(void *base, unsigned long long q, const struct hl_packet *p,
-                                      const int *gate, int *result) {
+/* Push the prepared packet *p into the queue at q (one thread).  The host
+ * validated q with hl_queue_get; the device skips those table reads, each of
+ * which would cross the bus. */
+extern "C" __global__ void hl_enqueue(struct hl_queue *q, const struct hl_packet *p, const int *gate,
+                                      int *result) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     if (gate && *(volatile const int *)gate != 0) { *result = 1; return; } /* an input failed */
+    struct hl_packet local = *p; /* one burst of reads */
     hl_u64 idx = 0;
     int r = HL_E_FULL;
     for (long spins = 0; spins < (1L << 24) && r == HL_E_FULL; spins++)
-        r = hl_queue_try_push(base, q, p, HL_PRODUCER_DEVICE, &idx); /* a full queue: wait for room */
+        r = hl_queue_push_to(q, &local, HL_PRODUCER_DEVICE, &idx); /* a full queue: wait for room */
     *result = r;
 }
 
@@ -322,16 +325,11 @@ class CudaPeer:
         res = cp.zeros(1, dtype=cp.int32) if result is None else result
         gp = np.uint64(0) if gate is None else gate
         st = stream or self.stream
+        qaddr = int(self.dom._core.queue_addr(queue.handle))  # validated on the host
         self._k_enqueue(
             (1,),
             (1,),
-            (
-                np.uint64(self.dbase),
-                np.uint64(queue.handle),
-                np.uint64(self.dptr(packet_buf.offset)),
-                gp,
-                res,
-            ),
+            (np.uint64(self.dptr(qaddr - self.base)), np.uint64(self.dptr(packet_buf.offset)), gp, res),
             stream=st,
         )
         if wake:

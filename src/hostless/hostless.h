@@ -631,12 +631,24 @@ HL_INLINE struct hl_queue *hl_queue_get(void *base, hl_u64 handle) {
  * HL_E_FULL when the queue has no free cell (nothing is overwritten), or
  * HL_E_HANDLE.  *index_out receives the packet's write index. */
 #define HL_E_FULL -7
+HL_INLINE int hl_queue_push_to(struct hl_queue *q, const struct hl_packet *p, hl_u32 producer, hl_u64 *index_out);
+
+/* Try to enqueue one packet (from a host, firmware or GPU thread).
+ * producer: participant index, or HL_PRODUCER_DEVICE.  Returns HL_OK, or
+ * HL_E_FULL when the queue has no free cell (nothing is overwritten), or
+ * HL_E_HANDLE.  *index_out receives the packet's write index. */
 HL_INLINE int hl_queue_try_push(void *base, hl_u64 qhandle, const struct hl_packet *p, hl_u32 producer,
                                 hl_u64 *index_out) {
     struct hl_queue *q = hl_queue_get(base, qhandle);
+    if (!q) return HL_E_HANDLE;
+    return hl_queue_push_to(q, p, producer, index_out);
+}
+
+/* The same on a queue already validated with hl_queue_get (a device that was
+ * handed the queue's address skips the table reads: each crosses the bus). */
+HL_INLINE int hl_queue_push_to(struct hl_queue *q, const struct hl_packet *p, hl_u32 producer, hl_u64 *index_out) {
     hl_u64 *cells, w, c, mask;
     struct hl_packet *slot;
-    if (!q) return HL_E_HANDLE;
     cells = (hl_u64 *)((char *)q + q->cells_offset);
     mask = q->capacity - 1;
     for (;;) {
