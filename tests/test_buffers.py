@@ -845,10 +845,16 @@ def test_heap_stats_and_fragmentation(hdom: hl.Domain) -> None:
     bs[2].release()
     st = hdom.heap_stats()
     assert st["free_runs"] == 3 and st["free"] == HEAP - 4 * blk
-    # a hole is reused first-fit: a small buffer lands in the first hole
+    # placement policy: large blocks are packed from the top of the heap down,
+    # small ones first-fit from the bottom, so a small buffer lands below them all
+    assert all(bs[i].offset > bs[i + 1].offset for i in (4, 6))
     small = hdom.buffer(100)
-    assert bs[0].offset < small.offset < bs[4].offset
+    assert small.offset < min(bs[i].offset for i in (0, 4, 6, 7))
     small.release()
+    # a large buffer reuses the highest hole that fits (the 3-block hole left by 1, 2, 3)
+    again = hdom.buffer(LARGE)
+    assert bs[4].offset < again.offset < bs[0].offset
+    again.release()
     for i in (0, 4, 6, 7):
         bs[i].release()
     st = hdom.heap_stats()

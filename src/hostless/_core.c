@@ -408,6 +408,36 @@ static uint64_t heap_find(struct hl_heap *hp, const uint64_t *bm, uint64_t n, ui
     return UINT64_MAX;
 }
 
+/* Highest set bit of the bitmap in [lo, hi), or UINT64_MAX when all are clear. */
+static uint64_t last_set(const uint64_t *bm, uint64_t lo, uint64_t hi) {
+    uint64_t x = hi;
+    while (x > lo) {
+        uint64_t w = (x - 1) / 64;
+        uint64_t wlo = w * 64 < lo ? lo : w * 64;
+        uint64_t hi_bit = x - w * 64, lo_bit = wlo - w * 64; /* 1..64, 0..63 */
+        uint64_t mask = (hi_bit == 64 ? ~0ull : ((1ull << hi_bit) - 1)) & ~((1ull << lo_bit) - 1);
+        uint64_t m = bm[w] & mask;
+        if (m) return w * 64 + 63 - (uint64_t)__builtin_clzll(m);
+        x = wlo;
+    }
+    return UINT64_MAX;
+}
+
+/* Last fit: the highest aligned free run of n granules.  Large blocks are
+ * placed from the top of the heap down, small ones from the bottom up, so
+ * that the two kinds do not cut each other's free space into pieces. */
+static uint64_t heap_find_down(struct hl_heap *hp, const uint64_t *bm, uint64_t n, uint64_t align) {
+    uint64_t G = hp->granules;
+    if (n == 0 || n > G) return UINT64_MAX;
+    uint64_t g = (G - n) / align * align;
+    for (;;) {
+        uint64_t ls = last_set(bm, g, g + n);
+        if (ls == UINT64_MAX) return g;
+        if (ls < n) return UINT64_MAX;
+        g = (ls - n) / align * align; /* the run must end at or before the set bit */
+    }
+}
+
 /* Largest free run and free total, for stats (lock held). */
 static void heap_scan(struct hl_heap *hp, const uint64_t *bm, uint64_t *free_g, uint64_t *largest, uint64_t *runs) {
     uint64_t cur = 0, fr = 0, lg = 0, nr = 0;
@@ -1788,12 +1818,12 @@ static int do_block_new(Core *c, uint32_t kind, uint64_t nbytes, const void *met
     uint64_t g, used;
     heap_lock(c, hp);
     uint64_t *bm = heap_bitmap(c, hp);
-    g = heap_find(hp, bm, n, align);
+    g = large ? heap_find_down(hp, bm, n, align) : heap_find(hp, bm, n, align);
     if (g != UINT64_MAX) {
         bits_set(bm, g, n, 1);
         hp->used_granules += n;
         hp->allocs++;
-        hp->hint = g + n < hp->granules ? g + n : 0;
+        if (!large) hp->hint = g + n < hp->granules ? g + n : 0;
         st(&f->parents[0], g);
         st(&f->parents[1], n);
         st(&f->word, g * HL_GRANULE + head);
