@@ -19,7 +19,8 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -177,6 +178,32 @@ def write_json_md(path_stem: Any, result: dict[str, Any], markdown: str) -> tupl
     js.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     md.write_text(markdown, encoding="utf-8")
     return js, md
+
+
+def pin(cpu: int | None) -> bool:
+    """Pin this process to ``cpu`` (None: leave it); True when pinned."""
+    if cpu is None:
+        return False
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+@contextmanager
+def pinned(cpu: int | None) -> Iterator[bool]:
+    """Pin this process to ``cpu`` for the ``with`` block, then restore its affinity."""
+    try:
+        old: set[int] | None = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        old = None
+    ok = pin(cpu)
+    try:
+        yield ok
+    finally:
+        if ok and old is not None:
+            os.sched_setaffinity(0, old)
 
 
 def pin_cpus() -> tuple[int | None, int | None]:

@@ -77,8 +77,7 @@ import shutil
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -91,7 +90,9 @@ from . import (
     fmt_ratio,
     machine_info,
     markdown_table,
+    pin,
     pin_cpus,
+    pinned,
     print_table,
     result_stem,
     summarize,
@@ -215,20 +216,10 @@ def _fill_value(i: int) -> int:
 # --------------------------------------------------------------------------- consumer process
 
 
-def _pin(cpu: int | None) -> bool:
-    if cpu is None:
-        return False
-    try:
-        os.sched_setaffinity(0, {cpu})
-    except (AttributeError, OSError):
-        return False
-    return True
-
-
 def _consumer_main(conn: Connection, cpu: int | None, name: str) -> None:
     """The consumer (runs in a spawned process): joins the domain, then runs commands."""
     try:
-        _pin(cpu)
+        pin(cpu)
         import hostless as hl
 
         dom = hl.Domain.open(name, label="bench-consumer")
@@ -747,20 +738,6 @@ def _fragmentation(cfg: BufferBenchConfig) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the run
 
 
-@contextmanager
-def _pinned(cpu: int | None) -> Iterator[bool]:
-    try:
-        old: set[int] | None = os.sched_getaffinity(0)
-    except (AttributeError, OSError):
-        old = None
-    ok = _pin(cpu)
-    try:
-        yield ok
-    finally:
-        if ok and old is not None:
-            os.sched_setaffinity(0, old)
-
-
 def _mem_available() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
@@ -837,7 +814,7 @@ def run(cfg: BufferBenchConfig | None = None, progress: _Progress | None = None)
         else:
             result["skipped"][str(size)] = why
             say(f"{fmt_size(size)}: skipped ({why})")
-    with _pinned(cpus[0]):
+    with pinned(cpus[0]):
         if plan:
             heap = max(plan) + 64 * MIB
             bench: _Bench | None = None

@@ -43,8 +43,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -57,7 +56,9 @@ from . import (
     fmt_ratio,
     machine_info,
     markdown_table,
+    pin,
     pin_cpus,
+    pinned,
     print_table,
     result_stem,
     summarize,
@@ -116,20 +117,10 @@ class FenceBenchConfig:
 # --------------------------------------------------------------------------- peer process
 
 
-def _pin(cpu: int | None) -> bool:
-    if cpu is None:
-        return False
-    try:
-        os.sched_setaffinity(0, {cpu})
-    except (AttributeError, OSError):
-        return False
-    return True
-
-
 def _peer_main(kind: str, conn: Connection, cpu: int | None, args: dict[str, Any]) -> None:
     """Process B of a round-trip figure (runs in a spawned process)."""
     try:
-        _pin(cpu)
+        pin(cpu)
         if kind in ("timeline", "fence"):
             _peer_hostless(kind, conn, args)
         elif kind == "numpy":
@@ -491,20 +482,6 @@ def _throughput(cfg: FenceBenchConfig) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the run
 
 
-@contextmanager
-def _pinned(cpu: int | None) -> Iterator[bool]:
-    try:
-        old: set[int] | None = os.sched_getaffinity(0)
-    except (AttributeError, OSError):
-        old = None
-    ok = _pin(cpu)
-    try:
-        yield ok
-    finally:
-        if ok and old is not None:
-            os.sched_setaffinity(0, old)
-
-
 LATENCY_FIGURES: dict[str, str] = {
     "timeline_spin": "hostless timelines, spin mode",
     "timeline_sleep": "hostless timelines, sleep mode (spin=0)",
@@ -551,7 +528,7 @@ def run(cfg: FenceBenchConfig | None = None, progress: _Progress | None = None) 
     shares = [cfg.round_trips // cfg.rounds] * cfg.rounds
     shares[-1] += cfg.round_trips - sum(shares)
 
-    with tempfile.TemporaryDirectory(prefix="hostless-bench-") as tmp, _pinned(cpus[0]):
+    with tempfile.TemporaryDirectory(prefix="hostless-bench-") as tmp, pinned(cpus[0]):
         exe, err = _compile_pingpong(tmp)
         if err:
             errors["c_spin"] = errors["c_futex"] = err
