@@ -29,7 +29,15 @@ from . import _core
 from ._abi import C
 from .errors import DomainClosed, InvalidHandle
 
-__all__ = ["Buffer", "PrivateBuffer", "ShapeLike", "normalize_layout", "pack_meta", "unpack_meta"]
+__all__ = [
+    "Buffer",
+    "PrivateBuffer",
+    "ShapeLike",
+    "bytes_buffer",
+    "normalize_layout",
+    "pack_meta",
+    "unpack_meta",
+]
 
 ShapeLike = Union[int, Sequence[int]]  # noqa: UP007 (a runtime alias on Python 3.10)
 _KDL_CPU = 1
@@ -103,6 +111,14 @@ def unpack_meta(meta: bytes) -> tuple[tuple[int, ...], np.dtype, int]:
     if dt.itemsize != itemsize or n != nbytes:
         raise InvalidHandle("buffer metadata is inconsistent (shape, dtype and size disagree)")
     return tuple(int(x) for x in shape), dt, int(nbytes)
+
+
+def bytes_buffer(dom: Any, data: bytes) -> Buffer:
+    """A new heap buffer of ``dom`` holding ``data`` (argument blocks, ERT commands, packets);
+    the caller releases it."""
+    b: Buffer = dom.buffer(len(data))
+    b.numpy()[:] = np.frombuffer(data, np.uint8)
+    return b
 
 
 class _Views(_core.Handle):

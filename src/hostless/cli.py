@@ -295,12 +295,18 @@ def cmd_bench_fences(args: argparse.Namespace) -> int:
         cfg.rounds = max(1, min(args.rounds, cfg.round_trips))
     if args.no_pin:
         cfg.pin = False
-    result = fences.run(cfg)
+    return _report(fences, fences.run(cfg), args)
+
+
+def _report(bench: Any, result: dict[str, Any], args: argparse.Namespace) -> int:
+    """Print a benchmark's report and (unless --no-write) write its result files."""
     print()
-    fences.print_report(result, plain=args.plain)
+    bench.print_report(result, plain=args.plain)
     if not args.no_write:
-        js, md = fences.write_results(result, args.output)
-        print(f"wrote {js} and {md}")
+        paths = bench.write_results(result, args.output)
+        print("wrote " + " and ".join(str(x) for x in paths))
+        if result.get("plot"):
+            print(result["plot"])
     return 0
 
 
@@ -313,13 +319,7 @@ def cmd_bench_buffers(args: argparse.Namespace) -> int:
         cfg.max_size = parse_size(args.max_size)
     if args.no_pin:
         cfg.pin = False
-    result = buffers.run(cfg)
-    print()
-    buffers.print_report(result, plain=args.plain)
-    if not args.no_write:
-        js, md = buffers.write_results(result, args.output)
-        print(f"wrote {js} and {md}")
-    return 0
+    return _report(buffers, buffers.run(cfg), args)
 
 
 def cmd_bench_pipeline(args: argparse.Namespace) -> int:
@@ -331,15 +331,7 @@ def cmd_bench_pipeline(args: argparse.Namespace) -> int:
         cfg.rounds = max(1, min(cfg.rounds, cfg.frames))
     if args.no_pin:
         cfg.pin = False
-    result = pipeline.run(cfg)
-    print()
-    pipeline.print_report(result, plain=args.plain)
-    if not args.no_write:
-        paths = pipeline.write_results(result, args.output)
-        print("wrote " + ", ".join(str(x) for x in paths))
-        if result.get("plot"):
-            print(result["plot"])
-    return 0
+    return _report(pipeline, pipeline.run(cfg), args)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -415,9 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="output directory (default: %(default)s)",
     )
-    bb.add_argument(
-        "--max-size", default=None, metavar="SIZE", help="largest size (default 1G, --quick 64M)"
-    )
+    bb.add_argument("--max-size", default=None, metavar="SIZE", help="largest size (default 1G, --quick 64M)")
     bb.add_argument("--no-pin", action="store_true", help="do not pin the two processes to CPUs")
     bb.add_argument("--no-write", action="store_true", help="print the tables only")
     bb.set_defaults(func=cmd_bench_buffers)

@@ -29,7 +29,7 @@ import numpy as np
 
 from . import ert
 from .agents import Agent
-from .buffer import Buffer
+from .buffer import Buffer, bytes_buffer
 from .domain import Domain
 from .errors import HostlessError
 from .kernels import CPU_KERNELS, CUDA_KERNEL_NAMES, NPU_CUS, f64
@@ -252,8 +252,7 @@ class CompiledGraph:
             cu = NPU_CUS[kernel][0]
             words = [len(bufs)] + ert.u64_args(bufs) + ert.u64_args(scalars)
             cmd = ert.start_cu(cu, words).encode()
-            cb = self.dom.buffer(len(cmd))
-            cb.numpy()[:] = np.frombuffer(cmd, np.uint8)
+            cb = bytes_buffer(self.dom, cmd)
             owned.append(cb)
             ka = Kernargs(buffers=[cb.handle], follow=follow).to_buffer(self.dom)
             owned.append(ka)

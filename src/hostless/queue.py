@@ -132,10 +132,9 @@ class Kernargs:
 
     def to_buffer(self, dom: Domain) -> Buffer:
         """A heap buffer holding the encoded block (the caller releases it)."""
-        data = self.encode()
-        b = dom.buffer(len(data))
-        b.numpy()[:] = memoryview(data)
-        return b
+        from .buffer import bytes_buffer
+
+        return bytes_buffer(dom, self.encode())
 
 
 class Queue(_core.Handle):

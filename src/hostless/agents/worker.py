@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import ert
 from .._abi import C
+from ..buffer import bytes_buffer
 from ..domain import Domain
 from ..errors import HostlessError
 from ..kernels import CPU_KERNELS, NPU_CUS, Kernel, load_user_kernel
@@ -396,8 +397,7 @@ class CudaAgent(Agent):
                 peer.signal(self.cache.get(pkt.signal), pkt.signal_value, gate)
             packets: list[Any] = []
             for f in follow:
-                pb = self.dom.buffer(int(C.PACKET_SIZE))
-                pb.numpy()[:] = np.frombuffer(f.packet.encode(), np.uint8)
+                pb = bytes_buffer(self.dom, f.packet.encode())
                 keep.append(peer.enqueue(self.cache.get(f.queue), pb, gate))
                 packets.append(pb)
             keep.append(gate)

@@ -30,6 +30,7 @@ import numpy as np
 
 import hostless as hl
 from hostless import agents, ert, kernels
+from hostless.buffer import bytes_buffer
 from hostless.graph import Graph
 
 
@@ -71,15 +72,19 @@ def gpu_wait_rt(
     return _stats(rts[n // 10 :])
 
 
-def handoff(dom: hl.Domain, peer: Any, npu: agents.Agent, n: int, direct: bool) -> dict[str, float]:
-    cp = peer.cp
+def _npu_relu_stage(dom: hl.Domain) -> tuple[Any, Any, Any, Any]:
+    """(x, y, ERT command buffer, argument block) of an NPU relu stage y = relu(x) on 256 floats."""
     x = dom.buffer((256,), "f4")
     y = dom.buffer((256,), "f4")
     x.numpy()[:] = 1.0
     cmd = ert.start_cu(kernels.cu_index("relu"), [2, *ert.u64_args([x.handle, y.handle])]).encode()
-    cb = dom.buffer(len(cmd))
-    cb.numpy()[:] = np.frombuffer(cmd, np.uint8)
-    ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(dom)
+    cb = bytes_buffer(dom, cmd)
+    return x, y, cb, hl.Kernargs(buffers=[cb.handle]).to_buffer(dom)
+
+
+def handoff(dom: hl.Domain, peer: Any, npu: agents.Agent, n: int, direct: bool) -> dict[str, float]:
+    cp = peer.cp
+    x, y, cb, ka = _npu_relu_stage(dom)
     g = peer.array(x)
     with peer.stream:
         g += 0  # compile before the loop
@@ -88,10 +93,9 @@ def handoff(dom: hl.Domain, peer: Any, npu: agents.Agent, n: int, direct: bool) 
     fences = [dom.fence(owner=npu.id) for _ in range(n)]
     pbs = []
     for f in fences:
-        pb = dom.buffer(64)
-        pkt = hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=f.handle)
-        pb.numpy()[:] = np.frombuffer(pkt.encode(), np.uint8)
-        pbs.append(pb)
+        pbs.append(
+            bytes_buffer(dom, hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=f.handle).encode())
+        )
     res = cp.zeros(1, dtype=cp.int32)
     times = []
     for i in range(n):
@@ -118,13 +122,7 @@ def handoff_graph(dom: hl.Domain, peer: Any, npu: agents.Agent, n: int, direct: 
     into a CUDA graph, so that a frame is one graph launch from the host: the way a prepared
     pipeline would run, without Python's per-kernel launch costs."""
     cp = peer.cp
-    x = dom.buffer((256,), "f4")
-    y = dom.buffer((256,), "f4")
-    x.numpy()[:] = 1.0
-    cmd = ert.start_cu(kernels.cu_index("relu"), [2, *ert.u64_args([x.handle, y.handle])]).encode()
-    cb = dom.buffer(len(cmd))
-    cb.numpy()[:] = np.frombuffer(cmd, np.uint8)
-    ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(dom)
+    x, y, cb, ka = _npu_relu_stage(dom)
     g = peer.array(x)
     st = peer.stream
     with st:
