@@ -225,6 +225,18 @@ def slot_index(handle: int) -> int:
     return (handle & 0xFFFFFF) - 1
 
 
+def new_at(make: Callable[[], Any], index: int) -> Any:
+    """A new object from ``make()`` in slot ``index``: freed slots are reused
+    round-robin, so allocate and release until the allocation comes round."""
+    o = make()
+    for _ in range(1 << 16):
+        if slot_index(o.handle) == index:
+            return o
+        o.release()
+        o = make()
+    raise AssertionError(f"slot {index} never came round")
+
+
 def wait_until(pred: Callable[[], bool], timeout: float = 5.0, interval: float = 0.005) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -102,6 +102,7 @@ typedef struct {
     uint64_t wd_interval_ns;
     uint32_t kick; /* private futex word for wait_any */
     long long spin_ns; /* default spin of waits through Handle */
+    uint64_t poll_ns;  /* hl_header.poll_ns, validated at attach (private copy) */
     struct hl_trace *trace; /* NULL when the domain has no trace ring */
     int closing;            /* leave() in progress: GIL-free loops bail out */
     int busy;               /* threads inside GIL-free sections */
@@ -121,7 +122,23 @@ static int recover_participant(Core *c, int d, uint64_t pctl);
 /* ---- small helpers ---- */
 static inline struct hl_fence *slot(Core *c, uint32_t idx) { return &c->fences[idx]; }
 
-static void wake(struct hl_fence *f) { hl_wake_all(f); }
+/* Wake the host sleepers of slot f (whose word we just changed): timelines
+ * sleep on their wake sequence, fences and merged fences on the word. */
+static void wake(struct hl_fence *f) {
+    if (HL_CTL_KIND(ld(&f->ctl)) == HL_KIND_TIMELINE)
+        hl_wake_timeline(f);
+    else
+        hl_wake_fence(f);
+}
+
+/* Two reads of ctl name the same object (generation and kind) in a state
+ * where its fields belong to it (LIVE, or DYING while its last holder frees
+ * it): the seqlock test of the write rule. */
+static inline int same_object(uint64_t a, uint64_t b) {
+    uint32_t s = HL_CTL_STATE(b);
+    return (s == HL_SLOT_LIVE || s == HL_SLOT_DYING) && HL_CTL_GEN(a) == HL_CTL_GEN(b) &&
+           HL_CTL_KIND(a) == HL_CTL_KIND(b);
+}
 
 /* Validate a handle against this domain; returns the index or -1 with an
  * exception set.  want_kind 0 accepts any kind. */
@@ -175,14 +192,34 @@ static void record_failure(Core *c, uint64_t link, uint32_t status, int depth) {
         return;
     uint64_t e = ld(&p->err);
     while (((e >> 32) & 0xffffffu) == gen && (uint32_t)e == 0) {
+        /* err carries the generation: this CAS cannot touch another object */
         if (cas(&p->err, &e, ((uint64_t)gen << 32) | status)) {
-            for (int k = 0; k < HL_MAX_PARENTS; k++) {
-                uint64_t l = ld(&p->parents[k]);
-                if (l) record_failure(c, l, status, depth + 1);
-            }
+            uint64_t l[HL_MAX_PARENTS];
+            for (int k = 0; k < HL_MAX_PARENTS; k++) l[k] = ld(&p->parents[k]);
+            if (!same_object(ctl, ld(&p->ctl))) return; /* freed meanwhile: its links are not ours */
+            for (int k = 0; k < HL_MAX_PARENTS; k++)
+                if (l[k]) record_failure(c, l[k], status, depth + 1);
             return;
         }
     }
+}
+
+/* Complete merged slot pidx, read as LIVE `ctl`, when no child is pending:
+ * first failure, else SUCCESS.  The completion is one 16-byte CAS over
+ * {word, ctl}, so it lands only on that object (write rule (c)), however
+ * stale the caller's view.  Returns 1 when this call completed it. */
+static int resolve_merged(Core *c, uint32_t pidx, uint64_t ctl, int depth) {
+    struct hl_fence *p = slot(c, pidx);
+    uint32_t gen = HL_CTL_GEN(ctl) & 0xffffffu;
+    if (HL_CTL_STATE(ctl) != HL_SLOT_LIVE || HL_CTL_KIND(ctl) != HL_KIND_MERGED) return 0;
+    uint64_t a = ld(&p->aux);
+    if (((a >> 32) & 0xffffffu) != gen || (uint32_t)a != 0) return 0;
+    uint64_t e = ld(&p->err);
+    uint32_t fin = (((e >> 32) & 0xffffffu) == gen && (uint32_t)e) ? (uint32_t)e : HL_STATUS_SUCCESS;
+    if (!hl_cas_word_ctl(p, 0, ctl, fin)) return 0;
+    hl_wake_fence(p);
+    if (depth < 64) propagate(c, pidx, depth + 1);
+    return 1;
 }
 
 /* Clear child position `pos` in parent's pending mask; resolve the parent
@@ -193,13 +230,17 @@ static void propagate_link(Core *c, uint64_t link, uint32_t status, int depth) {
     struct hl_fence *p = slot(c, (uint32_t)pidx);
     uint32_t gen = HL_LINK_GEN(link);
     uint64_t ctl = ld(&p->ctl);
-    if (HL_CTL_KIND(ctl) != HL_KIND_MERGED || (HL_CTL_GEN(ctl) & 0xffffffu) != gen) return;
+    if (HL_CTL_STATE(ctl) != HL_SLOT_LIVE || HL_CTL_KIND(ctl) != HL_KIND_MERGED ||
+        (HL_CTL_GEN(ctl) & 0xffffffu) != gen)
+        return;
     uint32_t pos = HL_LINK_POS(link);
     if (pos >= HL_MERGE_MAX_CHILDREN) return;
+    /* the failure is recorded before the bit is cleared: whoever clears the
+     * last bit sees every failure */
     if (status != HL_STATUS_SUCCESS) record_failure(c, link, status, depth);
     uint64_t a = ld(&p->aux);
     for (;;) {
-        if (((a >> 32) & 0xffffffu) != gen) return;
+        if (((a >> 32) & 0xffffffu) != gen) return; /* aux carries the generation */
         if (!(a & (1ull << pos))) break;
         if (cas(&p->aux, &a, a & ~(1ull << pos))) {
             a &= ~(1ull << pos);
@@ -207,16 +248,7 @@ static void propagate_link(Core *c, uint64_t link, uint32_t status, int depth) {
         }
     }
     if ((uint32_t)a != 0) return;
-    /* all children done: resolve (idempotent CAS) */
-    uint64_t e = ld(&p->err);
-    uint32_t fin = (((e >> 32) & 0xffffffu) == gen && (uint32_t)e) ? (uint32_t)e : HL_STATUS_SUCCESS;
-    uint64_t z = 0;
-    ctl = ld(&p->ctl);
-    if ((HL_CTL_GEN(ctl) & 0xffffffu) != gen) return;
-    if (cas(&p->word, &z, fin)) {
-        wake(p);
-        if (depth < 64) propagate(c, (uint32_t)pidx, depth + 1);
-    }
+    resolve_merged(c, (uint32_t)pidx, ctl, depth);
 }
 
 /* 1 when `link` names a merged fence that still exists (same generation). */
@@ -229,14 +261,21 @@ static int link_live(Core *c, uint64_t link) {
            (HL_CTL_GEN(ctl) & 0xffffffu) == HL_LINK_GEN(link);
 }
 
+/* Tell the merged parents of completed slot idx.  Any participant may call
+ * it (holder or not): the word and the links are read between two reads of
+ * ctl, so a status never reaches the links of a later object in the slot. */
 static void propagate(Core *c, uint32_t idx, int depth) {
     struct hl_fence *f = slot(c, idx);
+    uint64_t c1 = ld(&f->ctl);
+    uint32_t k = HL_CTL_KIND(c1);
+    if (k != HL_KIND_FENCE && k != HL_KIND_MERGED) return;
     uint64_t w = ld(&f->word);
     if (w == 0) return;
-    for (int k = 0; k < HL_MAX_PARENTS; k++) {
-        uint64_t l = ld(&f->parents[k]);
-        if (l) propagate_link(c, l, (uint32_t)w, depth);
-    }
+    uint64_t l[HL_MAX_PARENTS];
+    for (int i = 0; i < HL_MAX_PARENTS; i++) l[i] = ld(&f->parents[i]);
+    if (!same_object(c1, ld(&f->ctl))) return;
+    for (int i = 0; i < HL_MAX_PARENTS; i++)
+        if (l[i]) propagate_link(c, l[i], (uint32_t)w, depth);
 }
 
 /* Finish what signals by plain stores (devices, firmware) left undone:
@@ -249,21 +288,8 @@ static void sweep(Core *c) {
         if (HL_CTL_STATE(ctl) != HL_SLOT_LIVE) continue;
         uint32_t k = HL_CTL_KIND(ctl);
         if (k == HL_KIND_TIMELINE) continue;
-        if ((f->parents[0] || f->parents[1]) && ld(&f->word)) propagate(c, i, 0);
-        if (k == HL_KIND_MERGED && ld(&f->word) == 0) {
-            uint64_t a = ld(&f->aux);
-            if ((uint32_t)a == 0 && ((a >> 32) & 0xffffffu) == (HL_CTL_GEN(ctl) & 0xffffffu)) {
-                uint64_t e = ld(&f->err);
-                uint32_t fin = (((e >> 32) & 0xffffffu) == (HL_CTL_GEN(ctl) & 0xffffffu) && (uint32_t)e)
-                                   ? (uint32_t)e
-                                   : HL_STATUS_SUCCESS;
-                uint64_t z = 0;
-                if (cas(&f->word, &z, fin)) {
-                    wake(f);
-                    propagate(c, i, 0);
-                }
-            }
-        }
+        if ((ld(&f->parents[0]) || ld(&f->parents[1])) && ld(&f->word)) propagate(c, i, 0);
+        if (k == HL_KIND_MERGED && ld(&f->word) == 0) resolve_merged(c, i, ctl, 0);
     }
 }
 
@@ -489,21 +515,29 @@ static void heap_free_block(Core *c, uint32_t idx) {
 /* ------------------------------------------------------------------ */
 /* slot life cycle */
 
-/* Free a DYING slot (mask already zero).  Idempotent. */
+/* Free a DYING slot (mask already zero; the caller is the one releaser, or
+ * the dead releaser's recoverer).  Idempotent.  The pending mask and the
+ * links are cleared before the slot is FREE, so nothing of this object is
+ * left for a stale reader; alloc_hint is not moved here: a freed slot is
+ * reused round-robin, not by the next allocation. */
 static void finalize(Core *c, uint32_t idx, uint64_t dying) {
     struct hl_fence *f = slot(c, idx);
     uint32_t k = HL_CTL_KIND(dying);
     if (HAS_BLOCK(k)) {
         heap_free_block(c, idx);
-    } else if (k != HL_KIND_TIMELINE) {
-        uint64_t z = 0;
-        if (cas(&f->word, &z, HL_STATUS_CANCEL)) wake(f);
-        propagate(c, idx, 0);
+    } else {
+        if (k != HL_KIND_TIMELINE) {
+            uint64_t z = 0;
+            if (cas(&f->word, &z, HL_STATUS_CANCEL)) hl_wake_fence(f);
+            propagate(c, idx, 0);
+            st(&f->parents[0], 0);
+            st(&f->parents[1], 0);
+            st(&f->aux, 0);
+        }
+        wake(f);
     }
-    wake(f);
     uint64_t e = dying;
-    if (cas(&f->ctl, &e, HL_CTL(HL_CTL_GEN(dying), k, 0, HL_SLOT_FREE)))
-        __atomic_store_n(&c->h->alloc_hint, idx, __ATOMIC_RELAXED);
+    cas(&f->ctl, &e, HL_CTL(HL_CTL_GEN(dying), k, 0, HL_SLOT_FREE));
 }
 
 /* Drop participant bit `bit` from slot idx (on our behalf or, in recovery,
@@ -532,15 +566,18 @@ static void drop_ref(Core *c, uint32_t idx, uint64_t bit, uint32_t actor) {
             finalize(c, idx, dying);
             return;
         }
-        /* someone took a reference meanwhile: back to LIVE and retry */
+        /* someone took a reference meanwhile: back to LIVE and retry.  A
+         * merged fence whose last child completed while it was DYING could
+         * not be resolved then (resolve_merged wants LIVE): do it now. */
         e = dying;
-        cas(&f->ctl, &e, ctl);
+        if (cas(&f->ctl, &e, ctl) && HL_CTL_KIND(ctl) == HL_KIND_MERGED) resolve_merged(c, idx, ctl, 0);
     }
 }
 
-/* Claim a FREE slot: it is left in ALLOC state with its fields reset and our
- * reference bit set; alloc_publish() makes it LIVE.  Returns the index or -1. */
-static int alloc_begin(Core *c, uint32_t kind, uint32_t owner, uint32_t *gen_out) {
+/* Claim a FREE slot: it is left in ALLOC state with every field initialised
+ * (a merged slot's pending mask `mask` included) and our reference bit set;
+ * alloc_publish() makes it LIVE.  Returns the index or -1. */
+static int alloc_begin(Core *c, uint32_t kind, uint32_t owner, uint32_t mask, uint32_t *gen_out) {
     uint32_t start = __atomic_load_n(&c->h->alloc_hint, __ATOMIC_RELAXED);
     if (start >= c->cap) start = 0;
     for (uint32_t n = 0; n < c->cap; n++) {
@@ -555,7 +592,7 @@ static int alloc_begin(Core *c, uint32_t kind, uint32_t owner, uint32_t *gen_out
         st(&f->word, 0);
         __atomic_store_n(&f->waiters, 0, __ATOMIC_SEQ_CST);
         __atomic_store_n(&f->owner, owner, __ATOMIC_SEQ_CST);
-        st(&f->aux, kind == HL_KIND_MERGED ? ((uint64_t)(gen & 0xffffffu) << 32) : 0);
+        st(&f->aux, kind == HL_KIND_MERGED ? ((uint64_t)(gen & 0xffffffu) << 32) | mask : 0);
         st(&f->err, (uint64_t)(gen & 0xffffffu) << 32);
         st(&f->parents[0], 0);
         st(&f->parents[1], 0);
@@ -581,12 +618,28 @@ static void alloc_abort(Core *c, uint32_t idx, uint32_t kind, uint32_t gen) {
     st(&f->ctl, HL_CTL(gen, kind, 0, HL_SLOT_FREE));
 }
 
-static int alloc_slot(Core *c, uint32_t kind, uint32_t owner, uint64_t *handle_out) {
+static int alloc_slot(Core *c, uint32_t kind, uint32_t owner, uint32_t mask, uint64_t *handle_out) {
     uint32_t gen;
-    int idx = alloc_begin(c, kind, owner, &gen);
+    int idx = alloc_begin(c, kind, owner, mask, &gen);
     if (idx < 0) return -1;
     *handle_out = alloc_publish(c, (uint32_t)idx, kind, gen);
     return idx;
+}
+
+/* Complete slot idx with OWNER_DIED when it is still ACTIVE: a fence's word
+ * CAS 0 -> OWNER_DIED (then its merged parents are told), a timeline fails.
+ * The caller holds the slot (its own bit, or the dead participant's bit that
+ * its recovery pinned): write rule (a). */
+static void fail_owned(Core *c, uint32_t idx) {
+    struct hl_fence *f = slot(c, idx);
+    uint32_t k = HL_CTL_KIND(ld(&f->ctl));
+    if (k == HL_KIND_TIMELINE) {
+        hl_timeline_fail(f, HL_STATUS_OWNER_DIED, NULL);
+    } else if (k == HL_KIND_FENCE) {
+        uint64_t z = 0;
+        if (cas(&f->word, &z, HL_STATUS_OWNER_DIED)) hl_wake_fence(f);
+        propagate(c, idx, 0);
+    }
 }
 
 /* After creating a fence owned by another participant: if that owner is no
@@ -597,20 +650,8 @@ static void owner_recheck(Core *c, uint32_t idx, uint32_t owner) {
     if (oi < 0 || (uint32_t)oi >= c->pcap || oi == c->me) return;
     uint64_t pc = ld(&c->parts[oi].ctl);
     if (HL_PCTL_STATE(pc) == HL_PART_ALIVE && (HL_PCTL_INC(pc) & 0xffffffu) == HL_OWNER_INC(owner)) return;
-    struct hl_fence *f = slot(c, idx);
-    uint64_t ctl = ld(&f->ctl);
-    if (HL_CTL_KIND(ctl) == HL_KIND_TIMELINE) {
-        uint64_t cur = ld(&f->word);
-        while (!(cur & HL_TIMELINE_FAILED)) {
-            st(&f->aux, cur);
-            if (cas(&f->word, &cur, HL_TIMELINE_FAILED | HL_STATUS_OWNER_DIED)) break;
-        }
-    } else {
-        uint64_t z = 0;
-        cas(&f->word, &z, HL_STATUS_OWNER_DIED);
-    }
-    wake(f);
-    propagate(c, idx, 0);
+    /* we hold the slot (we just created it): write rule (a) */
+    fail_owned(c, idx);
 }
 
 /* ------------------------------------------------------------------ */
@@ -647,20 +688,43 @@ static void drop_lock(int fd, int i) {
     (void)fcntl(fd, F_OFD_SETLK, &fl);
 }
 
-static void fail_timeline_word(struct hl_fence *f, uint32_t status) {
-    uint64_t cur = ld(&f->word);
-    while (!(cur & HL_TIMELINE_FAILED)) {
-        st(&f->aux, cur);
-        if (cas(&f->word, &cur, HL_TIMELINE_FAILED | status)) break;
+/* Pin slot idx, read as LIVE `ctl`, with participant bit `bit` (the dead
+ * participant's, during its recovery): the object cannot be freed until that
+ * bit is dropped, so the recoverer may then write it as a holder.  Returns 1
+ * when pinned (drop it with drop_ref), 0 when the slot is no longer that
+ * object (nothing is held then), -1 when it stayed DYING too long (its
+ * releaser is itself dead: recover again later). */
+static int pin(Core *c, uint32_t idx, uint64_t ctl, uint64_t bit, uint32_t actor) {
+    struct hl_fence *f = slot(c, idx);
+    uint64_t old = __atomic_fetch_or(&f->refs, bit, __ATOMIC_SEQ_CST);
+    uint64_t t0 = 0;
+    for (;;) {
+        uint64_t c2 = ld(&f->ctl);
+        if (HL_CTL_STATE(c2) == HL_SLOT_LIVE && HL_CTL_GEN(c2) == HL_CTL_GEN(ctl) && HL_CTL_KIND(c2) == HL_CTL_KIND(ctl))
+            return 1;
+        if (HL_CTL_STATE(c2) == HL_SLOT_DYING && HL_CTL_GEN(c2) == HL_CTL_GEN(ctl)) {
+            /* its last holder is releasing it: our bit makes it roll back to
+             * LIVE, or it had emptied refs first and frees it */
+            if (!t0) t0 = now_ns();
+            if (now_ns() - t0 < 200000000ull) {
+                sched_yield();
+                continue;
+            }
+            if (!(old & bit)) drop_ref(c, idx, bit, actor);
+            return -1;
+        }
+        if (!(old & bit)) drop_ref(c, idx, bit, actor); /* a stale bit on another object: take it back */
+        return 0;
     }
 }
 
-
 /* Cells a dead producer reserved become SKIP (their signal fence, when it is
- * a valid one, gets OWNER_DIED); a dead consumer is unbound. */
+ * a valid one, gets OWNER_DIED); a dead consumer is unbound.  The queue slot
+ * is pinned by the caller. */
 static void recover_queue(Core *c, uint32_t idx, uint64_t ctl, int d, uint32_t dinc) {
     uint64_t qh = HL_HANDLE(c->tag, HL_KIND_QUEUE, HL_CTL_GEN(ctl), idx);
     struct hl_queue *q = hl_queue_get(c->base, qh);
+    uint64_t dbit = 1ull << d;
     if (!q) return;
     uint64_t *cells = (uint64_t *)((char *)q + q->cells_offset);
     struct hl_packet *pk = (struct hl_packet *)((char *)q + q->packets_offset);
@@ -670,14 +734,14 @@ static void recover_queue(Core *c, uint32_t idx, uint64_t ctl, int d, uint32_t d
         if (HL_CELL_STATE(cl) != HL_CELL_RESERVED || HL_CELL_PRODUCER(cl) != (uint32_t)d) continue;
         uint64_t sig = pk[k].signal;
         struct hl_fence *sf = sig ? hl_fence_slot(c->base, sig, 0) : NULL;
-        if (sf && hl_fence_matches(sf, sig)) {
-            if (HL_HANDLE_KIND(sig) == HL_KIND_TIMELINE) {
-                fail_timeline_word(sf, HL_STATUS_OWNER_DIED);
-                wake(sf);
-            } else if (HL_HANDLE_KIND(sig) == HL_KIND_FENCE) {
-                uint64_t z = 0;
-                if (cas(&sf->word, &z, HL_STATUS_OWNER_DIED)) wake(sf);
-                propagate(c, (uint32_t)HL_HANDLE_INDEX(sig), 0);
+        uint32_t sk = HL_HANDLE_KIND(sig);
+        if (sf && (sk == HL_KIND_TIMELINE || sk == HL_KIND_FENCE)) {
+            uint32_t si = (uint32_t)HL_HANDLE_INDEX(sig);
+            uint64_t sctl = ld(&sf->ctl);
+            /* the packet's signal fence is not ours: pin it with d's bit first */
+            if (hl_fence_matches(sf, sig) && pin(c, si, sctl, dbit, (uint32_t)d) == 1) {
+                fail_owned(c, si);
+                drop_ref(c, si, dbit, (uint32_t)d);
             }
         }
         uint64_t e = cl;
@@ -694,21 +758,23 @@ static void recover_queue(Core *c, uint32_t idx, uint64_t ctl, int d, uint32_t d
         syscall(SYS_futex, (uint32_t *)&q->read_index, FUTEX_WAKE, 0x7fffffff, 0, 0, 0);
 }
 
-/* Recover participant d, whose ctl we already moved to RECOVERING(us).
- * Idempotent: a recoverer that dies is replaced by another that repeats it. */
+/* Recover participant d, whose ctl we already moved to RECOVERING(us) while
+ * holding d's liveness lock (so we are d's only recoverer: d's bit is ours
+ * to use).  Idempotent: a recoverer that dies releases the lock and the next
+ * one repeats everything.  Returns 1 when d's slot is FREE again, 0 when
+ * something must be retried later (the slot stays RECOVERING). */
 static int recover_participant(Core *c, int d, uint64_t pctl) {
     uint64_t dbit = 1ull << d;
     uint32_t dinc = HL_PCTL_INC(pctl) & 0xffffffu;
-    uint32_t actor = (uint32_t)(c->me >= 0 ? c->me : d);
+    uint32_t actor = (uint32_t)d; /* the dead participant's releases are finished in its name */
+    int complete = 1;
     for (uint32_t i = 0; i < c->cap; i++) {
-        /* a recoverer whose claim was taken over stops at once, so that no
-         * stale recovery touches a slot that a newcomer has joined since */
         if (ld(&c->parts[d].ctl) != pctl) return 0;
         struct hl_fence *f = slot(c, i);
         uint64_t ctl = ld(&f->ctl);
         uint32_t s = HL_CTL_STATE(ctl);
         if (s == HL_SLOT_ALLOC && HL_CTL_PIDX(ctl) == (uint32_t)d) {
-            /* died while initialising: nobody else can hold it yet */
+            /* died while initialising: nobody else can hold it (rule (b)) */
             if (HAS_BLOCK(HL_CTL_KIND(ctl))) heap_free_block(c, i);
             st(&f->refs, 0);
             uint64_t e = ctl;
@@ -716,6 +782,7 @@ static int recover_participant(Core *c, int d, uint64_t pctl) {
             continue;
         }
         if (s == HL_SLOT_DYING && HL_CTL_PIDX(ctl) == (uint32_t)d) {
+            /* died while freeing it: finish the free, or roll back when others hold it */
             uint64_t m = ld(&f->refs);
             if ((m & ~dbit) == 0) {
                 if (m) cas(&f->refs, &m, 0);
@@ -725,26 +792,29 @@ static int recover_participant(Core *c, int d, uint64_t pctl) {
                 }
             }
             uint64_t e = ctl;
-            cas(&f->ctl, &e, HL_CTL(HL_CTL_GEN(ctl), HL_CTL_KIND(ctl), 0, HL_SLOT_LIVE));
+            uint64_t live = HL_CTL(HL_CTL_GEN(ctl), HL_CTL_KIND(ctl), 0, HL_SLOT_LIVE);
+            if (cas(&f->ctl, &e, live) && HL_CTL_KIND(ctl) == HL_KIND_MERGED) resolve_merged(c, i, live, 0);
             ctl = ld(&f->ctl);
             s = HL_CTL_STATE(ctl);
         }
-        if (s == HL_SLOT_LIVE) {
-            uint32_t o = __atomic_load_n(&f->owner, __ATOMIC_SEQ_CST);
-            if (o && HL_OWNER_INDEX(o) == d && HL_OWNER_INC(o) == dinc && !HAS_BLOCK(HL_CTL_KIND(ctl))) {
-                if (HL_CTL_KIND(ctl) == HL_KIND_TIMELINE) {
-                    fail_timeline_word(f, HL_STATUS_OWNER_DIED);
-                    wake(f);
-                } else {
-                    uint64_t z = 0;
-                    if (cas(&f->word, &z, HL_STATUS_OWNER_DIED)) wake(f);
-                    propagate(c, i, 0);
-                }
-            }
+        if (s != HL_SLOT_LIVE) continue;
+        uint32_t k = HL_CTL_KIND(ctl);
+        uint32_t o = __atomic_load_n(&f->owner, __ATOMIC_SEQ_CST);
+        int owned = o && HL_OWNER_INDEX(o) == d && HL_OWNER_INC(o) == dinc && (k == HL_KIND_FENCE || k == HL_KIND_TIMELINE);
+        if (owned || k == HL_KIND_QUEUE) {
+            int r = pin(c, i, ctl, dbit, actor);
+            if (r < 0) complete = 0;
+            if (r <= 0) continue; /* another object now, or retry later */
+            /* pinned: owner and queue now belong to this object for sure */
+            o = __atomic_load_n(&f->owner, __ATOMIC_SEQ_CST);
+            if (owned && o && HL_OWNER_INDEX(o) == d && HL_OWNER_INC(o) == dinc) fail_owned(c, i);
+            if (k == HL_KIND_QUEUE) recover_queue(c, i, ctl, d, dinc);
+            drop_ref(c, i, dbit, actor); /* our pin, and d's own reference if it had one */
+        } else if (ld(&f->refs) & dbit) {
+            drop_ref(c, i, dbit, actor);
         }
-        if (s == HL_SLOT_LIVE && HL_CTL_KIND(ctl) == HL_KIND_QUEUE) recover_queue(c, i, ctl, d, dinc);
-        if (ld(&f->refs) & dbit) drop_ref(c, i, dbit, actor);
     }
+    if (!complete) return 0;
     struct hl_heap *hp = heap(c);
     if (hp) {
         uint64_t l = ld(&hp->lock);
@@ -753,9 +823,7 @@ static int recover_participant(Core *c, int d, uint64_t pctl) {
             heap_unlock(hp);
         }
     }
-    /* the slot's pid/label are left as they are: a joiner overwrites them, and
-     * clearing them here could wipe a joiner's entry after a concurrent
-     * recovery freed the slot */
+    /* the slot's pid/label are left as they are: a joiner overwrites them */
     struct hl_participant *p = &c->parts[d];
     uint64_t e = pctl;
     if (cas(&p->ctl, &e, HL_PCTL(HL_PCTL_INC(pctl), 0, HL_PART_FREE))) return 1;
@@ -763,7 +831,16 @@ static int recover_participant(Core *c, int d, uint64_t pctl) {
 }
 
 /* Check every participant; recover the dead ones.  Writes recovered
- * participant ids into out (up to outcap); returns their count. */
+ * participant ids into out (up to outcap); returns their count.
+ *
+ * Claim: a recoverer first takes d's liveness lock (the OFD lock on d's
+ * byte).  The kernel grants it only when d is dead and no other live process
+ * holds it, i.e. no other recovery of d is running; a recoverer that dies
+ * releases it.  Then it CASes d's ctl (ALIVE, or RECOVERING by a dead
+ * recoverer) to RECOVERING(me), recovers, frees the slot and drops the lock.
+ * So at most one recovery of d runs at a time, whether the recoverer has
+ * joined the domain or not (a process joining a full table recovers before
+ * it has a slot of its own). */
 static int reap_all_locked(Core *c, uint64_t *out, int outcap);
 static int reap_all(Core *c, uint64_t *out, int outcap) {
     pthread_mutex_lock(&c->reap_mu);
@@ -778,33 +855,23 @@ static int reap_all_locked(Core *c, uint64_t *out, int outcap) {
         if (i == c->me) continue;
         uint64_t pc = ld(&c->parts[i].ctl);
         uint32_t s = HL_PCTL_STATE(pc);
-        if (s == HL_PART_FREE) continue;
-        if (s == HL_PART_ALIVE) {
-            if (part_lock_held(c, i)) continue;
-            /* re-read: a joiner may have just taken this slot */
-            if (ld(&c->parts[i].ctl) != pc) continue;
-        } else if (s == HL_PART_RECOVERING) {
-            int r = (int)HL_PCTL_RECOVERER(pc);
-            if (r == c->me) {
-                /* ours from an earlier call that was interrupted (reap_mu
-                 * keeps this process to one recovery at a time): continue */
-            } else if (r < (int)c->pcap && HL_PCTL_STATE(ld(&c->parts[r].ctl)) != HL_PART_FREE &&
-                       part_lock_held(c, r)) {
-                continue; /* someone alive is on it */
+        if (s != HL_PART_ALIVE && s != HL_PART_RECOVERING) continue; /* FREE, or unknown: check() reports it */
+        if (part_lock_held(c, i)) continue; /* alive, or a live recoverer is on it */
+        if (take_lock(c->fd, i) != 0) continue; /* lost the race for it */
+        pc = ld(&c->parts[i].ctl); /* re-read under the lock: a recovery may have just finished */
+        s = HL_PCTL_STATE(pc);
+        if (s == HL_PART_ALIVE || s == HL_PART_RECOVERING) {
+            /* recoverer field: who recovers (255: a process that has not joined yet) */
+            uint64_t claimed = HL_PCTL(HL_PCTL_INC(pc), (uint32_t)(c->me >= 0 ? c->me : 255), HL_PART_RECOVERING);
+            uint64_t e = pc;
+            if ((pc == claimed || cas(&c->parts[i].ctl, &e, claimed)) && recover_participant(c, i, claimed)) {
+                /* counted here, not in recover_participant: a clean leave is no recovery */
+                __atomic_add_fetch(&c->h->epoch, 1, __ATOMIC_SEQ_CST);
+                __atomic_add_fetch(&c->h->stats_recovered, 1, __ATOMIC_SEQ_CST);
+                if (n < outcap) out[n++] = ((uint64_t)HL_PCTL_INC(pc) << 8) | (uint64_t)i;
             }
-        } else {
-            continue; /* unknown state: check() reports it */
         }
-        /* a process that has not joined yet records no recoverer (255) */
-        uint64_t claimed = HL_PCTL(HL_PCTL_INC(pc), (uint32_t)(c->me >= 0 ? c->me : 255), HL_PART_RECOVERING);
-        uint64_t e = pc;
-        if (pc != claimed && !cas(&c->parts[i].ctl, &e, claimed)) continue;
-        if (recover_participant(c, i, claimed)) {
-            /* counted here, not in recover_participant: a clean leave is no recovery */
-            __atomic_add_fetch(&c->h->epoch, 1, __ATOMIC_SEQ_CST);
-            __atomic_add_fetch(&c->h->stats_recovered, 1, __ATOMIC_SEQ_CST);
-            if (n < outcap) out[n++] = ((uint64_t)HL_PCTL_INC(pc) << 8) | (uint64_t)i;
-        }
+        drop_lock(c->fd, i);
     }
     return n;
 }
@@ -1030,6 +1097,7 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
     c->cap = c->h->fence_capacity;
     c->pcap = c->h->participant_capacity;
     c->tag = c->h->tag;
+    c->poll_ns = c->h->poll_ns; /* validated by hl_domain_validate: within [HL_POLL_MIN_NS, HL_POLL_MAX_NS] */
     c->trace = trace_ring(c);
     c->lrefs = PyMem_Calloc(c->cap, sizeof(uint32_t));
     c->lgen = PyMem_Calloc(c->cap, sizeof(uint32_t));
@@ -1159,7 +1227,7 @@ static PyObject *Core_create(Core *c, PyObject *args) {
         owner = HL_OWNER(c->inc, c->me);
     }
     uint64_t h;
-    int idx = alloc_slot(c, kind, owner, &h);
+    int idx = alloc_slot(c, kind, owner, 0, &h);
     if (idx < 0) {
         hl_err(E_Full, "fence table full (%u slots)", c->cap);
         return NULL;
@@ -1206,15 +1274,13 @@ static PyObject *Core_merge(Core *c, PyObject *arg) {
     }
     Py_DECREF(seq);
     uint64_t ph;
-    int pidx = alloc_slot(c, HL_KIND_MERGED, 0, &ph);
+    uint32_t mask = (n == 32) ? 0xffffffffu : (uint32_t)((1ull << n) - 1);
+    int pidx = alloc_slot(c, HL_KIND_MERGED, 0, mask, &ph); /* the mask is set before it is LIVE */
     if (pidx < 0) {
         hl_err(E_Full, "fence table full (%u slots)", c->cap);
         return NULL;
     }
-    struct hl_fence *p = slot(c, (uint32_t)pidx);
     uint32_t pgen = HL_HANDLE_GEN(ph);
-    uint64_t mask = (n == 32) ? 0xffffffffull : ((1ull << n) - 1);
-    st(&p->aux, ((uint64_t)pgen << 32) | mask);
     for (Py_ssize_t i = 0; i < n; i++) {
         struct hl_fence *f = slot(c, (uint32_t)idxs[i]);
         uint64_t link = HL_LINK((uint32_t)i, pgen, (uint32_t)pidx);
@@ -1282,10 +1348,7 @@ static int do_release(Core *c, uint64_t h) {
     return 0;
 }
 
-static int status_ok(unsigned long long s) {
-    return s == HL_STATUS_SUCCESS || s == HL_STATUS_ERROR || s == HL_STATUS_CANCEL || s == HL_STATUS_OWNER_DIED ||
-           (s >= HL_STATUS_CUSTOM_MIN && s <= 0xffffffffull);
-}
+static int status_ok(unsigned long long s) { return hl_status_valid(s); }
 
 static int do_signal(Core *c, uint64_t h, unsigned long long s) {
     int64_t idx = check_handle(c, h, HL_KIND_FENCE, 1);
@@ -1305,8 +1368,8 @@ static int do_signal(Core *c, uint64_t h, unsigned long long s) {
                (unsigned long long)z);
         return -1;
     }
-    wake(f);
-    if (f->parents[0] || f->parents[1]) propagate(c, (uint32_t)idx, 0);
+    hl_wake_fence(f);
+    if (ld(&f->parents[0]) || ld(&f->parents[1])) propagate(c, (uint32_t)idx, 0);
     if (c->trace) trace_emit(c, HL_EV_SIGNAL, h, s, 0, 0, 0);
     return 0;
 }
@@ -1319,20 +1382,17 @@ static int do_tl_signal(Core *c, uint64_t h, unsigned long long v) {
         hl_err(PyExc_ValueError, "timeline value %llu exceeds the maximum 2^62-1", v);
         return -1;
     }
-    uint64_t cur = ld(&f->word);
-    for (;;) {
-        if (cur & HL_TIMELINE_FAILED) {
-            hl_err(E_Already, "timeline failed with status %llu; it cannot be signaled",
-                   (unsigned long long)(cur & 0xffffffffull));
-            return -1;
-        }
-        if (v <= cur) {
-            hl_err(PyExc_ValueError, "timeline value must grow: current %llu, asked %llu", (unsigned long long)cur, v);
-            return -1;
-        }
-        if (cas(&f->word, &cur, v)) break;
+    uint64_t cur;
+    int r = hl_timeline_advance(f, v, &cur); /* wakes sleepers through the wake sequence */
+    if (r == HL_E_FAILED) {
+        hl_err(E_Already, "timeline failed with status %llu; it cannot be signaled",
+               (unsigned long long)(cur & 0xffffffffull));
+        return -1;
     }
-    wake(f);
+    if (r != HL_OK) {
+        hl_err(PyExc_ValueError, "timeline value must grow: current %llu, asked %llu", (unsigned long long)cur, v);
+        return -1;
+    }
     if (c->trace) trace_emit(c, HL_EV_SIGNAL, h, v, 0, 0, 0);
     return 0;
 }
@@ -1364,7 +1424,9 @@ static int do_wait(Core *c, uint64_t h, uint64_t thr, long long timeout, long lo
         }
     }
     int is_merged = HL_HANDLE_KIND(h) == HL_KIND_MERGED;
-    uint64_t poll = c->h->poll_ns ? c->h->poll_ns : 1000000ull;
+    /* the futex: a timeline's wake sequence, else the word's low half (hostless.h) */
+    uint32_t *fw = HL_HANDLE_KIND(h) == HL_KIND_TIMELINE ? &f->wake : (uint32_t *)&f->word;
+    uint64_t poll = c->poll_ns;
     uint64_t deadline = timeout < 0 ? UINT64_MAX : t0 + (uint64_t)timeout;
     int timed_out = 0;
     BUSY_ENTER(c);
@@ -1389,12 +1451,13 @@ static int do_wait(Core *c, uint64_t h, uint64_t thr, long long timeout, long lo
         /* sleep phase (at once when spin <= 0) */
         if (is_merged) sweep(c);
         __atomic_add_fetch(&f->waiters, 1, __ATOMIC_SEQ_CST);
+        uint32_t seen = __atomic_load_n(fw, __ATOMIC_SEQ_CST); /* before the word: see hostless.h */
         w = ld(&f->word);
         if (w < thr) {
             uint64_t left = deadline - t;
             uint64_t nap = left < poll ? left : poll;
             struct timespec ts = {(time_t)(nap / 1000000000ull), (long)(nap % 1000000000ull)};
-            syscall(SYS_futex, (uint32_t *)&f->word, FUTEX_WAIT, (uint32_t)w, &ts, 0, 0);
+            syscall(SYS_futex, fw, FUTEX_WAIT, seen, &ts, 0, 0);
         }
         __atomic_sub_fetch(&f->waiters, 1, __ATOMIC_SEQ_CST);
     }
@@ -1510,16 +1573,11 @@ static PyObject *Core_tl_fail(Core *c, PyObject *const *args, Py_ssize_t nargs) 
         return NULL;
     }
     struct hl_fence *f = slot(c, (uint32_t)idx);
-    uint64_t cur = ld(&f->word);
-    for (;;) {
-        if (cur & HL_TIMELINE_FAILED) {
-            hl_err(E_Already, "timeline already failed with status %llu", (unsigned long long)(cur & 0xffffffffull));
-            return NULL;
-        }
-        st(&f->aux, cur);
-        if (cas(&f->word, &cur, HL_TIMELINE_FAILED | s)) break;
+    uint64_t cur;
+    if (hl_timeline_fail(f, (hl_u32)s, &cur) == HL_E_FAILED) {
+        hl_err(E_Already, "timeline already failed with status %llu", (unsigned long long)(cur & 0xffffffffull));
+        return NULL;
     }
-    wake(f);
     Py_RETURN_NONE;
 }
 
@@ -1572,7 +1630,7 @@ static PyObject *Core_wait_any(Core *c, PyObject *args) {
         thr[i] = th;
     }
     Py_DECREF(seq);
-    uint64_t poll = c->h->poll_ns ? c->h->poll_ns : 1000000ull;
+    uint64_t poll = c->poll_ns;
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
     int any = 0;
@@ -1588,10 +1646,13 @@ static PyObject *Core_wait_any(Core *c, PyObject *args) {
         for (Py_ssize_t i = 0; i < n; i++) __atomic_add_fetch(&fs[i]->waiters, 1, __ATOMIC_SEQ_CST);
         int ready = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
+            int tl = HL_CTL_KIND(ld(&fs[i]->ctl)) == HL_KIND_TIMELINE;
+            uint32_t *fw = tl ? &fs[i]->wake : (uint32_t *)&fs[i]->word;
+            uint32_t seen = __atomic_load_n(fw, __ATOMIC_SEQ_CST); /* before the word: see hostless.h */
             uint64_t w = ld(&fs[i]->word);
             if (w >= thr[i]) ready = 1;
-            wv[i].val = (uint32_t)w;
-            wv[i].uaddr = (uint64_t)(uintptr_t)&fs[i]->word;
+            wv[i].val = seen;
+            wv[i].uaddr = (uint64_t)(uintptr_t)fw;
             wv[i].flags = HL_FUTEX2_SIZE_U32;
             wv[i].reserved = 0;
         }
@@ -1700,7 +1761,7 @@ static PyObject *Core_info(Core *c, PyObject *noargs) {
     NEED_ATTACHED(c);
     return Py_BuildValue("{s:i,s:I,s:K,s:I,s:I,s:I,s:K}", "me", c->me, "incarnation", c->inc, "size",
                          (unsigned long long)c->size, "fences", c->cap, "participants", c->pcap, "tag", c->tag,
-                         "poll_ns", (unsigned long long)c->h->poll_ns);
+                         "poll_ns", (unsigned long long)c->poll_ns);
 }
 
 static PyObject *Core_local_count(Core *c, PyObject *arg) {
@@ -1809,7 +1870,7 @@ static int do_block_new(Core *c, uint32_t kind, uint64_t nbytes, const void *met
     uint64_t n = (head + body) / HL_GRANULE;
     uint64_t align = large ? HL_PAGE / HL_GRANULE : 1;
     uint32_t gen;
-    int idx = alloc_begin(c, kind, 0, &gen);
+    int idx = alloc_begin(c, kind, 0, 0, &gen);
     if (idx < 0) {
         hl_err(E_Full, "fence table full (%u slots; buffers use slots too)", c->cap);
         return -1;
@@ -2042,7 +2103,7 @@ static PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t narg
             __atomic_sub_fetch(&q->space_waiters, 1, __ATOMIC_SEQ_CST);
             break;
         }
-        uint64_t nap = c->h->poll_ns ? c->h->poll_ns : 1000000ull;
+        uint64_t nap = c->poll_ns;
         if (timeout >= 0 && (uint64_t)timeout - (t - t0) < nap) nap = (uint64_t)timeout - (t - t0);
         struct timespec ts = {(time_t)(nap / 1000000000ull), (long)(nap % 1000000000ull)};
         syscall(SYS_futex, (uint32_t *)&q->read_index, FUTEX_WAIT, (uint32_t)ri, &ts, 0, 0);
@@ -2096,7 +2157,7 @@ static PyObject *Core_queue_pop(Core *c, PyObject *const *args, Py_ssize_t nargs
     struct hl_packet out;
     uint64_t r = 0, t0 = now_ns();
     int got = 0;
-    uint64_t poll = c->h->poll_ns ? c->h->poll_ns : 1000000ull;
+    uint64_t poll = c->poll_ns;
     BUSY_ENTER(c);
     Py_BEGIN_ALLOW_THREADS;
     for (unsigned it = 0;; it++) {
@@ -2245,7 +2306,15 @@ static PyObject *Core_now_ns(PyObject *m, PyObject *noargs) { return PyLong_From
 /* A host function for cuLaunchHostFunc: wakes the host threads asleep on the
  * futex word at `addr` (a completion word or a queue doorbell) after a GPU
  * stored to it.  Runs in CUDA's callback thread: no Python, one syscall. */
-static void hl_host_wake(void *addr) { syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, 0x7fffffff, 0, 0, 0); }
+/* Host function a CUDA stream runs after a device store to a slot's word
+ * (addr = the slot): wakes its host sleepers as a host signaler would. */
+static void hl_host_wake(void *addr) {
+    struct hl_fence *f = (struct hl_fence *)addr;
+    if (HL_CTL_KIND(__atomic_load_n(&f->ctl, __ATOMIC_SEQ_CST)) == HL_KIND_TIMELINE)
+        hl_wake_timeline(f);
+    else
+        syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, 0x7fffffff, 0, 0, 0);
+}
 
 static PyObject *py_host_wake_fn(PyObject *m, PyObject *noargs) {
     return PyLong_FromVoidPtr((void *)(uintptr_t)&hl_host_wake);
@@ -2625,7 +2694,7 @@ static int set_layout(Handle *b, const char *fmt, Py_ssize_t itemsize, PyObject 
     b->bb_ndim = 0;
     if (fmt && shape && shape != Py_None) {
         PyObject *seq = PySequence_Fast(shape, "shape must be a sequence");
-        if (!seq) return NULL;
+        if (!seq) return -1;
         Py_ssize_t nd = PySequence_Fast_GET_SIZE(seq);
         Py_ssize_t total = itemsize;
         if (nd == 0) { /* a 0-d buffer exports plain bytes */
@@ -2857,6 +2926,16 @@ static PyObject *py_set_exceptions(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* status_valid(s) -> bool: hl_status_valid, for the Python checker */
+static PyObject *py_status_valid(PyObject *m, PyObject *arg) {
+    unsigned long long s = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    return PyBool_FromLong(hl_status_valid(s));
+}
+
 static PyObject *py_set_status(PyObject *m, PyObject *args) {
     PyObject *cls, *map;
     if (!PyArg_ParseTuple(args, "OO!", &cls, &PyDict_Type, &map)) return NULL;
@@ -2869,6 +2948,7 @@ static PyMethodDef module_methods[] = {
     {"now_ns", Core_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the trace clock)"},
     {"host_wake_fn", py_host_wake_fn, METH_NOARGS, "address of void hl_host_wake(void *futex_word)"},
     {"set_status", py_set_status, METH_VARARGS, NULL},
+    {"status_valid", py_status_valid, METH_O, "hl_status_valid(s): a status a fence can complete with"},
     {"layout", py_layout, METH_VARARGS, "layout(fences, participants, queues, trace, heap) -> offsets"},
     {"set_exceptions", py_set_exceptions, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
@@ -2907,6 +2987,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     ADD_INT(m, "MAX_PARTICIPANTS", HL_MAX_PARTICIPANTS);
     ADD_INT(m, "MAX_FENCES", HL_MAX_FENCES);
     ADD_INT(m, "TIMELINE_FAILED", HL_TIMELINE_FAILED);
+    ADD_INT(m, "POLL_MIN_NS", HL_POLL_MIN_NS);
+    ADD_INT(m, "POLL_MAX_NS", HL_POLL_MAX_NS);
     ADD_INT(m, "TIMELINE_MAX", HL_TIMELINE_MAX);
     ADD_INT(m, "KIND_FENCE", HL_KIND_FENCE);
     ADD_INT(m, "KIND_TIMELINE", HL_KIND_TIMELINE);

@@ -122,15 +122,12 @@ extern "C" __global__ void hl_signal(unsigned long long *word, int kind, unsigne
     int g = gate ? *(volatile const int *)gate : 0;
     __threadfence_system();
     if (kind == 2) {
-        unsigned long long cur = *(volatile unsigned long long *)word;
-        for (;;) {
-            if (cur & HL_TIMELINE_FAILED) return;
-            unsigned long long want = g ? (HL_TIMELINE_FAILED | (unsigned long long)g) : value;
-            if (!g && value <= cur) return;
-            unsigned long long old = atomicCAS_system(word, cur, want);
-            if (old == cur) break;
-            cur = old;
-        }
+        /* the header's operations, as on the host (a failure keeps the last value in aux) */
+        struct hl_fence *f = (struct hl_fence *)word; /* the word is at offset 0 of its slot */
+        if (g)
+            hl_timeline_fail(f, (hl_u32)g, 0);
+        else
+            hl_timeline_advance(f, value, 0);
     } else {
         atomicCAS_system(word, 0ull, g ? (unsigned long long)g : (unsigned long long)HL_STATUS_SUCCESS);
     }

@@ -198,7 +198,8 @@ class Domain:
         ``fences``: fence/timeline slots (1..2**24).  ``participants``: at most
         64 processes joined at once.  ``mode``: file permissions.
         ``poll_interval``: the longest a sleeping host waiter goes without
-        re-reading a word (bounds how late it sees a device's plain store).
+        re-reading a word (bounds how late it sees a device's plain store),
+        1 us .. 0.1 s.
         ``spin``: how long a wait spins before it sleeps (per-wait override).
         ``watchdog_interval``: how often this participant checks the others'
         liveness and recovers the dead (0 disables; recovery then happens on
@@ -211,8 +212,9 @@ class Domain:
             raise ValueError(f"fences must be in 1..{int(C.MAX_FENCES)}, got {fences}")
         if not 1 <= participants <= int(C.MAX_PARTICIPANTS):
             raise ValueError(f"participants must be in 1..{int(C.MAX_PARTICIPANTS)}, got {participants}")
-        if poll_interval <= 0:
-            raise ValueError("poll_interval must be positive")
+        lo, hi = int(C.POLL_MIN_NS) / 1e9, int(C.POLL_MAX_NS) / 1e9
+        if not lo <= poll_interval <= hi:
+            raise ValueError(f"poll_interval must be in {lo:g}..{hi:g} s, got {poll_interval!r}")
         sizes = (parse_size(queues), parse_size(trace), parse_size(heap))
         lay = _core.layout(fences, participants, *sizes)
         tag = secrets.randbelow(255) + 1
@@ -595,15 +597,25 @@ class Domain:
         self._check_open()
         return [int(x) for x in self._core.reap()]
 
-    def check(self) -> list[str]:
+    def check(self, settle: float = 5.0) -> list[str]:
         """Every invariant violation found in the shared tables (empty when consistent).
 
-        Exact when the domain is quiescent; operations in flight in other
-        processes can show up as transient findings.
+        A recovery in flight (a participant RECOVERING while a live recoverer
+        holds its liveness lock) is not a violation: ``check`` first waits up
+        to ``settle`` seconds for such recoveries to finish.  One still
+        running after that is reported as in flight; a RECOVERING participant
+        whose recoverer died is reported as stuck (the next :meth:`reap` takes
+        it over).  Exact when the domain is quiescent otherwise: operations in
+        flight in other processes can show up as transient findings.
         """
         from .recovery import check_tables
 
         self._check_open()
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline and any(
+            p[2] == int(C.PART_RECOVERING) and p[9] for p in self._core.participants()
+        ):
+            time.sleep(0.002)
         heap = self._core.heap_snapshot()
         return check_tables(bytes(self.raw()), self._core.lock_held, self._index, heap)
 

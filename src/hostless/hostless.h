@@ -42,10 +42,37 @@
  * waiter that observed the signal.
  *
  * Host sleepers: a waiter that stops spinning increments hl_fence.waiters and
- * sleeps in FUTEX_WAIT on the LOW 32 BITS of the word (offset 0, shared
- * futex), with a bounded timeout (hl_header.poll_ns): a signaler that can
- * make system calls calls FUTEX_WAKE when waiters != 0; a device store wakes
- * nobody, and is seen at the latest when the bounded sleep ends.
+ * sleeps in FUTEX_WAIT (shared futex) with a bounded timeout (hl_header.
+ * poll_ns, at most HL_POLL_MAX_NS) on a 32-bit word that every host signal
+ * changes:
+ *   binary and merged fences: the LOW 32 BITS of the word (offset 0).  The
+ *     word goes once from 0 to a status whose low 32 bits are nonzero.
+ *   timelines: hl_fence.wake, a sequence that host signalers bump after
+ *     changing the word (a value may move by a multiple of 2^32, or fail with
+ *     a status equal to its low bits, leaving the word's low half unchanged).
+ * The waiter reads the futex word BEFORE re-reading the completion word; the
+ * signaler changes the completion word, then the futex word, then reads
+ * waiters: in seq_cst order no wake-up is lost (hl_wake_fence,
+ * hl_wake_timeline).  A device store wakes nobody, and is seen at the latest
+ * when the bounded sleep ends.
+ *
+ * ------------------------------------------------------------------------
+ * THE WRITE RULE.  A participant writes a slot's fields only
+ *   (a) while it holds a reference to that object (its bit in refs; during
+ *       recovery of a dead participant d, d's bit, which only d's one
+ *       recoverer may use: it holds d's liveness lock while it recovers), or
+ *   (b) while the slot is ALLOC or DYING by itself (nobody else may hold it), or
+ *   (c) with one atomic operation that checks the object's generation and
+ *       state in the same step: a CAS of aux or err of a merged slot (both
+ *       carry gen24 in their high half), or hl_cas_word_ctl(), a 16-byte CAS
+ *       over {word, ctl} (offsets 0 and 8), which completes a merged fence
+ *       only if it is still that LIVE object.
+ * Nobody else's object is ever touched, even by a stale participant that
+ * read a link or an owner long ago.  A reader of several fields of an object
+ * it does not hold (propagation, sweeps, recovery) brackets them between two
+ * reads of ctl (a seqlock) and drops them if the generation moved.  Freed
+ * slots are reused round-robin (alloc_hint only advances), not at once.
+ * docs/abi.md, section 4, states the protocol and its model.
  *
  * ------------------------------------------------------------------------
  * Slot state machine (hl_fence.ctl, 64 bits, changed only by CAS):
@@ -110,7 +137,7 @@ extern long syscall(long number, ...);
 #endif
 
 #define HL_MAGIC 0x3153534c54534f48ULL /* "HOSTLSS1" little-endian */
-#define HL_ABI_VERSION 1u
+#define HL_ABI_VERSION 2u /* 2: timeline wake sequence, write rule (see above) */
 #define HL_HEADER_SIZE 4096u
 #define HL_PAGE 4096u
 #define HL_CACHELINE 64u
@@ -126,6 +153,9 @@ extern long syscall(long number, ...);
 #define HL_STATUS_CANCEL 4u
 #define HL_STATUS_OWNER_DIED 6u
 #define HL_STATUS_CUSTOM_MIN 64u /* custom codes: 64 .. 2^32-1 */
+
+#define HL_POLL_MIN_NS 1000ULL          /* bounds of hl_header.poll_ns, checked at attach */
+#define HL_POLL_MAX_NS 100000000ULL     /* 100 ms: the latest a sleeper sees a device store */
 
 #define HL_TIMELINE_FAILED (1ULL << 62)
 #define HL_TIMELINE_MAX (HL_TIMELINE_FAILED - 1)
@@ -238,7 +268,10 @@ struct hl_fence {
     hl_u64 aux;                   /*  32 timeline: last value before failure;
                                              merged: gen24[55:32] | pending-children bitmask[31:0] */
     hl_u64 parents[HL_MAX_PARENTS]; /* 40 HL_LINK(gen, index) of merged parents, 0 = none */
-    hl_u64 err;                   /*  56 merged: gen24[55:32] | first error status[31:0] */
+    union {                       /*  56 */
+        hl_u64 err;               /*     merged: gen24[55:32] | first error status[31:0] */
+        hl_u32 wake;              /*     timeline: wake sequence, the futex of its sleepers */
+    };
 };
 
 /* ------------------------------------------------------------------------
@@ -440,10 +473,16 @@ _Static_assert(sizeof(struct hl_buffer_meta) == HL_BUFFER_META_SIZE, "hl_buffer_
 static_assert(sizeof(struct hl_header) == HL_HEADER_SIZE, "hl_header size");
 static_assert(sizeof(struct hl_participant) == HL_PARTICIPANT_SIZE, "hl_participant size");
 static_assert(sizeof(struct hl_fence) == HL_FENCE_SIZE, "hl_fence size");
+#if !defined(HL_DEVICE_CODE)
+static_assert(offsetof(struct hl_fence, ctl) == 8 && offsetof(struct hl_fence, err) == 56 &&
+                  offsetof(struct hl_fence, wake) == 56, "hl_fence: word and ctl form one 16-byte unit");
+#endif
 #elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
 _Static_assert(sizeof(struct hl_header) == HL_HEADER_SIZE, "hl_header size");
 _Static_assert(sizeof(struct hl_participant) == HL_PARTICIPANT_SIZE, "hl_participant size");
 _Static_assert(sizeof(struct hl_fence) == HL_FENCE_SIZE, "hl_fence size");
+_Static_assert(offsetof(struct hl_fence, ctl) == 8 && offsetof(struct hl_fence, err) == 56 &&
+                   offsetof(struct hl_fence, wake) == 56, "hl_fence: word and ctl form one 16-byte unit");
 #endif
 
 /* ---- error codes of the inline operations (negative) ---- */
@@ -489,6 +528,7 @@ HL_INLINE int hl_domain_validate(const void *base, hl_u64 size) {
     if (h->participant_capacity == 0 || h->participant_capacity > HL_MAX_PARTICIPANTS) return HL_E_CORRUPT;
     if (h->fence_capacity == 0 || h->fence_capacity > HL_MAX_FENCES) return HL_E_CORRUPT;
     if (h->tag == 0 || h->tag > 255) return HL_E_CORRUPT;
+    if (h->poll_ns < HL_POLL_MIN_NS || h->poll_ns > HL_POLL_MAX_NS) return HL_E_CORRUPT;
     if (!hl_region_ok(h->participants_offset, (hl_u64)h->participant_capacity * HL_PARTICIPANT_SIZE, size)) return HL_E_CORRUPT;
     if (!hl_region_ok(h->fences_offset, (hl_u64)h->fence_capacity * HL_FENCE_SIZE, size)) return HL_E_CORRUPT;
     if (!hl_region_ok(h->queues_offset, h->queues_size, size)) return HL_E_CORRUPT;
@@ -528,31 +568,53 @@ HL_INLINE hl_u64 *hl_word(void *base, hl_u64 handle) {
     return f ? &f->word : 0;
 }
 
+/* 1 when `s` is a status a fence can complete with (SUCCESS, ERROR, CANCEL,
+ * OWNER_DIED or a custom code 64..2^32-1).  The one definition of the rule:
+ * the C core, the CUDA kernels and the Python checker all use it. */
+HL_INLINE int hl_status_valid(hl_u64 s) {
+    return s == HL_STATUS_SUCCESS || s == HL_STATUS_ERROR || s == HL_STATUS_CANCEL || s == HL_STATUS_OWNER_DIED ||
+           (s >= HL_STATUS_CUSTOM_MIN && s <= 0xffffffffULL);
+}
+
+/* Wake host sleepers after a fence's (or merged fence's) word changed. */
+HL_INLINE void hl_wake_fence(struct hl_fence *f);
+/* After a timeline's word changed: bump its wake sequence, then wake sleepers. */
+HL_INLINE void hl_wake_timeline(struct hl_fence *f);
+
 #if defined(HL_HAVE_FUTEX)
-HL_INLINE void hl_wake_all(struct hl_fence *f) {
+HL_INLINE void hl_wake_fence(struct hl_fence *f) {
     if (hl_load32(&f->waiters) != 0) syscall(SYS_futex, (hl_u32 *)&f->word, FUTEX_WAKE, 0x7fffffff, 0, 0, 0);
 }
+HL_INLINE void hl_wake_timeline(struct hl_fence *f) {
+    __atomic_add_fetch(&f->wake, 1u, __ATOMIC_SEQ_CST);
+    if (hl_load32(&f->waiters) != 0) syscall(SYS_futex, &f->wake, FUTEX_WAKE, 0x7fffffff, 0, 0, 0);
+}
 #else
-HL_INLINE void hl_wake_all(struct hl_fence *f) { (void)f; /* device: sleepers see the store within poll_ns */ }
+/* device or no futex: sleepers see the store within poll_ns */
+HL_INLINE void hl_wake_fence(struct hl_fence *f) { (void)f; }
+HL_INLINE void hl_wake_timeline(struct hl_fence *f) { (void)f; }
 #endif
 
-/* Signal a binary fence with `status` (SUCCESS, ERROR, CANCEL, OWNER_DIED or
- * >= 64).  One CAS 0 -> status; HL_E_ALREADY when it was signaled before.
+/* Signal a binary fence with `status` (hl_status_valid).  One CAS 0 ->
+ * status.  Returns HL_OK; HL_E_HANDLE when the handle is not a live binary
+ * fence of this domain; HL_E_VALUE for an invalid status; HL_E_ALREADY when
+ * it was signaled before (the first signal stands).  The caller must hold the
+ * fence (or use a handle a joined participant keeps alive: the write rule).
  * Propagation to merged parents is done by the _core library (and by any
- * host waiter of the parent); a participant using only this header leaves it
- * to them. */
+ * host waiter of the parent, and by watchdog sweeps); a participant using
+ * only this header leaves it to them. */
 HL_INLINE int hl_fence_signal(void *base, hl_u64 handle, hl_u32 status) {
     struct hl_fence *f = hl_fence_slot(base, handle, HL_KIND_FENCE);
     hl_u64 expected = 0;
     if (!f || !hl_fence_matches(f, handle)) return HL_E_HANDLE;
-    if (status < HL_STATUS_SUCCESS || (status > HL_STATUS_OWNER_DIED && status < HL_STATUS_CUSTOM_MIN) || status == 5u)
-        return HL_E_VALUE;
+    if (!hl_status_valid(status)) return HL_E_VALUE;
     if (!hl_cas64(&f->word, &expected, (hl_u64)status)) return HL_E_ALREADY;
-    hl_wake_all(f);
+    hl_wake_fence(f);
     return HL_OK;
 }
 
-/* Status of a binary (or merged) fence: HL_STATUS_ACTIVE while the word is 0. */
+/* Status of a binary (or merged) fence: HL_STATUS_ACTIVE while the word is 0.
+ * Returns HL_OK or HL_E_HANDLE. */
 HL_INLINE int hl_fence_poll(void *base, hl_u64 handle, hl_u32 *status) {
     struct hl_fence *f = hl_fence_slot(base, handle, 0);
     hl_u64 w;
@@ -562,21 +624,88 @@ HL_INLINE int hl_fence_poll(void *base, hl_u64 handle, hl_u32 *status) {
     return HL_OK;
 }
 
-/* Advance a timeline to `value` (must be greater than the current value). */
+/* Move a timeline's word to `value` (a CAS loop; the value must grow).  No
+ * handle check: the caller holds the slot.  Returns HL_OK, HL_E_VALUE when
+ * value > HL_TIMELINE_MAX or not above the current value, HL_E_FAILED when
+ * the timeline has failed.  *cur_out (optional) receives the word seen last. */
+HL_INLINE int hl_timeline_advance(struct hl_fence *f, hl_u64 value, hl_u64 *cur_out) {
+    hl_u64 cur = hl_load64(&f->word);
+    int r = HL_OK;
+    if (value > HL_TIMELINE_MAX) r = HL_E_VALUE;
+    while (r == HL_OK) {
+        if (cur & HL_TIMELINE_FAILED) r = HL_E_FAILED;
+        else if (value <= cur) r = HL_E_VALUE;
+        else if (hl_cas64(&f->word, &cur, value)) break;
+    }
+    if (cur_out) *cur_out = cur;
+    if (r == HL_OK) hl_wake_timeline(f);
+    return r;
+}
+
+/* Fail a timeline with `status` (hl_status_valid, not SUCCESS): aux keeps the
+ * value before the failure, the word becomes HL_TIMELINE_FAILED | status, so
+ * every ">= v" waiter wakes.  The caller holds the slot (write rule).
+ * Returns HL_OK, HL_E_VALUE, or HL_E_FAILED when it had failed already
+ * (*cur_out receives the word). */
+HL_INLINE int hl_timeline_fail(struct hl_fence *f, hl_u32 status, hl_u64 *cur_out) {
+    hl_u64 cur = hl_load64(&f->word);
+    int r = HL_OK;
+    if (!hl_status_valid(status) || status == HL_STATUS_SUCCESS) r = HL_E_VALUE;
+    while (r == HL_OK) {
+        if (cur & HL_TIMELINE_FAILED) {
+            r = HL_E_FAILED;
+            break;
+        }
+        hl_store64(&f->aux, cur);
+        if (hl_cas64(&f->word, &cur, HL_TIMELINE_FAILED | (hl_u64)status)) break;
+    }
+    if (cur_out) *cur_out = cur;
+    if (r == HL_OK) hl_wake_timeline(f);
+    return r;
+}
+
+/* Advance a timeline to `value` (must be greater than the current value).
+ * Returns HL_OK, HL_E_HANDLE, HL_E_VALUE or HL_E_FAILED. */
 HL_INLINE int hl_timeline_signal(void *base, hl_u64 handle, hl_u64 value) {
     struct hl_fence *f = hl_fence_slot(base, handle, HL_KIND_TIMELINE);
-    hl_u64 cur;
     if (!f || !hl_fence_matches(f, handle)) return HL_E_HANDLE;
-    if (value > HL_TIMELINE_MAX) return HL_E_VALUE;
-    cur = hl_load64(&f->word);
-    for (;;) {
-        if (cur & HL_TIMELINE_FAILED) return HL_E_FAILED;
-        if (value <= cur) return HL_E_VALUE;
-        if (hl_cas64(&f->word, &cur, value)) break;
-    }
-    hl_wake_all(f);
-    return HL_OK;
+    return hl_timeline_advance(f, value, 0);
 }
+
+#if !defined(HL_DEVICE_CODE) && (defined(__x86_64__) || defined(__aarch64__))
+#define HL_HAVE_CAS_WORD_CTL 1
+/* hl_cas_word_ctl: one 16-byte CAS over {f->word, f->ctl} (offsets 0 and 8 of
+ * a 64-byte aligned slot): if word == word_expected and ctl == ctl_expected,
+ * store word_new (ctl unchanged) and return 1; else return 0.  This is how a
+ * participant that holds no reference completes a merged fence: only if the
+ * slot is still that LIVE object (write rule (c)).  x86-64 (cmpxchg16b) and
+ * AArch64 (ldaxp/stlxp); devices never need it (they signal objects their
+ * host holds). */
+HL_INLINE int hl_cas_word_ctl(struct hl_fence *f, hl_u64 word_expected, hl_u64 ctl_expected, hl_u64 word_new) {
+#if defined(__x86_64__)
+    unsigned char ok;
+    hl_u64 lo = word_expected, hi = ctl_expected;
+    __asm__ __volatile__("lock cmpxchg16b %1\n\tsete %0"
+                         : "=q"(ok), "+m"(*(volatile hl_u64(*)[2])(void *)f), "+a"(lo), "+d"(hi)
+                         : "b"(word_new), "c"(ctl_expected)
+                         : "memory", "cc");
+    return ok;
+#elif defined(__aarch64__)
+    hl_u64 lo, hi;
+    hl_u32 fail;
+    do {
+        __asm__ __volatile__("ldaxp %0, %1, [%2]" : "=&r"(lo), "=&r"(hi) : "r"(f) : "memory");
+        if (lo != word_expected || hi != ctl_expected) {
+            __asm__ __volatile__("clrex" ::: "memory");
+            return 0;
+        }
+        __asm__ __volatile__("stlxp %w0, %2, %3, [%1]" : "=&r"(fail) : "r"(f), "r"(word_new), "r"(ctl_expected)
+                             : "memory");
+    } while (fail);
+    return 1;
+#endif
+}
+#endif
 
 /* Current timeline word (value, or HL_TIMELINE_FAILED | status). */
 HL_INLINE int hl_timeline_poll(void *base, hl_u64 handle, hl_u64 *word) {

@@ -26,15 +26,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import _core
 from ._abi import FENCE_DTYPE, HEADER_DTYPE, PARTICIPANT_DTYPE, C
 
 __all__ = ["check_tables"]
 
-_VALID_STATUS = {2, 3, 4, 6}
-
-
 def _status_ok(w: int) -> bool:
-    return w in _VALID_STATUS or 64 <= w <= 0xFFFFFFFF
+    return bool(_core.status_valid(w))
 
 
 def check_tables(
@@ -79,7 +77,12 @@ def check_tables(
             else:
                 out.append(f"participant {i} (pid {int(parts[i]['pid'])}) is dead and not recovered")
         elif st == int(C.PART_RECOVERING):
-            out.append(f"participant {i} is being recovered (recovery in flight or its recoverer died)")
+            if lock_held(i):
+                out.append(f"participant {i} is still being recovered (a live recoverer holds its lock)")
+            else:
+                out.append(
+                    f"participant {i}: recovery stuck (its recoverer died); the next reap() takes it over"
+                )
         else:
             out.append(f"participant {i} has an invalid state {st}")
 
