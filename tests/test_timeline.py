@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -192,6 +193,45 @@ def test_value_crossing_32_bits(domain_name: str) -> None:
             assert got == [S.SUCCESS], how
             assert time.monotonic() - t0 < 1.0
             assert t.value == target
+
+
+def _wake_latency(d: hl.Domain, t: hl.Timeline, act: Callable[[], None], target: int) -> float:
+    """Seconds from act() to the return of a waiter known to be asleep in the futex."""
+    got: list[float] = []
+    th = threading.Thread(target=lambda: (t.wait(target, 5, spin=0), got.append(time.monotonic())))
+    th.start()
+    assert wait_until(lambda: int(fence_table(d)[slot_index(t.handle)]["waiters"]) == 1)
+    time.sleep(0.002)
+    t0 = time.monotonic()
+    act()
+    th.join(5)
+    assert got, "the waiter did not return"
+    return got[0] - t0
+
+
+@pytest.mark.parametrize("how", ["jump-2^32", "fail-same-low-bits"])
+def test_no_lost_wakeup_when_low_bits_do_not_change(domain_name: str, how: str) -> None:
+    """A host signal whose word keeps its low 32 bits (a jump by 2**32, or a
+    failure with a status equal to the value's low bits) must wake a sleeper
+    at once, not when its bounded sleep (here the longest, 0.1 s) ends: the
+    sleepers wait on the timeline's wake sequence, which every host signal
+    bumps.  A lost wake-up costs >= 0.1 s every time, a delivered one well
+    under it: the best of 5 tries tells them apart on a loaded machine."""
+    with hl.Domain.create(domain_name, poll_interval=0.1, watchdog_interval=0) as d:
+        best = 1.0
+        for _ in range(5):
+            t = d.timeline(64)
+            seq = int(fence_table(d)[slot_index(t.handle)]["err"]) & 0xFFFFFFFF
+            if how == "jump-2^32":
+                lat = _wake_latency(d, t, lambda t=t: t.signal(64 + 2**32), 64 + 2**32)
+                assert t.value == 64 + 2**32
+            else:
+                lat = _wake_latency(d, t, lambda t=t: t.fail(64), 65)  # FAILED | 64: low half 64 again
+                assert t.failure == S(64)
+            assert int(fence_table(d)[slot_index(t.handle)]["err"]) & 0xFFFFFFFF != seq, "wake sequence bumped"
+            best = min(best, lat)
+            t.release()
+        assert best < 0.05, f"best wake-up {best * 1e3:.1f} ms: the wake-up was lost (slept the whole poll)"
 
 
 def test_device_store_timeline(domain_name: str) -> None:
