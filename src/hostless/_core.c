@@ -335,11 +335,20 @@ static void heap_layout(uint64_t want, uint64_t *bitmap_off, uint64_t *granules,
     *region = *data_off + g * HL_GRANULE;
 }
 
+/* Heap-lock owner code of the recoverer of participant d (incarnation inc):
+ * bit 32 set.  It is alive while d is RECOVERING in that incarnation and d's
+ * liveness lock is held (by its one recoverer, joined or not). */
+#define HL_HEAP_REC_FLAG (1ull << 32)
+static __thread int tls_rec = -1;       /* participant this thread recovers, -1: none */
+static __thread uint32_t tls_rec_inc;   /* its incarnation (24 bits) */
+
 static int owner_alive(Core *c, uint64_t o) {
     int i = HL_OWNER_INDEX((uint32_t)o);
-    if (o >> 32 || i < 0 || (uint32_t)i >= c->pcap) return 0;
+    if ((o >> 32) & ~1ull || i < 0 || (uint32_t)i >= c->pcap) return 0;
     uint64_t pc = ld(&c->parts[i].ctl);
-    if (HL_PCTL_STATE(pc) != HL_PART_ALIVE || (HL_PCTL_INC(pc) & 0xffffffu) != HL_OWNER_INC((uint32_t)o)) return 0;
+    uint32_t want = (o & HL_HEAP_REC_FLAG) ? HL_PART_RECOVERING : HL_PART_ALIVE;
+    if (HL_PCTL_STATE(pc) != want || (HL_PCTL_INC(pc) & 0xffffffu) != HL_OWNER_INC((uint32_t)o)) return 0;
+    if (i == tls_rec) return 0; /* we recover i: a holder naming i is a dead recoverer of i */
     return i == c->me || part_lock_held(c, i);
 }
 
@@ -348,7 +357,9 @@ static void heap_repair(Core *c, struct hl_heap *hp);
 /* Take the heap lock.  A lock held by a dead participant (or holding a
  * corrupt value) is broken, and the bitmap rebuilt from the slots. */
 static void heap_lock(Core *c, struct hl_heap *hp) {
-    uint64_t me = HL_OWNER(c->inc, c->me);
+    /* during a recovery, this thread acts for the dead participant (it may
+     * not have joined: a process joining a full table recovers first) */
+    uint64_t me = tls_rec >= 0 ? HL_HEAP_REC_FLAG | HL_OWNER(tls_rec_inc, tls_rec) : HL_OWNER(c->inc, c->me);
     for (unsigned n = 0;; n++) {
         uint64_t cur = 0;
         if (cas(&hp->lock, &cur, me)) return;
@@ -763,7 +774,16 @@ static void recover_queue(Core *c, uint32_t idx, uint64_t ctl, int d, uint32_t d
  * to use).  Idempotent: a recoverer that dies releases the lock and the next
  * one repeats everything.  Returns 1 when d's slot is FREE again, 0 when
  * something must be retried later (the slot stays RECOVERING). */
+static int recover_participant_(Core *c, int d, uint64_t pctl);
 static int recover_participant(Core *c, int d, uint64_t pctl) {
+    tls_rec = d;
+    tls_rec_inc = HL_PCTL_INC(pctl) & 0xffffffu;
+    int r = recover_participant_(c, d, pctl);
+    tls_rec = -1;
+    return r;
+}
+
+static int recover_participant_(Core *c, int d, uint64_t pctl) {
     uint64_t dbit = 1ull << d;
     uint32_t dinc = HL_PCTL_INC(pctl) & 0xffffffu;
     uint32_t actor = (uint32_t)d; /* the dead participant's releases are finished in its name */
