@@ -104,6 +104,7 @@ typedef struct {
     long long spin_ns; /* default spin of waits through Handle */
     uint64_t poll_ns;  /* hl_header.poll_ns, validated at attach (private copy) */
     struct hl_trace *trace; /* NULL when the domain has no trace ring */
+    uint64_t trace_cap;     /* its capacity in events, validated at attach (private copy) */
     int closing;            /* leave() in progress: GIL-free loops bail out */
     int busy;               /* threads inside GIL-free sections */
     pthread_mutex_t reap_mu; /* one recovery at a time in this process */
@@ -1835,10 +1836,14 @@ static void queue_init(struct hl_queue *q, uint32_t cap) {
 }
 
 /* ---- trace ring ---- */
+/* The trace ring, validated at attach; its capacity is kept in c->trace_cap
+ * (a capacity rewritten in shared memory later is never used). */
 static struct hl_trace *trace_ring(Core *c) {
     if (c->h->trace_size < 128) return NULL;
     struct hl_trace *t = (struct hl_trace *)(c->base + c->h->trace_offset);
-    if (t->magic != HL_TRACE_MAGIC || t->capacity == 0 || t->capacity > (c->h->trace_size - 64) / 64) return NULL;
+    uint64_t cap = t->capacity;
+    if (t->magic != HL_TRACE_MAGIC || cap == 0 || cap > (c->h->trace_size - 64) / 64) return NULL;
+    c->trace_cap = cap;
     return t;
 }
 
@@ -1847,7 +1852,7 @@ static void trace_emit_at(Core *c, uint64_t ts, uint32_t type, uint64_t a, uint6
     struct hl_trace *t = c->trace;
     if (!t) return;
     uint64_t i = __atomic_fetch_add(&t->write, 1, __ATOMIC_RELAXED);
-    struct hl_trace_event *ev = (struct hl_trace_event *)((char *)t + 64) + (i % t->capacity);
+    struct hl_trace_event *ev = (struct hl_trace_event *)((char *)t + 64) + (i % c->trace_cap);
     __atomic_store_n(&ev->seq, 0, __ATOMIC_RELAXED);
     ev->ts_ns = ts;
     ev->type = type;
