@@ -9,6 +9,8 @@
     hostless bench buffers [--quick] [-o DIR] [--max-size SIZE] [--no-write]
     hostless bench pipeline [--quick] [-o DIR] [-n N] [--no-pin] [--no-write]
     hostless trace NAME -o out.json    the domain's trace ring as Chrome / Perfetto JSON
+    hostless chaos [--kills N] [--workers W] [--seconds S] [--fences F] [--seed X] [-o DIR]
+                                       protocol stress (exit status 1 on any anomaly, hang or leak)
 
 ``info``, ``check`` and ``reap`` join the domain as a participant labelled
 ``hostless-cli`` (with no watchdog, so that they report the domain as they
@@ -349,6 +351,33 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from hostless import chaos
+
+    if args.workers < 1 or args.seconds <= 0 or args.kills < 0 or args.fences < 16:
+        print("hostless: need --workers >= 1, --seconds > 0, --kills >= 0, --fences >= 16", file=sys.stderr)
+        return 2
+    result = chaos.run(
+        workers=args.workers,
+        seconds=args.seconds,
+        kills=args.kills,
+        fences=args.fences,
+        seed=args.seed,
+        mode=args.mode,
+        iterations=args.iterations,
+        nested=not args.no_nested,
+        buffers=not args.no_buffers,
+        shared=not args.no_shared,
+        progress=print,
+    )
+    for line in chaos.summary_lines(result):
+        print(line)
+    if not args.no_write:
+        paths = chaos.write_results(result, args.output)
+        print("wrote " + " and ".join(str(x) for x in paths))
+    return 0 if result["ok"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (``bench`` is a group: later ``bench buffers`` and ``bench pipeline`` join it)."""
     p = argparse.ArgumentParser(
@@ -434,6 +463,42 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("name", help="domain name (/dev/shm/NAME)")
     t.add_argument("-o", "--output", required=True, metavar="FILE", help="output JSON file")
     t.set_defaults(func=cmd_trace)
+
+    c = sub.add_parser(
+        "chaos",
+        help="protocol stress: workers on private objects (any anomaly is a bug), random SIGKILLs; "
+        "exit status 1 on any anomaly, hung waiter, leak or check() finding",
+    )
+    c.add_argument("--kills", type=int, default=0, metavar="N", help="SIGKILLs to do (0: no-kill stress)")
+    c.add_argument("--workers", type=int, default=3, metavar="W", help="workers at once (default 3)")
+    c.add_argument(
+        "--seconds",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="run time without kills, time limit with kills or --mode repro (default 10)",
+    )
+    c.add_argument("--fences", type=int, default=512, metavar="F", help="fence-table slots (default 512)")
+    c.add_argument("--seed", type=int, default=None, metavar="X", help="random seed (default: random)")
+    c.add_argument(
+        "--mode",
+        choices=["mix", "repro"],
+        default="mix",
+        help="mix: random operations; repro: the fence/fence/merge/signal/wait/release loop",
+    )
+    c.add_argument("--iterations", type=int, default=0, metavar="N", help="loops per worker (--mode repro)")
+    c.add_argument("--no-nested", action="store_true", help="no merges of merges")
+    c.add_argument("--no-buffers", action="store_true", help="no heap buffers")
+    c.add_argument("--no-shared", action="store_true", help="no objects published to the driver's waiters")
+    c.add_argument(
+        "-o",
+        "--output",
+        default="benchmarks/results",
+        metavar="DIR",
+        help="output directory (default: %(default)s)",
+    )
+    c.add_argument("--no-write", action="store_true", help="print the summary only")
+    c.set_defaults(func=cmd_chaos)
     return p
 
 
