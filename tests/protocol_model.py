@@ -1,0 +1,2203 @@
+"""Explicit-state model checker of the fence-table protocol of ``_core.c``.
+
+Pure Python, standard library only.  ``python tests/protocol_model.py`` runs
+every scenario against both protocol variants and prints, for each, the number
+of states explored, the transitions, and either "no violation" or the
+counterexample traces (one line per atomic step: "process: procedure(..): step").
+
+What is modelled
+----------------
+* Shared memory: a table of ``cap`` (1-4) slots with the fields of
+  ``struct hl_fence`` that the protocol uses: ``word``, ``ctl`` = (gen, kind,
+  pidx, state FREE/ALLOC/LIVE/DYING), ``refs`` (bitmask of participants),
+  ``waiters``, ``owner`` (a participant index; incarnations are not
+  modelled: every participant has one), ``aux`` (merged: (gen, pending mask);
+  timeline: the value before a failure), ``parents`` (``maxpar`` links
+  (pos, parent gen, parent index) stored in separate words), ``err`` (merged:
+  (gen, first failure)) and ``wake`` (the NEW timeline wake sequence); plus
+  ``alloc_hint``, the participant table (state ALIVE/RECOVERING/FREE and the
+  recorder of the recoverer: a participant index or 255) and one liveness
+  lock per participant (the OFD lock on its byte of the file: held by the
+  live participant; free once it died; in the NEW protocol taken by d's
+  recoverer).  Futex sleepers are part of the state: a process asleep on an
+  address is not schedulable until a FUTEX_WAKE on that address.
+* Processes: each process runs a program (a list of API operations: alloc,
+  merge, signal, wait, release, import, sweep, recover d, ...).  The
+  operations are written as explicit state machines that mirror the C
+  functions (``alloc_begin``/``alloc_publish``, ``merge``, ``do_signal``,
+  ``propagate``, ``propagate_link``, ``resolve_merged``, ``sweep``,
+  ``drop_ref``, ``finalize``, ``do_import``, ``do_wait``, ``do_tl_signal``,
+  ``reap_all``/``recover_participant``).  A process state is a call stack of
+  frames (procedure, pc, locals), all hashable.
+* Atomicity: ONE transition performs exactly ONE access to shared memory:
+  a load, a store, a CAS (8 bytes), a fetch_or/fetch_add, a CAS2 (the NEW
+  16-byte CAS over {word, ctl}), a FUTEX_WAIT (compares and sleeps
+  atomically), a FUTEX_WAKE, an OFD lock test/take/release.  Everything local
+  (branches, calls, returns) is folded into the transition that follows it.
+  Every access is sequentially consistent (no weak-memory reordering is
+  modelled).  Two simplifications are atomic on purpose: the initialisation
+  of a claimed slot (all its fields, one step, as the brief allows; the C code
+  does one store per field while the slot is ALLOC, i.e. invisible to every
+  protocol reader), and the check "is any slot FREE" of an allocation that
+  found the table full (a spin-retry loop is modelled as an await: the process
+  is blocked until some slot is FREE, then scans again).
+* Death: a process marked ``killable`` may be killed before any of its steps
+  (also after its program ended: it is still a participant).  It then stops
+  forever and its liveness lock (and a lock it held as a recoverer) is
+  released; its references, its ownerships and its ``pctl`` stay until a
+  recoverer cleans them up.
+* Checks after every transition: the write rule (every write to word, aux,
+  err or parents is classified: ``stale-write`` when it lands on another
+  incarnation than the one the writer aimed at, i.e. the generation moved
+  since the writer read it, which is the bug; ``unheld-write`` when it lands
+  on the intended incarnation but the writer neither holds a reference, nor
+  owns the slot ALLOC/DYING, nor used a generation-checked atomic step (the
+  NEW write rule forbids it, the OLD protocol does it routinely); a write to a
+  FREE slot, or to a claimed slot before its initialisation, is recorded as a
+  benign note: the initialisation of the next incarnation overwrites it),
+  merged-fence consistency (never SUCCESS while a child is ACTIVE or failed,
+  a failure status must come from a child), at most one recoverer of a
+  participant inside the recovery steps, and per-scenario checks.  A
+  violating state is reported and not expanded further.
+* Checks at final states (no transition enabled but deaths: a killable process
+  may also never die, and a recoverer waiting for a death is then idle):
+  nobody asleep forever
+  (lost wake-up) or blocked forever, every slot FREE or LIVE (ALLOC/DYING
+  only by a dead participant not yet recovered), LIVE => refs != 0, FREE =>
+  refs == 0, every reference bit matches a reference the model knows of, a
+  merged fence's pending mask covers only ACTIVE children that link to it
+  and a merged fence with an empty mask is complete, and after a recovery:
+  no reference bit, no ALLOC/DYING slot of the dead participant, every fence
+  it owned is signaled.
+
+What is abstracted or left out
+------------------------------
+* Values: generations are unbounded integers (no 24-bit wrap), statuses are
+  SUCCESS=2, ERROR=3, CANCEL=4, OWNER_DIED=6, a failed timeline word is
+  FAILED | status with FAILED = 2^62, and the futex compares the low 32 bits
+  (value mod 2^32), so a timeline that jumps by 2^32 leaves its futex word
+  unchanged.
+* A single level of merges (a merged fence is never the child of another
+  merge: ``record_failure``'s recursion to grand-parents is not modelled) and,
+  by default, one parent link per fence (``maxpar=1``; the C code has
+  HL_MAX_PARENTS = 2, a scenario may set ``maxpar=2``).
+* No heap, buffers, queues, trace ring, device (plain-store) signalers,
+  spinning phases of waits, timeouts, incarnation numbers, joins/leaves, the
+  local per-process reference counts of the C code (a process takes one
+  reference per object), nor the "already part of 2 merges" pre-check.
+* Waits have no bounded sleep (the real code sleeps at most poll_ns and then
+  re-checks): without it a lost wake-up is a process asleep forever, which is
+  what the model reports.  A wait on a merged fence does not run a sweep
+  before sleeping (the sweeper processes of the scenarios do that).
+* OLD recovery follows the landed C code, including the per-slot re-read of
+  the participant's ctl (a recoverer whose claim was taken over stops at the
+  next slot); the takeover test "recorded recoverer dead" is one read of that
+  participant's liveness lock.
+
+Variants
+--------
+``OLD`` is the landed code.  ``NEW`` is the rewrite as specified: seqlock reads
+in propagate, CAS2 completion of merged fences, the pending mask set before
+publication, links and aux cleared before FREE, alloc_hint only advancing,
+timeline sleepers on a wake sequence, recovery under the dead participant's
+liveness lock with pinning; drop_ref and import unchanged.  ``NEW+fix`` is NEW
+plus two changes the model suggests (see the traces of recovery-stale-write
+and recovery-vs-import): drop_ref reads refs between two reads of ctl and
+retries if ctl moved; a recovery that finds the slot DYING by someone else, or
+whose pin check sees the same generation DYING or LIVE again, waits for the
+slot to settle and examines it again instead of skipping it.
+
+What it finds (``python tests/protocol_model.py``)
+---------------------------------------------------
+OLD: every bug the scenarios are about.  NEW: none of those, but two others:
+a leaked slot (LIVE, refs 0) when the undo drop_ref of a failed recovery pin
+acts on the next object in the slot (recovery-stale-write), and a fence owned
+by a dead participant left ACTIVE forever when the recovery skips a slot that
+is only transiently DYING while an importer takes a reference
+(recovery-vs-import).  NEW+fix: nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, cast
+
+OLD = "OLD"
+NEW = "NEW"
+# NEW plus one change the model suggests: drop_ref reads ctl BEFORE refs (see p_drop_ref)
+NEW_FIX = "NEW+fix"
+VARIANTS = (OLD, NEW)
+ALL_VARIANTS = (OLD, NEW, NEW_FIX)
+
+# slot states, kinds
+FREE, ALLOC, LIVE, DYING = "FREE", "ALLOC", "LIVE", "DYING"
+FENCE, MERGED, TIMELINE = "fence", "merged", "timeline"
+# statuses (abstract numbers)
+ACTIVE = 0
+SUCCESS, ERROR, CANCEL, OWNER_DIED = 2, 3, 4, 6
+STATUS_NAMES = {SUCCESS: "SUCCESS", ERROR: "ERROR", CANCEL: "CANCEL", OWNER_DIED: "OWNER_DIED"}
+FAILED = 1 << 62  # timeline failure flag
+FUTEX_MOD = 1 << 32  # a futex compares the low 32 bits
+NOT_JOINED = 255  # the recoverer recorded by a process that has not joined
+# participant states
+P_FREE, P_ALIVE, P_RECOVERING = "FREE", "ALIVE", "RECOVERING"
+# process states
+RUN, DONE, DEAD = "run", "done", "dead"
+# violations that are reported but do not stop the search below them: the OLD
+# protocol writes objects it does not hold by design (sweeps, recovery); a stale
+# write is followed further so that its observable effect is reported too, and
+# so are two concurrent recoverers (to see what their stale steps hit)
+NONFATAL = frozenset({"unheld-write", "stale-write", "two-recoverers"})
+# the fields the write rule is about
+CHECKED_FIELDS = frozenset({"word", "aux", "par", "err"})
+
+
+class Ctl(NamedTuple):
+    gen: int
+    kind: str
+    pidx: int
+    state: str
+
+    def __repr__(self) -> str:
+        return f"{self.state}(gen {self.gen}, {self.kind}, pidx {self.pidx})"
+
+
+class Link(NamedTuple):
+    pos: int
+    gen: int
+    p: int
+
+    def __repr__(self) -> str:
+        return f"link(pos {self.pos} -> slot {self.p} gen {self.gen})"
+
+
+class Handle(NamedTuple):
+    idx: int
+    gen: int
+    kind: str
+
+    def __repr__(self) -> str:
+        return f"{self.kind}@{self.idx}.g{self.gen}"
+
+
+Kids = tuple[int, tuple[tuple[int, int], ...]]  # merged gen, ((child index, child gen), ...)
+
+
+class Slot(NamedTuple):
+    word: int = 0
+    ctl: Ctl = Ctl(0, FENCE, 0, FREE)
+    refs: int = 0
+    waiters: int = 0
+    owner: int | None = None
+    aux: Any = 0
+    par: tuple[Link | None, ...] = (None,)
+    err: tuple[int, int] = (0, 0)
+    wake: int = 0
+    # ghost fields (not in the real slot): claimed but not initialised yet; the
+    # children of a merged incarnation
+    fresh: bool = False
+    kids: Kids | None = None
+
+
+SLOT_INDEX = {f: k for k, f in enumerate(Slot._fields)}
+
+
+class Part(NamedTuple):
+    state: str
+    inc: int = 1
+    recoverer: int | None = None
+
+    def __repr__(self) -> str:
+        if self.state == P_RECOVERING:
+            return f"RECOVERING(by {self.recoverer})"
+        return self.state
+
+
+class Frame(NamedTuple):
+    fn: str
+    pc: str
+    locals: tuple[tuple[str, Any], ...]
+    into: str | None  # caller's local that receives the return value
+
+
+class Proc(NamedTuple):
+    status: str
+    stack: tuple[Frame, ...]
+
+
+class Shared(NamedTuple):
+    slots: tuple[Slot, ...]
+    hint: int
+    parts: tuple[Part, ...]
+    locks: tuple[int | None, ...]  # liveness lock of each participant: index of the holding process
+    sleep: tuple[tuple[int, str] | None, ...]  # per process: futex address (slot, field) it sleeps on
+    held: frozenset[tuple[int, int, int]]  # ghost: references (participant, slot, gen) known to be held
+    flags: frozenset[str]  # ghost: marks set by programs
+
+
+State = tuple[Shared, tuple[Proc, ...]]
+
+
+def new_frame(t: tuple[str, str, tuple[tuple[str, Any], ...], str | None]) -> Frame:
+    """Frame(*t) without the Python-level NamedTuple constructor (hot path)."""
+    return tuple.__new__(Frame, t)
+
+
+def new_proc(t: tuple[str, tuple[Frame, ...]]) -> Proc:
+    return tuple.__new__(Proc, t)
+
+
+Loc = dict[str, Any]
+Next = tuple[Any, ...]
+Issue = tuple[str, str]  # (kind, message)
+
+BLOCK: Next = ("block",)
+
+
+def goto(pc: str) -> Next:
+    return ("goto", pc)
+
+
+def call(fn: str, ret_pc: str, into: str | None = None, **args: Any) -> Next:
+    return ("call", fn, args, ret_pc, into)
+
+
+def tail(fn: str, **args: Any) -> Next:
+    """Call fn in place of the current procedure (its value is ours)."""
+    return ("tail", fn, args)
+
+
+def ret(value: Any = None) -> Next:
+    return ("ret", value)
+
+
+def freeze(loc: Loc) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(loc.items()))
+
+
+def fmt(v: Any, f: str = "word") -> str:
+    if f == "refs" and isinstance(v, int):
+        return f"{v:#b}"
+    if f != "word" or isinstance(v, bool):
+        return repr(v)
+    if isinstance(v, int) and v >= FAILED:
+        return f"FAILED|{fmt(v - FAILED)}"
+    if isinstance(v, int) and v in STATUS_NAMES:
+        return f"{v}={STATUS_NAMES[v]}"
+    if isinstance(v, int) and v >= 1 << 16:
+        return f"2^{v.bit_length() - 1}" if v & (v - 1) == 0 else hex(v)
+    return repr(v)
+
+
+class ModelError(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------
+# the context of one transition: every shared access goes through it
+
+
+class Ctx:
+    __slots__ = (
+        "model",
+        "sh",
+        "pi",
+        "spec",
+        "me",
+        "new",
+        "fix",
+        "cap",
+        "maxpar",
+        "verbose",
+        "accesses",
+        "desc",
+        "bad",
+        "notes",
+        "stack",
+        "_acting",
+    )
+
+    def __init__(self, model: Model, sh: Shared, pi: int, stack: tuple[Frame, ...], verbose: bool) -> None:
+        self.model = model
+        self.sh = sh
+        self.pi = pi
+        self.spec = model.procs[pi]
+        self.me = self.spec.part
+        self.new = model.new
+        self.fix = model.fix
+        self.cap = model.cap
+        self.maxpar = model.maxpar
+        self.verbose = verbose
+        self.accesses = 0
+        self.desc = ""
+        self.bad: list[Issue] = []
+        self.notes: list[str] = []
+        self.stack = stack
+        self._acting: set[int] | None = None
+
+    @property
+    def part(self) -> int:
+        """Our participant index (only joined processes allocate, import, release)."""
+        if self.me is None:
+            raise ModelError(f"{self.spec.name} has not joined")
+        return self.me
+
+    @property
+    def acting(self) -> set[int]:
+        """The participants this process acts for: itself, and d while it recovers d (d's bit,
+        slots ALLOC/DYING by d)."""
+        if self._acting is None:
+            acting = set() if self.me is None else {self.me}
+            for fr in self.stack:
+                if fr.fn == "recover":
+                    loc = dict(fr.locals)
+                    if "claimed" in loc:
+                        acting.add(loc["d"])
+            self._acting = acting
+        return self._acting
+
+    # -- bookkeeping
+    def _one(self) -> None:
+        if self.accesses:
+            raise ModelError(f"{self.spec.name}: two shared accesses in one step")
+        self.accesses = 1
+
+    def _set(self, i: int, **kw: Any) -> None:
+        """slots[i]._replace(**kw), without NamedTuple._replace (hot path)."""
+        sh = self.sh
+        slots = sh.slots
+        fields = list(slots[i])
+        for f, v in kw.items():
+            fields[SLOT_INDEX[f]] = v
+        new_slots = slots[:i] + (tuple.__new__(Slot, fields),) + slots[i + 1 :]
+        self.sh = tuple.__new__(Shared, (new_slots,) + sh[1:])
+
+    def violation(self, kind: str, msg: str) -> None:
+        self.bad.append((kind, msg))
+
+    def _check_write(self, i: int, f: str, gen: int, checked: bool) -> None:
+        """The write rule.  gen: the incarnation the writer aims at; checked: the
+        atomic step itself compared that generation (CAS2, CAS of aux/err)."""
+        s = self.sh.slots[i]
+        c = s.ctl
+        who = self.spec.name
+        if c.gen != gen or c.state == FREE:
+            if c.state == FREE or (c.state == ALLOC and s.fresh):
+                what = "FREE" if c.state == FREE else "claimed, not yet initialised"
+                self.notes.append(
+                    f"{who} writes {f} of a {what} slot (the next initialisation overwrites it)"
+                )
+                return
+            self.violation(
+                "stale-write",
+                f"{who} wrote {f} of slot {i} aiming at gen {gen}, but the slot is now {c!r}: "
+                "another incarnation, held by someone else",
+            )
+            return
+        if checked:
+            return
+        if c.state in (ALLOC, DYING) and c.pidx in self.acting:
+            return  # rule (b): ALLOC or DYING by itself
+        held = self.sh.held
+        for a in self.acting:
+            if (a, i, c.gen) in held:
+                return  # rule (a): holds a reference
+        self.violation(
+            "unheld-write",
+            f"{who} wrote {f} of slot {i} ({c!r}) without holding it and without a generation-checked step",
+        )
+
+    # -- slot accesses (each is ONE atomic step)
+    def load(self, i: int, f: str) -> Any:
+        self._one()
+        v = getattr(self.sh.slots[i], f)
+        if self.verbose:
+            self.desc = f"load {f}[{i}] -> {fmt(v, f)}"
+        return v
+
+    def store(self, i: int, f: str, v: Any, gen: int) -> None:
+        self._one()
+        if f in CHECKED_FIELDS:
+            self._check_write(i, f, gen, False)
+        if self.verbose:
+            self.desc = f"store {f}[{i}] = {fmt(v, f)}"
+        self._set(i, **{f: v})
+
+    def cas(
+        self, i: int, f: str, expect: Any, new: Any, gen: int | None = None, checked: bool = False
+    ) -> tuple[bool, Any]:
+        """Returns (ok, value found).  gen: aimed incarnation (for the write rule)."""
+        self._one()
+        cur = getattr(self.sh.slots[i], f)
+        ok = cur == expect
+        if self.verbose:
+            self.desc = f"CAS {f}[{i}] {fmt(expect, f)} -> {fmt(new, f)}: " + (
+                "ok" if ok else f"fails (found {fmt(cur, f)})"
+            )
+        if ok:
+            if f in CHECKED_FIELDS:
+                assert gen is not None
+                self._check_write(i, f, gen, checked)
+            self._set(i, **{f: new})
+        return ok, cur
+
+    def cas2(self, i: int, word: int, ctl: Ctl, new_word: int) -> bool:
+        """NEW: 16-byte CAS over {word, ctl}: writes word only if ctl is still ctl."""
+        self._one()
+        s = self.sh.slots[i]
+        ok: bool = s.word == word and s.ctl == ctl
+        if self.verbose:
+            self.desc = f"CAS2 (word, ctl)[{i}] ({fmt(word)}, {ctl!r}) -> word {fmt(new_word)}: " + (
+                "ok" if ok else f"fails (found {fmt(s.word)}, {s.ctl!r})"
+            )
+        if ok:
+            self._check_write(i, "word", ctl.gen, True)
+            self._set(i, word=new_word)
+        return ok
+
+    def load_par(self, i: int, k: int) -> Link | None:
+        self._one()
+        v = self.sh.slots[i].par[k]
+        if self.verbose:
+            self.desc = f"load parents[{k}][{i}] -> {v!r}"
+        return v
+
+    def cas_par(self, i: int, k: int, expect: Link | None, new: Link | None, gen: int) -> bool:
+        self._one()
+        par = self.sh.slots[i].par
+        ok = par[k] == expect
+        if self.verbose:
+            self.desc = f"CAS parents[{k}][{i}] {expect!r} -> {new!r}: " + (
+                "ok" if ok else f"fails ({par[k]!r})"
+            )
+        if ok:
+            self._check_write(i, "par", gen, False)
+            self._set(i, par=par[:k] + (new,) + par[k + 1 :])
+        return ok
+
+    def store_par(self, i: int, k: int, v: Link | None, gen: int) -> None:
+        self._one()
+        par = self.sh.slots[i].par
+        self._check_write(i, "par", gen, False)
+        if self.verbose:
+            self.desc = f"store parents[{k}][{i}] = {v!r}"
+        self._set(i, par=par[:k] + (v,) + par[k + 1 :])
+
+    def fetch_or(self, i: int, bits: int) -> int:
+        self._one()
+        old: int = self.sh.slots[i].refs
+        if self.verbose:
+            self.desc = f"fetch_or refs[{i}] |= {bits:#b} (was {old:#b})"
+        self._set(i, refs=old | bits)
+        return old
+
+    def fetch_add(self, i: int, f: str, delta: int) -> int:
+        self._one()
+        old: int = getattr(self.sh.slots[i], f)
+        if self.verbose:
+            self.desc = f"fetch_add {f}[{i}] += {delta} (was {old})"
+        self._set(i, **{f: (old + delta) % FUTEX_MOD})
+        return old
+
+    def init_slot(self, i: int, gen: int, **fields: Any) -> None:
+        """alloc_begin's initialisation of a claimed (ALLOC) slot: one step."""
+        self._one()
+        self._check_write(i, "word", gen, False)
+        if self.verbose:
+            shown = ", ".join(f"{k}={fmt(v, k)}" for k, v in fields.items() if k not in ("fresh", "kids"))
+            self.desc = f"init slot {i}: {shown}"
+        self._set(i, **fields)
+
+    def futex_wait(self, i: int, f: str, expected: int) -> bool:
+        self._one()
+        v: int = getattr(self.sh.slots[i], f) % FUTEX_MOD
+        slept = v == expected
+        if self.verbose:
+            self.desc = f"FUTEX_WAIT(&{f}[{i}], {fmt(expected)}): " + (
+                "asleep" if slept else f"value is {fmt(v)}, returns"
+            )
+        if slept:
+            sl = self.sh.sleep
+            self.sh = self.sh._replace(sleep=sl[: self.pi] + ((i, f),) + sl[self.pi + 1 :])
+        return slept
+
+    def futex_wake(self, i: int, f: str) -> None:
+        self._one()
+        woken = [self.model.procs[k].name for k, a in enumerate(self.sh.sleep) if a == (i, f)]
+        if self.verbose:
+            self.desc = f"FUTEX_WAKE(&{f}[{i}]) wakes {woken or 'nobody'}"
+        self.sh = self.sh._replace(sleep=tuple(None if a == (i, f) else a for a in self.sh.sleep))
+
+    # -- globals
+    def load_hint(self) -> int:
+        self._one()
+        if self.verbose:
+            self.desc = f"load alloc_hint -> {self.sh.hint}"
+        return self.sh.hint
+
+    def store_hint(self, v: int) -> None:
+        self._one()
+        if self.verbose:
+            self.desc = f"store alloc_hint = {v}"
+        self.sh = self.sh._replace(hint=v)
+
+    def load_pctl(self, d: int) -> Part:
+        self._one()
+        v = self.sh.parts[d]
+        if self.verbose:
+            self.desc = f"load pctl[{d}] -> {v!r}"
+        return v
+
+    def cas_pctl(self, d: int, expect: Part, new: Part) -> bool:
+        self._one()
+        cur = self.sh.parts[d]
+        ok = cur == expect
+        if self.verbose:
+            self.desc = f"CAS pctl[{d}] {expect!r} -> {new!r}: " + ("ok" if ok else f"fails ({cur!r})")
+        if ok:
+            p = self.sh.parts
+            self.sh = self.sh._replace(parts=p[:d] + (new,) + p[d + 1 :])
+        return ok
+
+    def lock_free(self, d: int) -> bool:
+        """F_OFD_GETLK on d's byte: is nobody holding it?"""
+        self._one()
+        free = self.sh.locks[d] is None
+        if self.verbose:
+            self.desc = f"test lock[{d}] -> " + ("free" if free else "held")
+        return free
+
+    def try_lock(self, d: int) -> bool:
+        """F_OFD_SETLK on d's byte."""
+        self._one()
+        free = self.sh.locks[d] is None
+        if self.verbose:
+            self.desc = f"take lock[{d}] -> " + ("taken" if free else "held by someone alive")
+        if free:
+            lk = self.sh.locks
+            self.sh = self.sh._replace(locks=lk[:d] + (self.pi,) + lk[d + 1 :])
+        return free
+
+    def unlock(self, d: int) -> None:
+        self._one()
+        if self.verbose:
+            self.desc = f"release lock[{d}]"
+        lk = self.sh.locks
+        assert lk[d] == self.pi
+        self.sh = self.sh._replace(locks=lk[:d] + (None,) + lk[d + 1 :])
+
+    def await_(self, cond: bool, desc: str) -> bool:
+        """A blocking wait for a condition: not enabled (no step) while false."""
+        if not cond:
+            return False
+        self._one()
+        if self.verbose:
+            self.desc = desc
+        return True
+
+    # -- ghost state (no access)
+    def hold(self, part: int, i: int, gen: int) -> None:
+        self.sh = self.sh._replace(held=self.sh.held | {(part, i, gen)})
+
+    def unhold(self, part: int, i: int, gen: int | None) -> None:
+        if gen is not None and (part, i, gen) in self.sh.held:
+            self.sh = self.sh._replace(held=self.sh.held - {(part, i, gen)})
+
+    def set_flag(self, flag: str) -> None:
+        self.sh = self.sh._replace(flags=self.sh.flags | {flag})
+
+
+StepFn = Callable[[Ctx, str, Loc], Next]
+STEPS: dict[str, StepFn] = {}
+
+
+def procedure(name: str) -> Callable[[StepFn], StepFn]:
+    def reg(fn: StepFn) -> StepFn:
+        STEPS[name] = fn
+        return fn
+
+    return reg
+
+
+def merged_aux(a: Any) -> tuple[int, int] | None:
+    """aux as (gen, mask) when it is a merged pending word, else None."""
+    return a if isinstance(a, tuple) else None
+
+
+# ---------------------------------------------------------------------------
+# the procedures.  Each `if pc == ...` block performs at most one shared access.
+
+
+@procedure("main")
+def p_main(x: Ctx, pc: str, L: Loc) -> Next:
+    """The program of a process: one API operation after the other."""
+    prog = x.spec.program
+    k = L["op"]
+    if k == len(prog):
+        return ret()
+    op = prog[k]
+    L["op"] = k + 1
+    what = op[0]
+    if what == "alloc":  # ("alloc", var, kind)
+        return call("alloc", "next", "h:" + op[1], kind=op[2], owner=x.part, mask=0, kids=None)
+    if what == "merge":  # ("merge", var, (child vars))
+        return call("merge", "next", "h:" + op[1], kids=tuple(L["h:" + v] for v in op[2]))
+    if what == "signal":  # ("signal", var, status)
+        return call("signal", "next", h=L["h:" + op[1]], s=op[2])
+    if what == "tl_signal":  # ("tl_signal", var, value)
+        return call("tl_signal", "next", h=L["h:" + op[1]], v=op[2])
+    if what == "wait":  # ("wait", var, threshold)
+        if not L.get("ok:" + op[1], True):
+            return goto("next")  # the import failed: nothing to wait for
+        h = L["h:" + op[1]]
+        return call("tl_wait" if x.new and h.kind == TIMELINE else "wait", "next", h=h, thr=op[2])
+    if what == "import":  # ("import", var)
+        return call("import", "next", "ok:" + op[1], h=L["h:" + op[1]])
+    if what == "release":  # ("release", var)
+        h = L.pop("h:" + op[1])
+        if not L.pop("ok:" + op[1], True):
+            return goto("next")  # the import failed: nothing to release
+        return call("drop_ref", "next", i=h.idx, part=x.part, actor=x.part, gen=h.gen)
+    if what == "check_active":  # ("check_active", var): only we may signal it: it must be ACTIVE
+        h = L["h:" + op[1]]
+        w = x.load(h.idx, "word")
+        if w != 0:
+            x.violation(
+                "fresh-not-active", f"{x.spec.name}'s new {h!r} is {fmt(w)}, but nobody but it may signal it"
+            )
+        return goto("next")
+    if what == "sweep":
+        return call("sweep", "next")
+    if what == "mark":  # ghost: tell the other programs how far we are
+        x.set_flag(op[1])
+        return goto("next")
+    if what == "await":  # ("await", flag)
+        if not x.await_(op[1] in x.sh.flags, f"starts ({op[1]})"):
+            return BLOCK
+        return goto("next")
+    if what == "await_dead":  # ("await_dead", d): poll d's liveness lock until it is free
+        if not x.await_(x.sh.locks[op[1]] is None, f"sees participant {op[1]}'s lock free (it died)"):
+            return BLOCK
+        return goto("next")
+    if what == "recover":  # ("recover", d): one pass of reap_all for participant d
+        return call("recover", "next", d=op[1])
+    raise ModelError(f"unknown operation {op!r}")
+
+
+@procedure("alloc")
+def p_alloc(x: Ctx, pc: str, L: Loc) -> Next:
+    """alloc_begin + alloc_publish: claim a FREE slot from alloc_hint, initialise, publish LIVE."""
+    cap = x.cap
+    if pc == "start":
+        L["start"], L["n"] = x.load_hint() % cap, 0
+        return goto("scan")
+    if pc == "scan":
+        n = L["n"]
+        if n == cap:
+            return goto("full")
+        idx = (L["start"] + n) % cap
+        c = x.load(idx, "ctl")
+        if c.state != FREE:
+            L["n"] = n + 1
+            return goto("scan")
+        L["idx"], L["c"] = idx, c
+        return goto("claim")
+    if pc == "claim":
+        idx, c = L["idx"], L.pop("c")
+        gen = c.gen + 1
+        ok, _ = x.cas(idx, "ctl", c, Ctl(gen, L["kind"], x.part, ALLOC))
+        if not ok:
+            L["n"] += 1
+            return goto("scan")
+        x.hold(x.part, idx, gen)
+        x._set(idx, fresh=True)  # ghost
+        del L["start"], L["n"]
+        L["gen"] = gen
+        return goto("init")
+    if pc == "full":  # table full: the C code fails (E_Full); the programs retry until a slot is FREE
+        if not x.await_(
+            any(s.ctl.state == FREE for s in x.sh.slots), "table full; a slot is FREE now: rescan"
+        ):
+            return BLOCK
+        del L["start"], L["n"]
+        return goto("start")
+    idx, gen, kind = L["idx"], L["gen"], L["kind"]
+    if pc == "init":
+        x.init_slot(
+            idx,
+            gen,
+            word=0,
+            waiters=0,
+            owner=L["owner"] if kind != MERGED else None,
+            aux=(gen, L["mask"]) if kind == MERGED else 0,  # OLD: mask 0 (set after publish); NEW: the mask
+            err=(gen, 0),
+            par=(None,) * x.maxpar,
+            refs=1 << x.part,
+            fresh=False,
+            kids=(gen, L["kids"]) if kind == MERGED else None,
+        )
+        return goto("publish")
+    if pc == "publish":
+        x.store(idx, "ctl", Ctl(gen, kind, 0, LIVE), gen)
+        return goto("hint")
+    if pc == "hint":
+        x.store_hint((idx + 1) % cap)
+        return ret(Handle(idx, gen, kind))
+    raise ModelError(pc)
+
+
+@procedure("merge")
+def p_merge(x: Ctx, pc: str, L: Loc) -> Next:
+    """Core_merge: allocate the merged slot, then link every child (all held by the caller)."""
+    kids: tuple[Handle, ...] = L["kids"]
+    n = len(kids)
+    if pc == "start":
+        mask = (1 << n) - 1
+        return call(
+            "alloc",
+            "linkall",
+            "m",
+            kind=MERGED,
+            owner=None,
+            mask=mask if x.new else 0,  # NEW: pending mask written at init, before publish
+            kids=tuple((h.idx, h.gen) for h in kids),
+        )
+    m: Handle = L["m"]
+    if pc == "linkall":
+        L["j"], L["k"] = 0, 0
+        if x.new:
+            return goto("link")
+        x.store(m.idx, "aux", (m.gen, (1 << n) - 1), m.gen)  # OLD: the mask only after publish
+        return goto("link")
+    j = L["j"]
+    if pc == "link":
+        if j == n:
+            return ret(m)
+        k = L["k"]
+        if k == x.maxpar:  # lost the race for the last link: the child counts as failed
+            L["j"], L["k"] = j + 1, 0
+            return call("propagate_link", "link", link=Link(j, m.gen, m.idx), status=ERROR)
+        old = x.load_par(kids[j].idx, k)
+        L["old"] = old
+        return goto("cas_link" if old is None else "link_live")
+    if pc == "link_live":  # link_live(old): does it name a merged fence that still exists?
+        old = L["old"]
+        c = x.load(old.p, "ctl")
+        if c.state != FREE and c.kind == MERGED and c.gen == old.gen:
+            del L["old"]
+            L["k"] += 1
+            return goto("link")
+        return goto("cas_link")
+    if pc == "cas_link":
+        k = L["k"]
+        ok = x.cas_par(kids[j].idx, k, L.pop("old"), Link(j, m.gen, m.idx), kids[j].gen)
+        if not ok:
+            L["k"] = k + 1
+            return goto("link")
+        return goto("child_word")
+    if pc == "child_word":
+        w = x.load(kids[j].idx, "word")
+        L["j"], L["k"] = j + 1, 0
+        if w:
+            return call("propagate_link", "link", link=Link(j, m.gen, m.idx), status=w)
+        return goto("link")
+    raise ModelError(pc)
+
+
+@procedure("signal")
+def p_signal(x: Ctx, pc: str, L: Loc) -> Next:
+    """do_signal by a holder: CAS word 0 -> s, wake, propagate."""
+    h: Handle = L["h"]
+    if pc == "start":
+        ok, _ = x.cas(h.idx, "word", 0, L["s"], h.gen)
+        if not ok:
+            return ret("already signaled")
+        return call("wake_fence", "prop", i=h.idx)
+    if pc == "prop":
+        return tail("propagate", i=h.idx)
+    raise ModelError(pc)
+
+
+@procedure("wake_fence")
+def p_wake_fence(x: Ctx, pc: str, L: Loc) -> Next:
+    """hl_wake_all / hl_wake_fence: FUTEX_WAKE on the word if waiters != 0."""
+    i = L["i"]
+    if pc == "start":
+        if x.load(i, "waiters") == 0:
+            return ret()
+        return goto("futex")
+    if pc == "futex":
+        x.futex_wake(i, "word")
+        return ret()
+    raise ModelError(pc)
+
+
+@procedure("wake_tl")
+def p_wake_tl(x: Ctx, pc: str, L: Loc) -> Next:
+    """NEW hl_wake_timeline: bump the wake sequence, then FUTEX_WAKE on it if waiters != 0."""
+    i = L["i"]
+    if pc == "start":
+        x.fetch_add(i, "wake", 1)
+        return goto("waiters")
+    if pc == "waiters":
+        if x.load(i, "waiters") == 0:
+            return ret()
+        return goto("futex")
+    if pc == "futex":
+        x.futex_wake(i, "wake")
+        return ret()
+    raise ModelError(pc)
+
+
+@procedure("propagate")
+def p_propagate(x: Ctx, pc: str, L: Loc) -> Next:
+    """Tell the merged parents of slot i that it completed (any participant may call it)."""
+    i = L["i"]
+    if not x.new:
+        # OLD: w = word; then every link, read after w, with no check that it is the same object
+        if pc == "start":
+            w = x.load(i, "word")
+            if w == 0:
+                return ret()
+            L["w"], L["k"] = w, 0
+            return goto("links")
+        if pc == "links":
+            k = L["k"]
+            if k == x.maxpar:
+                return ret()
+            lk = x.load_par(i, k)
+            L["k"] = k + 1
+            if lk is None:
+                return goto("links")
+            return call("propagate_link", "links", link=lk, status=L["w"])
+        raise ModelError(pc)
+    # NEW: seqlock: c1 = ctl, word, links, c2 = ctl; the links are used only if c2 == c1
+    if pc == "start":
+        c1 = x.load(i, "ctl")
+        if c1.state not in (LIVE, DYING) or c1.kind == TIMELINE:
+            return ret()
+        L["c1"] = c1
+        return goto("word")
+    if pc == "word":
+        w = x.load(i, "word")
+        if w == 0:
+            return ret()
+        L["w"], L["links"] = w, ()
+        return goto("links")
+    if pc == "links":
+        links = L["links"]
+        if len(links) < x.maxpar:
+            L["links"] = links + (x.load_par(i, len(links)),)
+            return goto("links")
+        return goto("c2")
+    if pc == "c2":
+        if x.load(i, "ctl") != L.pop("c1"):
+            return ret()  # the slot changed: the links may belong to another object
+        L["links"] = tuple(lk for lk in L["links"] if lk is not None)
+        return goto("send")
+    if pc == "send":
+        links = L["links"]
+        if not links:
+            return ret()
+        L["links"] = links[1:]
+        return call("propagate_link", "send", link=links[0], status=L["w"])
+    raise ModelError(pc)
+
+
+@procedure("propagate_link")
+def p_propagate_link(x: Ctx, pc: str, L: Loc) -> Next:
+    """Clear the child's bit in the parent's pending mask; resolve the parent at zero."""
+    lk: Link = L["link"]
+    p, gen, bit = lk.p, lk.gen, 1 << lk.pos
+    if pc == "start":
+        c = x.load(p, "ctl")
+        if c.kind != MERGED or c.gen != gen:  # OLD: the state is not checked
+            return ret()
+        if x.new:
+            if c.state != LIVE:
+                return ret()
+            L["c"] = c
+        return goto("aux" if L["status"] == SUCCESS else "err")
+    if pc == "err":  # record_failure: err carries the generation
+        x.cas(p, "err", (gen, 0), (gen, L["status"]), gen, checked=True)
+        return goto("aux")
+    if pc == "aux":
+        L["a"] = x.load(p, "aux")
+        return goto("aux_loop")
+    if pc == "aux_loop":
+        a = merged_aux(L["a"])
+        if a is None or a[0] != gen:
+            return ret()
+        if not a[1] & bit:
+            return goto("cleared")
+        return goto("aux_cas")
+    if pc == "aux_cas":  # aux carries the generation too
+        a = L["a"]
+        ok, cur = x.cas(p, "aux", a, (gen, a[1] & ~bit), gen, checked=True)
+        L["a"] = (gen, a[1] & ~bit) if ok else cur
+        return goto("cleared" if ok else "aux_loop")
+    if pc == "cleared":
+        if L.pop("a")[1] != 0:
+            return ret()
+        if x.new:
+            return tail("resolve_merged", i=p, c=L["c"], aux_known=True)
+        return goto("fin")
+    # OLD resolution: read err, re-read ctl, then CAS the word in a SEPARATE step
+    if pc == "fin":
+        e = x.load(p, "err")
+        L["fin"] = e[1] if e[0] == gen and e[1] else SUCCESS
+        return goto("reread")
+    if pc == "reread":
+        if x.load(p, "ctl").gen != gen:
+            return ret()
+        return goto("word_cas")
+    if pc == "word_cas":
+        ok, _ = x.cas(p, "word", 0, L["fin"], gen)
+        if not ok:
+            return ret()
+        return call("wake_fence", "prop", i=p)
+    if pc == "prop":
+        return tail("propagate", i=p)
+    raise ModelError(pc)
+
+
+@procedure("resolve_merged")
+def p_resolve_merged(x: Ctx, pc: str, L: Loc) -> Next:
+    """NEW resolve_merged(i, ctl read LIVE): complete with the first failure or SUCCESS by CAS2."""
+    i, c = L["i"], L["c"]
+    if pc == "start":
+        if c.state != LIVE or c.kind != MERGED:
+            return ret(False)
+        if L["aux_known"]:  # propagate_link just cleared the last bit
+            return goto("err")
+        a = merged_aux(x.load(i, "aux"))
+        if a is None or a[0] != c.gen or a[1] != 0:
+            return ret(False)
+        return goto("err")
+    if pc == "err":
+        e = x.load(i, "err")
+        L["fin"] = e[1] if e[0] == c.gen and e[1] else SUCCESS
+        return goto("cas2")
+    if pc == "cas2":
+        if not x.cas2(i, 0, c, L["fin"]):
+            return ret(False)
+        return call("wake_fence", "prop", i=i)
+    if pc == "prop":
+        return tail("propagate", i=i)
+    raise ModelError(pc)
+
+
+@procedure("sweep")
+def p_sweep(x: Ctx, pc: str, L: Loc) -> Next:
+    """sweep(): propagate signaled children, resolve merged fences with an empty mask."""
+    if pc == "start":
+        L["i"] = 0
+        return goto("slot")
+    i = L["i"]
+    if pc == "slot":
+        if i == x.cap:
+            return ret()
+        c = x.load(i, "ctl")
+        if c.state != LIVE or c.kind == TIMELINE:
+            L["i"] = i + 1
+            return goto("slot")
+        L["c"], L["k"] = c, 0
+        return goto("links")
+    if pc == "links":  # (parents[0] || parents[1]) && word
+        k = L["k"]
+        if k == x.maxpar:
+            return goto("merged")
+        if x.load_par(i, k) is None:
+            L["k"] = k + 1
+            return goto("links")
+        return goto("lword")
+    if pc == "lword":
+        if x.load(i, "word") == 0:
+            return goto("merged")
+        return call("propagate", "merged", i=i)
+    if pc == "merged":
+        if L["c"].kind != MERGED:
+            return goto("next")
+        return goto("mword")
+    if pc == "mword":
+        if x.load(i, "word") != 0:
+            return goto("next")
+        if x.new:
+            return call("resolve_merged", "next", i=i, c=L["c"], aux_known=False)
+        return goto("maux")
+    # OLD resolution: checks on aux and err, then a CAS of the word alone
+    if pc == "maux":
+        a = merged_aux(x.load(i, "aux"))
+        if a is None or a[1] != 0 or a[0] != L["c"].gen:
+            return goto("next")
+        return goto("merr")
+    if pc == "merr":
+        e = x.load(i, "err")
+        L["fin"] = e[1] if e[0] == L["c"].gen and e[1] else SUCCESS
+        return goto("mcas")
+    if pc == "mcas":
+        ok, _ = x.cas(i, "word", 0, L.pop("fin"), L["c"].gen)
+        if ok:
+            return call("wake_fence", "mprop", i=i)
+        return goto("next")
+    if pc == "mprop":
+        return call("propagate", "next", i=i)
+    if pc == "next":
+        L.pop("c", None)
+        L.pop("k", None)
+        L["i"] = i + 1
+        return goto("slot")
+    raise ModelError(pc)
+
+
+@procedure("drop_ref")
+def p_drop_ref(x: Ctx, pc: str, L: Loc) -> Next:
+    """drop_ref(i, bit of `part`, actor); gen: the reference being dropped (None: an undo)."""
+    i, part = L["i"], L["part"]
+    b = 1 << part
+    if pc == "start" and x.fix:
+        # NEW+fix: refs is read between two reads of ctl (a seqlock), and used only if ctl did
+        # not move.  The C code reads refs, then ctl: a refs value read before an allocation's
+        # init (which overwrites refs) can then meet the new object's LIVE ctl, and the undo of
+        # a failed pin or import moves somebody else's object to DYING; its last holder, seeing
+        # DYING, takes its own bit for a stale one and clears it: the object is leaked.  Reading
+        # ctl only before refs is not enough either: the "stale bit" branch then acts on an ALLOC
+        # or DYING state that has become LIVE since.
+        L["c"] = x.load(i, "ctl")
+        return goto("refs_after_ctl")
+    if pc == "refs_after_ctl":
+        m = x.load(i, "refs")
+        if not m & b:
+            del L["c"]
+            return ret()
+        L["m"] = m
+        return goto("ctl_again")
+    if pc == "ctl_again":
+        if x.load(i, "ctl") != L["c"]:
+            del L["c"], L["m"]
+            return goto("start")
+        m = L["m"]
+        if m & ~b:
+            del L["c"]
+            return goto("clear")
+        if L["c"].state != LIVE:
+            del L["c"]
+            return goto("stale")
+        return goto("dying")
+    if pc == "start":
+        m = x.load(i, "refs")
+        if not m & b:
+            return ret()
+        L["m"] = m
+        return goto("clear" if m & ~b else "ctl")
+    if pc == "clear":  # other holders remain: just clear our bit
+        m = L.pop("m")
+        ok, _ = x.cas(i, "refs", m, m & ~b)
+        if not ok:
+            return goto("start")
+        x.unhold(part, i, L["gen"])
+        return ret()
+    if pc == "ctl":
+        c = x.load(i, "ctl")
+        if c.state != LIVE:
+            return goto("stale")
+        L["c"] = c
+        return goto("dying")
+    if pc == "stale":  # a stale bit on a slot being freed or initialised
+        ok, _ = x.cas(i, "refs", L.pop("m"), 0)
+        if not ok:
+            return goto("start")
+        x.unhold(part, i, L["gen"])
+        return ret()
+    c = cast(Ctl, L.get("c"))
+    if pc == "dying":
+        ok, _ = x.cas(i, "ctl", c, Ctl(c.gen, c.kind, L["actor"], DYING))
+        if not ok:
+            del L["c"], L["m"]
+            return goto("start")
+        return goto("refs0")
+    if pc == "refs0":
+        dy = Ctl(c.gen, c.kind, L["actor"], DYING)
+        ok, _ = x.cas(i, "refs", b, 0)
+        if ok:
+            x.unhold(part, i, L["gen"])
+            return tail("finalize", i=i, dy=dy)
+        return goto("back")
+    if pc == "back":  # someone took a reference meanwhile: back to LIVE and retry
+        del L["c"], L["m"]
+        ok, _ = x.cas(i, "ctl", Ctl(c.gen, c.kind, L["actor"], DYING), c)
+        if ok and x.new and c.kind == MERGED:  # NEW: a resolve that failed while DYING is done now
+            return call("resolve_merged", "start", i=i, c=c, aux_known=False)
+        return goto("start")
+    raise ModelError(pc)
+
+
+@procedure("finalize")
+def p_finalize(x: Ctx, pc: str, L: Loc) -> Next:
+    """Free a DYING slot: CANCEL an ACTIVE fence, propagate, (NEW: clear links and aux), FREE."""
+    i, dy = L["i"], L["dy"]
+    if pc == "start":
+        if dy.kind == TIMELINE:
+            return goto("free")
+        ok, _ = x.cas(i, "word", 0, CANCEL, dy.gen)
+        if ok:
+            return call("wake_fence", "prop", i=i)
+        return goto("prop")
+    if pc == "prop":
+        return call("propagate", "clear" if x.new else "free", i=i)
+    if pc == "clear":  # NEW: nothing of this object is left for a stale reader
+        k = L.get("k", 0)
+        if k < x.maxpar:
+            x.store_par(i, k, None, dy.gen)
+            L["k"] = k + 1
+            return goto("clear")
+        x.store(i, "aux", 0, dy.gen)
+        return goto("free")
+    if pc == "free":
+        ok, _ = x.cas(i, "ctl", dy, Ctl(dy.gen, dy.kind, 0, FREE))
+        if ok and not x.new:
+            return goto("hint")
+        return ret()
+    if pc == "hint":  # OLD: the next allocation lands exactly here
+        x.store_hint(i)
+        return ret()
+    raise ModelError(pc)
+
+
+@procedure("import")
+def p_import(x: Ctx, pc: str, L: Loc) -> Next:
+    """do_import: take a reference to someone else's object.  Returns True, or False if stale."""
+    h: Handle = L["h"]
+    i, b = h.idx, 1 << x.part
+    if pc == "start":
+        c = x.load(i, "ctl")
+        if c.gen != h.gen or c.kind != h.kind or c.state not in (LIVE, DYING):
+            return ret(False)
+        L["c"] = c
+        return goto("or" if c.state == LIVE else "dying")
+    if pc == "dying":  # its last holder is releasing it: wait for LIVE (revert) or FREE
+        if not x.await_(x.sh.slots[i].ctl != L["c"], "ctl changed: retry"):
+            return BLOCK
+        del L["c"]
+        return goto("start")
+    if pc == "or":
+        L["old"] = x.fetch_or(i, b)
+        return goto("recheck")
+    if pc == "recheck":
+        c2 = x.load(i, "ctl")
+        c, old = L.pop("c"), L.pop("old")
+        if c2 == c:
+            x.hold(x.part, i, h.gen)
+            return ret(True)
+        L["c2"] = c2
+        if not old & b:
+            return call("drop_ref", "after", i=i, part=x.part, actor=x.part, gen=None)
+        return goto("after")
+    if pc == "after":
+        if L.pop("c2").gen != h.gen:
+            return ret(False)
+        return goto("start")
+    raise ModelError(pc)
+
+
+@procedure("wait")
+def p_wait(x: Ctx, pc: str, L: Loc) -> Next:
+    """do_wait's sleep phase, futex on the word's low 32 bits, no timeout (see the module doc)."""
+    h, thr = L["h"], L["thr"]
+    i = h.idx
+    if pc == "start":
+        if x.load(i, "word") >= thr:
+            return ret()
+        return goto("inc")
+    if pc == "inc":
+        x.fetch_add(i, "waiters", 1)
+        return goto("reload")
+    if pc == "reload":
+        w = x.load(i, "word")
+        if w >= thr:
+            L["done"] = True
+            return goto("dec")
+        L["exp"] = w % FUTEX_MOD
+        return goto("sleep")
+    if pc == "sleep":
+        x.futex_wait(i, "word", L.pop("exp"))
+        return goto("dec")
+    if pc == "dec":
+        x.fetch_add(i, "waiters", -1)
+        if L.pop("done", False):
+            return ret()
+        return goto("start")
+    raise ModelError(pc)
+
+
+@procedure("tl_wait")
+def p_tl_wait(x: Ctx, pc: str, L: Loc) -> Next:
+    """NEW timeline wait: sleep on the wake sequence, read BEFORE the word."""
+    h, thr = L["h"], L["thr"]
+    i = h.idx
+    if pc == "start":
+        if x.load(i, "word") >= thr:
+            return ret()
+        return goto("inc")
+    if pc == "inc":
+        x.fetch_add(i, "waiters", 1)
+        return goto("seq")
+    if pc == "seq":
+        L["s"] = x.load(i, "wake")
+        return goto("reload")
+    if pc == "reload":
+        if x.load(i, "word") >= thr:
+            del L["s"]
+            L["done"] = True
+            return goto("dec")
+        return goto("sleep")
+    if pc == "sleep":
+        x.futex_wait(i, "wake", L.pop("s"))
+        return goto("dec")
+    if pc == "dec":
+        x.fetch_add(i, "waiters", -1)
+        if L.pop("done", False):
+            return ret()
+        return goto("start")
+    raise ModelError(pc)
+
+
+@procedure("tl_signal")
+def p_tl_signal(x: Ctx, pc: str, L: Loc) -> Next:
+    """do_tl_signal: CAS word cur -> v (v > cur), then wake."""
+    h: Handle = L["h"]
+    i = h.idx
+    if pc == "start":
+        cur = x.load(i, "word")
+        if cur & FAILED or L["v"] <= cur:
+            return ret("invalid")
+        L["cur"] = cur
+        return goto("cas")
+    if pc == "cas":
+        ok, _ = x.cas(i, "word", L.pop("cur"), L["v"], h.gen)
+        if not ok:
+            return goto("start")
+        return tail("wake_tl" if x.new else "wake_fence", i=i)
+    raise ModelError(pc)
+
+
+@procedure("recover")
+def p_recover(x: Ctx, pc: str, L: Loc) -> Next:
+    """reap_all (for one participant d) + recover_participant."""
+    d = L["d"]
+    dbit = 1 << d
+    my_id = x.me if x.me is not None else NOT_JOINED
+    actor = x.me if x.me is not None else d  # recorded in the DYING ctl
+    # ---- the claim
+    if not x.new:
+        if pc == "start":
+            p = x.load_pctl(d)
+            if p.state == P_FREE:
+                return ret()
+            L["p"] = p
+            if p.state == P_ALIVE:
+                return goto("lockchk")
+            r = p.recoverer
+            if r == my_id or r == NOT_JOINED:
+                return goto("claim")  # ours from before, or recorded by a non-joined recoverer: take it
+            return goto("rlock")
+        if pc == "rlock":  # the recorded recoverer: alive?
+            if not x.lock_free(L["p"].recoverer):
+                del L["p"]
+                return ret()  # someone alive is on it
+            return goto("claim")
+        if pc == "lockchk":
+            if not x.lock_free(d):
+                del L["p"]
+                return ret()  # d is alive
+            return goto("reread")
+        if pc == "reread":
+            if x.load_pctl(d) != L["p"]:
+                del L["p"]
+                return ret()
+            return goto("claim")
+        if pc == "claim":
+            p = L.pop("p")
+            claimed = Part(P_RECOVERING, p.inc, my_id)
+            if p != claimed and not x.cas_pctl(d, p, claimed):
+                return ret()
+            L["claimed"], L["i"] = claimed, 0
+            return goto("chk")
+        if pc == "chk":  # a recoverer whose claim was taken over stops
+            if L["i"] == x.cap:
+                return goto("finish")
+            if x.load_pctl(d) != L["claimed"]:
+                del L["claimed"]
+                return ret()
+            return goto("sctl")
+    else:
+        if pc == "start":  # FIRST d's liveness lock: free only when d is dead and nobody recovers it
+            if not x.try_lock(d):
+                return ret()
+            return goto("pctl")
+        if pc == "pctl":
+            p = x.load_pctl(d)
+            if p.state == P_FREE:
+                return goto("unlock_only")
+            L["p"] = p
+            return goto("claim")
+        if pc == "claim":
+            p = L.pop("p")
+            claimed = Part(P_RECOVERING, p.inc, my_id)
+            if not x.cas_pctl(d, p, claimed):
+                return goto("pctl")
+            L["claimed"], L["i"] = claimed, 0
+            return goto("chk")
+        if pc == "chk":
+            if L["i"] == x.cap:
+                return goto("finish")
+            return goto("sctl")
+        if pc == "unlock_only":
+            x.unlock(d)
+            return ret()
+    # ---- per slot
+    i = L.get("i", 0)
+    if pc == "sctl":
+        c = x.load(i, "ctl")
+        L["c"] = c
+        if c.state == ALLOC and c.pidx == d:
+            return goto("a_refs")
+        if c.state == DYING and c.pidx == d:
+            return goto("d_refs")
+        if c.state == LIVE:
+            return goto("pin" if x.new else "owner")
+        if c.state == DYING and x.fix:
+            return goto("settle")
+        return goto("next" if x.new else "refs")
+    c = cast(Ctl, L.get("c"))  # the ctl read at the start of this slot
+    if pc == "settle":  # NEW+fix: DYING by someone else: it is freed or rolled back; see which
+        if not x.await_(x.sh.slots[i].ctl != c, f"ctl[{i}] moved from {c!r}: look again"):
+            return BLOCK
+        return goto("sctl")
+    if pc == "a_refs":  # died while initialising: nobody else can hold it yet
+        x.store(i, "refs", 0, c.gen)
+        return goto("a_free")
+    if pc == "a_free":
+        x.cas(i, "ctl", c, Ctl(c.gen, c.kind, 0, FREE))
+        return goto("next")
+    if pc == "d_refs":  # died while freeing: finish or roll back
+        m = x.load(i, "refs")
+        if m & ~dbit == 0:
+            if m:
+                L["m"] = m
+                return goto("d_cas0")
+            return goto("d_reload")
+        return goto("d_back")
+    if pc == "d_cas0":
+        ok, _ = x.cas(i, "refs", L.pop("m"), 0)
+        if ok:
+            x.unhold(d, i, c.gen)
+        return goto("d_reload")
+    if pc == "d_reload":
+        if x.load(i, "refs") == 0:
+            return call("finalize", "next", i=i, dy=c)
+        return goto("d_back")
+    if pc == "d_back":
+        live = Ctl(c.gen, c.kind, 0, LIVE)
+        ok, _ = x.cas(i, "ctl", c, live)
+        if ok and x.new and c.kind == MERGED:
+            return call("resolve_merged", "d_ctl", i=i, c=live, aux_known=False)
+        return goto("d_ctl")
+    if pc == "d_ctl":
+        c = x.load(i, "ctl")
+        L["c"] = c
+        if c.state == LIVE:
+            return goto("pin" if x.new else "owner")
+        return goto("next" if x.new else "refs")
+    if pc == "pin":  # NEW: pin the object with d's bit, then check it is still the one read
+        L["old"] = x.fetch_or(i, dbit)
+        return goto("pin_chk")
+    if pc == "pin_chk":
+        old = L.pop("old")
+        c2 = x.load(i, "ctl")
+        if c2 != c:
+            # NEW: another object now, go on.  NEW+fix: the same object only went DYING (and
+            # may come back LIVE, kept by an importer): look at this slot again
+            again = x.fix and c2.gen == c.gen and c2.state in (LIVE, DYING)
+            after = "sctl" if again else "next"
+            if not old & dbit:
+                return call("drop_ref", after, i=i, part=d, actor=actor, gen=None)
+            return goto(after)
+        x.hold(d, i, c.gen)
+        return goto("owner")
+    if pc == "owner":
+        if x.load(i, "owner") != d:
+            return goto("unpin" if x.new else "refs")
+        return goto("tl_load" if c.kind == TIMELINE else "od_cas")
+    if pc == "od_cas":
+        ok, _ = x.cas(i, "word", 0, OWNER_DIED, c.gen)
+        if ok:
+            return call("wake_fence", "od_prop", i=i)
+        return goto("od_prop")
+    if pc == "od_prop":
+        return call("propagate", "unpin" if x.new else "refs", i=i)
+    if pc == "tl_load":  # fail_timeline_word
+        cur = x.load(i, "word")
+        if cur & FAILED:
+            return goto("tl_wake")
+        L["cur"] = cur
+        return goto("tl_aux")
+    if pc == "tl_aux":
+        x.store(i, "aux", L["cur"], c.gen)
+        return goto("tl_cas")
+    if pc == "tl_cas":
+        ok, now = x.cas(i, "word", L.pop("cur"), FAILED | OWNER_DIED, c.gen)
+        if not ok and not now & FAILED:
+            L["cur"] = now
+            return goto("tl_aux")
+        return goto("tl_wake")
+    if pc == "tl_wake":
+        if x.new:
+            return call("wake_tl", "unpin", i=i)
+        return call("wake_fence", "refs", i=i)
+    if pc == "refs":  # OLD: drop d's bit if it is there (whatever object holds the slot now)
+        if x.load(i, "refs") & dbit:
+            return call("drop_ref", "next", i=i, part=d, actor=actor, gen=c.gen)
+        return goto("next")
+    if pc == "unpin":  # NEW: drop the pin (d's reference); may free the slot
+        return call("drop_ref", "next", i=i, part=d, actor=actor, gen=c.gen)
+    if pc == "next":
+        L.pop("c", None)
+        L["i"] = i + 1
+        return goto("chk")
+    if pc == "finish":
+        cl = L["claimed"]
+        x.cas_pctl(d, cl, Part(P_FREE, cl.inc, None))
+        if x.new:
+            return goto("unlock")
+        del L["claimed"], L["i"]
+        return ret()
+    if pc == "unlock":
+        x.unlock(d)
+        del L["claimed"], L["i"]
+        return ret()
+    raise ModelError(pc)
+
+
+# ---------------------------------------------------------------------------
+# scenarios
+
+
+@dataclass(frozen=True)
+class Process:
+    name: str
+    part: int | None  # participant index (its bit in refs); None: not joined
+    program: tuple[tuple[Any, ...], ...]
+    killable: bool = False
+
+
+@dataclass(frozen=True)
+class Obj:
+    """An object that exists when the scenario starts (generation 1)."""
+
+    var: str
+    idx: int
+    kind: str
+    holders: tuple[int, ...]
+    owner: int | None = None
+    word: int = 0
+    children: tuple[str, ...] = ()  # merged: its children (all linked through parents[0])
+
+
+InvariantFn = Callable[["Model", State], list[Issue]]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    doc: str
+    cap: int
+    nparts: int
+    procs: tuple[Process, ...]
+    objects: tuple[Obj, ...] = ()
+    hint: int = 0
+    dead: tuple[int, ...] = ()  # participants already dead when the scenario starts
+    maxpar: int = 1
+    expect_old: tuple[str, ...] = ()  # violation kinds the OLD protocol must show
+    min_states: int = 100  # NEW must explore at least this many states
+    invariants: tuple[InvariantFn, ...] = ()
+
+
+class Model:
+    def __init__(self, scn: Scenario, variant: str) -> None:
+        assert variant in ALL_VARIANTS
+        self.scn = scn
+        self.variant = variant
+        self.procs = scn.procs
+        self.cap = scn.cap
+        self.maxpar = scn.maxpar
+        self.killable = tuple(pi for pi, p in enumerate(scn.procs) if p.killable)
+        self.new = variant in (NEW, NEW_FIX)
+        self.fix = variant == NEW_FIX
+
+    # -- states
+    def initial(self) -> State:
+        scn = self.scn
+        slots = [Slot(par=(None,) * self.maxpar) for _ in range(scn.cap)]
+        by_var = {o.var: o for o in scn.objects}
+        held: set[tuple[int, int, int]] = set()
+        for o in scn.objects:
+            aux: Any = 0
+            kids = None
+            if o.kind == MERGED:
+                mask = sum(1 << j for j, v in enumerate(o.children) if by_var[v].word == 0)
+                aux = (1, mask)
+                kids = (1, tuple((by_var[v].idx, 1) for v in o.children))
+            refs = sum(1 << h for h in o.holders)
+            held |= {(h, o.idx, 1) for h in o.holders}
+            slots[o.idx] = slots[o.idx]._replace(
+                word=o.word,
+                ctl=Ctl(1, o.kind, 0, LIVE),
+                refs=refs,
+                owner=o.owner,
+                aux=aux,
+                err=(1, 0),
+                kids=kids,
+            )
+        for o in scn.objects:
+            for j, v in enumerate(o.children):
+                c = by_var[v].idx
+                slots[c] = slots[c]._replace(par=(Link(j, 1, o.idx),) + slots[c].par[1:])
+        proc_of = {p.part: pi for pi, p in enumerate(scn.procs) if p.part is not None}
+        locks = tuple(None if d in scn.dead else proc_of.get(d, -1) for d in range(scn.nparts))
+        sh = Shared(
+            slots=tuple(slots),
+            hint=scn.hint,
+            parts=tuple(Part(P_ALIVE) for _ in range(scn.nparts)),
+            locks=locks,
+            sleep=(None,) * len(scn.procs),
+            held=frozenset(held),
+            flags=frozenset(),
+        )
+        procs = []
+        for p in scn.procs:
+            loc: Loc = {"op": 0}
+            for op in p.program:
+                for a in op[1:]:
+                    for v in a if isinstance(a, tuple) else (a,):
+                        if isinstance(v, str) and v in by_var:
+                            o = by_var[v]
+                            loc["h:" + v] = Handle(o.idx, 1, o.kind)
+            procs.append(Proc(RUN, (Frame("main", "next", freeze(loc), None),)))
+        return sh, tuple(procs)
+
+    def dead_parts(self, st: State) -> set[int]:
+        dead = set(self.scn.dead)
+        for p, pr in zip(self.procs, st[1], strict=True):
+            if pr.status == DEAD and p.part is not None:
+                dead.add(p.part)
+        return dead
+
+    # -- transitions
+    def step(self, st: State, pi: int, verbose: bool = False) -> tuple[State, Ctx] | None:
+        """Run process pi up to and including its next shared access.  None: not enabled."""
+        sh, procs = st
+        pr = procs[pi]
+        if pr.status != RUN or sh.sleep[pi] is not None:
+            return None
+        x = Ctx(self, sh, pi, pr.stack, verbose)
+        stack = list(pr.stack)
+        where = here = ""
+        for _ in range(200):
+            if not stack:
+                break
+            fr = stack[-1]
+            L = dict(fr.locals)
+            if verbose:
+                here = frame_summary(fr.fn, L)
+            nxt = STEPS[fr.fn](x, fr.pc, L)
+            tag = nxt[0]
+            if tag == "block":
+                return None
+            if verbose and x.accesses and not where:
+                where = here
+            if tag == "goto":
+                stack[-1] = new_frame((fr.fn, nxt[1], freeze(L), fr.into))
+            elif tag == "call":
+                stack[-1] = new_frame((fr.fn, nxt[3], freeze(L), fr.into))
+                stack.append(new_frame((nxt[1], "start", freeze(nxt[2]), nxt[4])))
+            elif tag == "tail":
+                stack[-1] = new_frame((nxt[1], "start", freeze(nxt[2]), fr.into))
+            else:  # ret
+                stack.pop()
+                if stack and fr.into is not None:
+                    caller = stack[-1]
+                    cl = dict(caller.locals)
+                    cl[fr.into] = nxt[1]
+                    stack[-1] = new_frame((caller.fn, caller.pc, freeze(cl), caller.into))
+            if x.accesses:
+                break
+        else:
+            raise ModelError(f"{self.procs[pi].name}: more than 200 local steps")
+        if verbose:
+            x.desc = f"{where}: {x.desc}" if x.accesses else "returns (program ends)"
+        status = RUN if stack else DONE
+        procs2 = procs[:pi] + (new_proc((status, tuple(stack))),) + procs[pi + 1 :]
+        return (x.sh, procs2), x
+
+    def kill(self, st: State, pi: int) -> State:
+        sh, procs = st
+        sh = sh._replace(
+            locks=tuple(None if h == pi else h for h in sh.locks),
+            sleep=sh.sleep[:pi] + (None,) + sh.sleep[pi + 1 :],
+        )
+        return sh, procs[:pi] + (Proc(DEAD, ()),) + procs[pi + 1 :]
+
+    def successors(self, st: State) -> list[tuple[State, int, bool, list[Issue], list[str]]]:
+        out = []
+        for pi in range(len(self.procs)):
+            r = self.step(st, pi)
+            if r is not None:
+                out.append((r[0], pi, False, r[1].bad, r[1].notes))
+        for pi in self.killable:
+            if st[1][pi].status != DEAD:
+                out.append((self.kill(st, pi), pi, True, [], []))
+        return out
+
+    def label(self, st: State, pi: int, killed: bool) -> str:
+        name = self.procs[pi].name
+        if killed:
+            return f"{name}: KILLED"
+        r = self.step(st, pi, verbose=True)
+        assert r is not None
+        return f"{name}: {r[1].desc}"
+
+    # -- invariants
+    def state_issues(self, st: State) -> list[Issue]:
+        sh, procs = st
+        bad: list[Issue] = []
+        slots = sh.slots
+        for mi, s in enumerate(slots):  # merged fences vs their children
+            if s.kids is None or s.ctl.gen != s.kids[0] or s.ctl.state not in (LIVE, DYING) or s.word == 0:
+                continue
+            current = [
+                (ci, slots[ci].word)
+                for ci, cg in s.kids[1]
+                if slots[ci].ctl.gen == cg and slots[ci].ctl.state in (LIVE, DYING)
+            ]
+            if s.word == SUCCESS:
+                for ci, w in current:
+                    if w != SUCCESS:
+                        bad.append(
+                            (
+                                "merged-early",
+                                f"merged fence in slot {mi} is SUCCESS while its child in slot {ci} is "
+                                + ("ACTIVE" if w == 0 else fmt(w)),
+                            )
+                        )
+            elif s.word != CANCEL and len(current) == len(s.kids[1]) and all(w != s.word for _, w in current):
+                bad.append(("merged-status", f"merged fence in slot {mi} is {fmt(s.word)}, no child is"))
+        by_d: dict[int, list[str]] = {}
+        for p, pr in zip(self.procs, procs, strict=True):
+            for fr in pr.stack:
+                if fr.fn == "recover":
+                    loc = dict(fr.locals)
+                    if "claimed" in loc:
+                        by_d.setdefault(loc["d"], []).append(p.name)
+        for d, names in by_d.items():
+            if len(names) > 1:
+                bad.append(
+                    ("two-recoverers", f"{' and '.join(names)} run the recovery of participant {d} at once")
+                )
+        for inv in self.scn.invariants:
+            bad += inv(self, st)
+        return bad
+
+    @staticmethod
+    def idle(p: Process, pr: Proc) -> bool:
+        """Waiting for a death that may never come (a watchdog polling liveness locks)."""
+        fr = pr.stack[-1]
+        if fr.fn != "main":
+            return False
+        k: int = dict(fr.locals)["op"]
+        return k < len(p.program) and p.program[k][0] == "await_dead"
+
+    def final_issues(self, st: State) -> list[Issue]:
+        """At a state where nothing but a death can happen."""
+        sh, procs = st
+        bad: list[Issue] = []
+        for p, pr, addr in zip(self.procs, procs, sh.sleep, strict=True):
+            if addr is not None:
+                bad.append(
+                    ("lost-wakeup", f"{p.name} is asleep forever on the futex of {addr[1]}[{addr[0]}]")
+                )
+            elif pr.status == RUN and not self.idle(p, pr):
+                bad.append(("stuck", f"{p.name} is blocked forever in {pr.stack[-1].fn}.{pr.stack[-1].pc}"))
+        dead = self.dead_parts(st)
+        unrecovered = {d for d in dead if sh.parts[d].state != P_FREE}
+        for i, s in enumerate(sh.slots):
+            c = s.ctl
+            if c.state in (ALLOC, DYING) and c.pidx not in unrecovered:
+                bad.append(("end-state", f"slot {i} is left {c!r}"))
+            if c.state == LIVE and s.refs == 0:
+                bad.append(("end-state", f"slot {i} is LIVE with no reference"))
+            if c.state == FREE and s.refs != 0:
+                bad.append(("end-state", f"slot {i} is FREE with refs {s.refs:#b}"))
+            if c.state == LIVE:
+                for part in range(len(sh.parts)):
+                    if s.refs >> part & 1 and (part, i, c.gen) not in sh.held:
+                        bad.append(
+                            ("leaked-ref", f"slot {i} ({c!r}) has a reference bit of {part} nobody holds")
+                        )
+            if c.state == LIVE and c.kind == MERGED and s.kids is not None and s.kids[0] == c.gen:
+                a_ = merged_aux(s.aux)
+                mask = a_[1] if a_ is not None and a_[0] == c.gen else 0
+                for j, (ci, cg) in enumerate(s.kids[1]):
+                    if not mask >> j & 1:
+                        continue
+                    cs = sh.slots[ci]
+                    ok = (
+                        cs.ctl.gen == cg
+                        and cs.ctl.state == LIVE
+                        and cs.word == 0
+                        and Link(j, c.gen, i) in cs.par
+                    )
+                    if not ok:
+                        bad.append(
+                            (
+                                "pending-mask",
+                                f"merged slot {i}: bit {j} pending but child slot {ci} is not an ACTIVE "
+                                "child linking to it",
+                            )
+                        )
+                if mask == 0 and s.word == 0:
+                    bad.append(
+                        ("lost-completion", f"merged slot {i} has no pending child but is still ACTIVE")
+                    )
+        for a, i, g in sh.held:
+            s = sh.slots[i]
+            if s.ctl.gen == g and s.ctl.state == LIVE and not s.refs >> a & 1:
+                bad.append(("lost-ref", f"{a} holds slot {i} gen {g} but its bit is not in refs"))
+        for d in dead - unrecovered:  # recovery completed
+            for i, s in enumerate(sh.slots):
+                c = s.ctl
+                if s.refs >> d & 1:
+                    bad.append(("recovery-incomplete", f"slot {i} ({c!r}) keeps dead participant {d}'s bit"))
+                if c.state in (ALLOC, DYING) and c.pidx == d:
+                    bad.append(("recovery-incomplete", f"slot {i} is left {c!r}"))
+                if (
+                    c.state == LIVE
+                    and s.owner == d
+                    and c.kind != MERGED
+                    and (s.word == 0 or (c.kind == TIMELINE and not s.word & FAILED))
+                ):
+                    bad.append(("recovery-incomplete", f"slot {i} ({c!r}) owned by dead {d} is not failed"))
+        for inv in self.scn.invariants:
+            bad += inv(self, st)
+        return bad
+
+
+def frame_summary(fn: str, L: Loc) -> str:
+    if fn == "main":
+        return "main"
+    for k in ("h", "link", "i", "d"):
+        if k in L:
+            v = L[k]
+            return (
+                f"{fn}({'slot ' + str(v) if k == 'i' else 'participant ' + str(v) if k == 'd' else repr(v)})"
+            )
+    return fn
+
+
+# ---------------------------------------------------------------------------
+# the explorer
+
+
+@dataclass
+class Violation:
+    kind: str
+    message: str
+    trace: list[str]
+
+
+@dataclass
+class Result:
+    scenario: str
+    variant: str
+    states: int = 0
+    transitions: int = 0
+    finals: int = 0
+    seconds: float = 0.0
+    complete: bool = True
+    violations: dict[str, Violation] = field(default_factory=dict)
+    notes: dict[str, list[str]] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        head = (
+            f"{self.scenario:22s} {self.variant:7s}: {self.states:6d} states, "
+            f"{self.transitions:7d} transitions, {self.finals:3d} final states, {self.seconds:5.1f} s"
+        )
+        if not self.complete:
+            head += " (stopped once the expected violation was found)"
+        if not self.violations:
+            return head + ": no violation"
+        return head + ": VIOLATIONS " + ", ".join(sorted(self.violations))
+
+
+def explore(
+    scn: Scenario, variant: str, stop_on: tuple[str, ...] = (), max_states: int = 3_000_000
+) -> Result:
+    """Breadth-first search of every interleaving; the first (shortest) trace per violation kind.
+
+    stop_on: stop as soon as every one of these kinds was found."""
+    model = Model(scn, variant)
+    t0 = time.perf_counter()
+    res = Result(scn.name, variant)
+    init = model.initial()
+    parent: dict[State, tuple[State, int, bool] | None] = {init: None}
+    queue = deque([init])
+    pending: list[tuple[str, str, State, tuple[int, bool] | None]] = []
+    note_at: dict[str, tuple[State, int]] = {}
+
+    def record(kind: str, msg: str, st: State, last: tuple[int, bool] | None) -> None:
+        if kind not in res.violations and not any(k == kind for k, _, _, _ in pending):
+            pending.append((kind, msg, st, last))
+
+    bad0 = model.state_issues(init)
+    for kind, msg in bad0:
+        record(kind, msg, init, None)
+    while queue:
+        st = queue.popleft()
+        succ = model.successors(st)
+        if all(killed for _, _, killed, _, _ in succ):
+            # final, or quiescent: only deaths can happen (a killable process may also never die)
+            res.finals += 1
+            for kind, msg in model.final_issues(st):
+                record(kind, msg, st, None)
+        for nst, pi, killed, bad, notes in succ:
+            res.transitions += 1
+            for note in notes:
+                note_at.setdefault(note, (st, pi))
+            for kind, msg in bad:
+                record(kind, msg, st, (pi, killed))
+            n = len(parent)
+            parent.setdefault(nst, (st, pi, killed))
+            if len(parent) == n:
+                continue  # seen before
+            sbad = model.state_issues(nst)
+            for kind, msg in sbad:
+                record(kind, msg, nst, None)
+            if any(k not in NONFATAL for k, _ in bad + sbad):
+                continue  # a violating state is not expanded
+            queue.append(nst)
+        # turn the pending records into traces (cheap: few)
+        for kind, msg, vst, last in pending:
+            tr = trace_to(model, parent, vst)
+            if last is not None:
+                tr.append(model.label(vst, *last))
+            res.violations[kind] = Violation(kind, msg, tr)
+        pending.clear()
+        if stop_on and all(k in res.violations for k in stop_on):
+            res.complete = False
+            break
+        if len(parent) > max_states:
+            raise ModelError(f"{scn.name}/{variant}: more than {max_states} states")
+    for key, (st, pi) in note_at.items():
+        res.notes[key] = trace_to(model, parent, st) + [model.label(st, pi, False)]
+    res.states = len(parent)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def trace_to(model: Model, parent: dict[State, tuple[State, int, bool] | None], st: State) -> list[str]:
+    path = []
+    cur = parent[st]
+    while cur is not None:
+        path.append(cur)
+        cur = parent[cur[0]]
+    path.reverse()
+    return [model.label(prev, pi, killed) for prev, pi, killed in path]
+
+
+# ---------------------------------------------------------------------------
+# the scenarios (participant indices are the bits in refs)
+
+
+def merge_reuse(sweeps: int = 1) -> Scenario:
+    return Scenario(
+        name="merge-reuse",
+        doc="""Bug 1.  P1 creates fences a, b and m = merge(a, b) (the whole table of 3 slots),
+        signals a and b, waits for m and releases m, a, b; a sweeper S (another participant's
+        watchdog) sweeps the table concurrently; P2, once P1 starts releasing m, allocates a fence
+        x (it lands in a freed slot, m's in the OLD protocol where alloc_hint points at the slot just
+        freed) and checks that x is still ACTIVE.  A resolution of m that read m's ctl before m was
+        freed must not complete x.  S sweeps once by default (NEW: about 104k states; with two
+        sweeps, ``--sweeps=2``, about 206k, too slow for the test budget).""",
+        cap=3,
+        nparts=3,
+        procs=(
+            Process(
+                "P1",
+                0,
+                (
+                    ("alloc", "a", FENCE),
+                    ("alloc", "b", FENCE),
+                    ("merge", "m", ("a", "b")),
+                    ("signal", "a", SUCCESS),
+                    ("signal", "b", SUCCESS),
+                    ("wait", "m", 1),
+                    ("mark", "P1 releases m"),
+                    ("release", "m"),
+                    ("release", "a"),
+                    ("release", "b"),
+                ),
+            ),
+            Process("S", 1, (("sweep",),) * sweeps),
+            Process(
+                "P2",
+                2,
+                (("await", "P1 releases m"), ("alloc", "x", FENCE), ("check_active", "x"), ("release", "x")),
+            ),
+        ),
+        expect_old=("stale-write", "fresh-not-active"),
+        min_states=5000,
+    )
+
+
+def merge_birth() -> Scenario:
+    return Scenario(
+        name="merge-birth",
+        doc="""P1 holds fences a and b (slots 0 and 1), merges them (slot 2), signals a ERROR and
+        b SUCCESS, waits for the merged fence and releases everything; a sweeper S sweeps once.
+        OLD: the merged slot is LIVE with an empty pending mask before merge stores the mask, and the
+        sweep completes it at birth (SUCCESS while its children are ACTIVE).  The merged status must
+        be ERROR (the first failure).""",
+        cap=3,
+        nparts=2,
+        objects=(Obj("a", 0, FENCE, (0,)), Obj("b", 1, FENCE, (0,))),
+        hint=2,
+        procs=(
+            Process(
+                "P1",
+                0,
+                (
+                    ("merge", "m", ("a", "b")),
+                    ("signal", "a", ERROR),
+                    ("signal", "b", SUCCESS),
+                    ("wait", "m", 1),
+                    ("release", "m"),
+                    ("release", "a"),
+                    ("release", "b"),
+                ),
+            ),
+            Process("S", 1, (("sweep",),)),
+        ),
+        expect_old=("merged-early",),
+        min_states=1000,
+    )
+
+
+def propagate_stale_child() -> Scenario:
+    return Scenario(
+        name="propagate-stale-child",
+        doc="""Slot 0: fence c held by P1; slot 1: M1 = merge(c) held by P1; slot 2: a fence held by
+        P2 (so the table is full).  P1 signals c, releases c, then M1.  P2 allocates a fence f (it can
+        only get c's or M1's freed slot) and merges it into M2.  The sweeper S, which read c's word
+        before c was freed, must not use the links of whatever is in c's slot later: in the OLD
+        protocol it reads f's link to M2 and clears M2's bit, completing M2 while f is ACTIVE.""",
+        cap=3,
+        nparts=3,
+        objects=(
+            Obj("c", 0, FENCE, (0,)),
+            Obj("M1", 1, MERGED, (0,), children=("c",)),
+            Obj("y", 2, FENCE, (2,)),
+        ),
+        procs=(
+            Process("P1", 0, (("signal", "c", SUCCESS), ("release", "c"), ("release", "M1"))),
+            Process("S", 1, (("sweep",),)),
+            Process("P2", 2, (("alloc", "f", FENCE), ("merge", "M2", ("f",)))),
+        ),
+        expect_old=("merged-early",),
+        min_states=1000,
+    )
+
+
+def timeline_lost_wakeup() -> Scenario:
+    return Scenario(
+        name="timeline-lost-wakeup",
+        doc="""A timeline t at 0 held by P1 and P2.  P1 waits for t >= 1; P2 signals t = 2^32, whose
+        low 32 bits are those of 0.  OLD: the futex is the word's low half, unchanged by the signal:
+        a waiter that read 0 before the signal and sleeps after the wake sleeps forever (the real code
+        sleeps at most poll_ns; the model has no timeout, to show the lost wake-up).  NEW: sleepers
+        wait on the wake sequence, read before the word.""",
+        cap=1,
+        nparts=2,
+        objects=(Obj("t", 0, TIMELINE, (0, 1)),),
+        procs=(Process("P1", 0, (("wait", "t", 1),)), Process("P2", 1, (("tl_signal", "t", FUTEX_MOD),))),
+        expect_old=("lost-wakeup",),
+        min_states=15,
+    )
+
+
+def recovery_stale_write() -> Scenario:
+    return Scenario(
+        name="recovery-stale-write",
+        doc="""Participant D owns fence f (slot 0, imported by P1 before the start) and fence g
+        (slot 1, held only by D).  D releases f; D is killed at any point (also after its program).
+        P1 releases f; P2 allocates a fence x (it waits for a free slot: f's or g's) and checks it is
+        ACTIVE, then releases it; R (joined) waits until D's liveness lock is free and recovers D.
+        OLD: R reads f's ctl and owner, f is freed and x allocated in its slot, R's OWNER_DIED CAS
+        lands on x.  After the recovery: g is OWNER_DIED (or freed), no D bit, no slot stuck.""",
+        cap=2,
+        nparts=4,
+        objects=(Obj("f", 0, FENCE, (0, 1), owner=0), Obj("g", 1, FENCE, (0,), owner=0)),
+        procs=(
+            Process("D", 0, (("release", "f"),), killable=True),
+            Process("P1", 1, (("release", "f"),)),
+            Process("P2", 2, (("alloc", "x", FENCE), ("check_active", "x"), ("release", "x"))),
+            Process("R", 3, (("await_dead", 0), ("recover", 0))),
+        ),
+        expect_old=("stale-write", "fresh-not-active"),
+        min_states=1000,
+    )
+
+
+def two_recoverers() -> Scenario:
+    return Scenario(
+        name="two-recoverers",
+        doc="""D (participant 0) is dead at the start; it owns f (slot 0, also held by P1) and g
+        (slot 1, held only by D).  R1 (not joined: records 255) and R2 (joined) both recover D while
+        P1 releases f and P2 allocates a fence x, checks it is ACTIVE and releases it.  OLD: R2 may
+        take over R1's claim (255) while R1 is inside a slot's steps; NEW: D's liveness lock admits
+        one recoverer at a time.""",
+        cap=2,
+        nparts=4,
+        dead=(0,),
+        objects=(Obj("f", 0, FENCE, (0, 1), owner=0), Obj("g", 1, FENCE, (0,), owner=0)),
+        procs=(
+            Process("P1", 1, (("release", "f"),)),
+            Process("P2", 2, (("alloc", "x", FENCE), ("check_active", "x"), ("release", "x"))),
+            Process("R1", None, (("recover", 0),)),
+            Process("R2", 3, (("recover", 0),)),
+        ),
+        expect_old=("two-recoverers", "stale-write"),
+        min_states=1000,
+    )
+
+
+def recovery_vs_import() -> Scenario:
+    return Scenario(
+        name="recovery-vs-import",
+        doc="""D (participant 0) is dead at the start; it owned fence f (slot 0), now held only by P1.
+        P1 releases f; P3, which has f's handle, imports it, waits for it (it must complete:
+        OWNER_DIED, or CANCEL if it was freed first) and releases it; R recovers D.  P1's release
+        may go LIVE -> DYING and roll back because a bit appeared (R's pin, P3's import); a recovery
+        that takes that transient DYING for "another object" and skips the slot leaves f ACTIVE,
+        held by P3, with its owner dead: P3 sleeps forever.""",
+        cap=1,
+        nparts=4,
+        dead=(0,),
+        objects=(Obj("f", 0, FENCE, (1,), owner=0),),
+        procs=(
+            Process("P1", 1, (("release", "f"),)),
+            Process("P3", 2, (("import", "f"), ("wait", "f", 1), ("release", "f"))),
+            Process("R", 3, (("recover", 0),)),
+        ),
+        expect_old=("lost-wakeup",),
+        min_states=100,
+    )
+
+
+def timeline_owner_died() -> Scenario:
+    return Scenario(
+        name="timeline-owner-died",
+        doc="""Timeline t (slot 0, at 0) owned by D, held by D and P1.  D signals t = 2^32 and may be
+        killed at any point; P1 waits for t >= 1 and releases t; R waits until D's lock is free
+        and recovers D (timeline branch: aux = value, word = FAILED | OWNER_DIED, wake).  Whatever
+        happens, P1 must wake up and t must end failed.  OLD: the 2^32 jump is invisible to the
+        futex (lost wake-up, as in timeline-lost-wakeup).""",
+        cap=1,
+        nparts=3,
+        objects=(Obj("t", 0, TIMELINE, (0, 1), owner=0),),
+        procs=(
+            Process("D", 0, (("tl_signal", "t", FUTEX_MOD),), killable=True),
+            Process("P1", 1, (("wait", "t", 1), ("release", "t"))),
+            Process("R", 2, (("await_dead", 0), ("recover", 0))),
+        ),
+        expect_old=("lost-wakeup",),
+        min_states=100,
+    )
+
+
+def scenarios() -> list[Scenario]:
+    return [
+        merge_reuse(),
+        merge_birth(),
+        propagate_stale_child(),
+        timeline_lost_wakeup(),
+        recovery_stale_write(),
+        two_recoverers(),
+        recovery_vs_import(),
+        timeline_owner_died(),
+    ]
+
+
+def scenario(name: str, sweeps: int = 1) -> Scenario:
+    for scn in scenarios():
+        if scn.name == name:
+            return merge_reuse(sweeps) if name == "merge-reuse" else scn
+    raise KeyError(name)
+
+
+def explore_by_name(name: str, variant: str, stop_on: tuple[str, ...] = ()) -> Result:
+    """explore(scenario(name), ...): a picklable job for a process pool."""
+    return explore(scenario(name), variant, stop_on=stop_on)
+
+
+def report(res: Result, out: Any = None, max_notes: int = 3) -> None:
+    out = out or sys.stdout
+    print(res.summary(), file=out)
+    for kind in sorted(res.violations):
+        v = res.violations[kind]
+        print(f"  [{kind}] {v.message}", file=out)
+        for line in v.trace:
+            print(f"      {line}", file=out)
+    if res.notes:
+        print(f"  benign writes to FREE/uninitialised slots ({len(res.notes)} kinds), e.g.:", file=out)
+        for n in list(res.notes)[:max_notes]:
+            print(f"      {n}", file=out)
+
+
+def main(argv: list[str]) -> int:
+    """python tests/protocol_model.py [--quick] [--no-fix] [--sweeps=N] [scenario ...]
+
+    Every scenario against OLD and NEW, then NEW+fix (NEW with the changes the model suggests).
+    --quick: stop the OLD search once the violations the scenario expects are found (the full
+    OLD searches take about a minute, two-recoverers most of it).  --sweeps=2: the sweeper of
+    merge-reuse sweeps twice (about twice the states)."""
+    quick = "--quick" in argv
+    variants = VARIANTS if "--no-fix" in argv else ALL_VARIANTS
+    sweeps = 1
+    for a in argv:
+        if a.startswith("--sweeps="):
+            sweeps = int(a.split("=", 1)[1])
+    names = {a for a in argv if not a.startswith("--")}
+    known = {s.name for s in scenarios()}
+    if names - known:
+        print(f"unknown scenario(s) {sorted(names - known)}; known: {sorted(known)}")
+        return 2
+    t0 = time.perf_counter()
+    for scn in scenarios():
+        if names and scn.name not in names:
+            continue
+        scn = scenario(scn.name, sweeps)
+        print(f"== {scn.name}: {' '.join(scn.doc.split())}")
+        for variant in variants:
+            stop = scn.expect_old if quick and variant == OLD else ()
+            report(explore(scn, variant, stop_on=stop))
+        print()
+    print(f"total {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
