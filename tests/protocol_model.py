@@ -96,25 +96,27 @@ What is abstracted or left out
 
 Variants
 --------
-``OLD`` is the landed code.  ``NEW`` is the rewrite as specified: seqlock reads
-in propagate, CAS2 completion of merged fences, the pending mask set before
-publication, links and aux cleared before FREE, alloc_hint only advancing,
-timeline sleepers on a wake sequence, recovery under the dead participant's
-liveness lock with pinning; drop_ref and import unchanged.  ``NEW+fix`` is NEW
-plus two changes the model suggests (see the traces of recovery-stale-write
+``OLD`` is the landed code of ABI version 1.  ``DRAFT`` is the rewrite as
+first specified: seqlock reads in propagate, CAS2 completion of merged
+fences, the pending mask set before publication, links and aux cleared before
+FREE, alloc_hint only advancing, timeline sleepers on a wake sequence,
+recovery under the dead participant's liveness lock with pinning; drop_ref and
+import unchanged.  ``NEW`` is what src/hostless/_core.c implements: DRAFT plus
+the two changes this model asked for (see the traces of recovery-stale-write
 and recovery-vs-import): drop_ref reads refs between two reads of ctl and
 retries if ctl moved; a recovery that finds the slot DYING by someone else, or
-whose pin check sees the same generation DYING or LIVE again, waits for the
-slot to settle and examines it again instead of skipping it.
+whose pin check sees the same generation DYING, waits for the slot to settle
+and examines it again instead of skipping it.  (Comments below that say "NEW"
+describe what DRAFT and NEW share; "NEW+fix" marks the two changes.)
 
 What it finds (``python tests/protocol_model.py``)
 ---------------------------------------------------
-OLD: every bug the scenarios are about.  NEW: none of those, but two others:
+OLD: every bug the scenarios are about.  DRAFT: none of those, but two others:
 a leaked slot (LIVE, refs 0) when the undo drop_ref of a failed recovery pin
 acts on the next object in the slot (recovery-stale-write), and a fence owned
 by a dead participant left ACTIVE forever when the recovery skips a slot that
 is only transiently DYING while an importer takes a reference
-(recovery-vs-import).  NEW+fix: nothing.
+(recovery-vs-import).  NEW: nothing.
 """
 
 from __future__ import annotations
@@ -126,12 +128,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
-OLD = "OLD"
-NEW = "NEW"
-# NEW plus one change the model suggests: drop_ref reads ctl BEFORE refs (see p_drop_ref)
-NEW_FIX = "NEW+fix"
+OLD = "OLD"  # ABI version 1, the landed code
+DRAFT = "DRAFT"  # the write rule as first specified (two bugs, found by this model)
+NEW = "NEW"  # DRAFT plus the model's two fixes: what _core.c implements
 VARIANTS = (OLD, NEW)
-ALL_VARIANTS = (OLD, NEW, NEW_FIX)
+ALL_VARIANTS = (OLD, DRAFT, NEW)
 
 # slot states, kinds
 FREE, ALLOC, LIVE, DYING = "FREE", "ALLOC", "LIVE", "DYING"
@@ -1536,8 +1537,8 @@ class Model:
         self.cap = scn.cap
         self.maxpar = scn.maxpar
         self.killable = tuple(pi for pi, p in enumerate(scn.procs) if p.killable)
-        self.new = variant in (NEW, NEW_FIX)
-        self.fix = variant == NEW_FIX
+        self.new = variant in (DRAFT, NEW)
+        self.fix = variant == NEW
 
     # -- states
     def initial(self) -> State:
@@ -2168,14 +2169,14 @@ def report(res: Result, out: Any = None, max_notes: int = 3) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """python tests/protocol_model.py [--quick] [--no-fix] [--sweeps=N] [scenario ...]
+    """python tests/protocol_model.py [--quick] [--no-draft] [--sweeps=N] [scenario ...]
 
-    Every scenario against OLD and NEW, then NEW+fix (NEW with the changes the model suggests).
+    Every scenario against OLD, DRAFT and NEW (the implemented protocol); --no-draft skips DRAFT.
     --quick: stop the OLD search once the violations the scenario expects are found (the full
     OLD searches take about a minute, two-recoverers most of it).  --sweeps=2: the sweeper of
     merge-reuse sweeps twice (about twice the states)."""
     quick = "--quick" in argv
-    variants = VARIANTS if "--no-fix" in argv else ALL_VARIANTS
+    variants = VARIANTS if "--no-draft" in argv else ALL_VARIANTS
     sweeps = 1
     for a in argv:
         if a.startswith("--sweeps="):
