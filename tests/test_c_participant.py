@@ -54,38 +54,39 @@ int main(int argc, char **argv) {
     if (base == MAP_FAILED) { perror("mmap"); return 4; }
     hl_u64 size = (hl_u64)sb.st_size;
 
-    printf("validate %d\n", hl_domain_validate(base, size));
-    printf("validate_short %d\n", hl_domain_validate(base, size - HL_PAGE));
-    printf("validate_tiny %d\n", hl_domain_validate(base, 100));
-    printf("bad_status %d %d %d\n", hl_fence_signal(base, fh, 0), hl_fence_signal(base, fh, 5),
-           hl_fence_signal(base, fh, 63));
-    printf("timeline_as_fence %d\n", hl_fence_signal(base, th, HL_STATUS_SUCCESS));
-    printf("fence_as_timeline %d\n", hl_timeline_signal(base, fh, v));
-    printf("stale %d\n", hl_fence_signal(base, fh ^ (1ull << 24), HL_STATUS_SUCCESS));
-    printf("foreign %d\n", hl_fence_signal(base, fh ^ (1ull << 57), HL_STATUS_SUCCESS));
-    printf("out_of_table %d\n", hl_fence_signal(base, (fh & ~0xffffffull) | 0xffffffull, HL_STATUS_SUCCESS));
-    printf("word_ok %d\n", hl_word(base, fh) != 0 && hl_word(base, fh ^ (1ull << 57)) == 0);
+    struct hl_dom dd, *d = &dd, other;
+    printf("validate %d\n", hl_attach(d, base, size)); /* once: then only the private view is used */
+    printf("validate_short %d\n", hl_attach(&other, base, size - HL_PAGE));
+    printf("validate_tiny %d\n", hl_attach(&other, base, 100));
+    printf("bad_status %d %d %d\n", hl_fence_signal(d, fh, 0), hl_fence_signal(d, fh, 5),
+           hl_fence_signal(d, fh, 63));
+    printf("timeline_as_fence %d\n", hl_fence_signal(d, th, HL_STATUS_SUCCESS));
+    printf("fence_as_timeline %d\n", hl_timeline_signal(d, fh, v));
+    printf("stale %d\n", hl_fence_signal(d, fh ^ (1ull << 24), HL_STATUS_SUCCESS));
+    printf("foreign %d\n", hl_fence_signal(d, fh ^ (1ull << 57), HL_STATUS_SUCCESS));
+    printf("out_of_table %d\n", hl_fence_signal(d, (fh & ~0xffffffull) | 0xffffffull, HL_STATUS_SUCCESS));
+    printf("word_ok %d\n", hl_word(d, fh) != 0 && hl_word(d, fh ^ (1ull << 57)) == 0);
     hl_u32 st = 0;
-    int rc = hl_fence_poll(base, fh, &st);
+    int rc = hl_fence_poll(d, fh, &st);
     printf("poll %d %u\n", rc, st);
     fflush(stdout);
 
     /* wait for Python's go fence like a device would: poll word >= 1 */
     struct timespec nap = {0, 200000};
     for (int i = 0; i < 100000; i++) {
-        if (hl_fence_poll(base, go, &st) != HL_OK || st != HL_STATUS_ACTIVE) break;
+        if (hl_fence_poll(d, go, &st) != HL_OK || st != HL_STATUS_ACTIVE) break;
         nanosleep(&nap, NULL);
     }
     printf("go %u\n", st);
 
-    printf("signal %d\n", hl_fence_signal(base, fh, 100));
-    printf("again %d\n", hl_fence_signal(base, fh, HL_STATUS_SUCCESS));
-    printf("child %d\n", hl_fence_signal(base, ch, HL_STATUS_ERROR));
-    printf("tl %d\n", hl_timeline_signal(base, th, v));
-    printf("tl_same %d\n", hl_timeline_signal(base, th, v));
-    printf("tl_too_big %d\n", hl_timeline_signal(base, th, HL_TIMELINE_MAX + 1));
+    printf("signal %d\n", hl_fence_signal(d, fh, 100));
+    printf("again %d\n", hl_fence_signal(d, fh, HL_STATUS_SUCCESS));
+    printf("child %d\n", hl_fence_signal(d, ch, HL_STATUS_ERROR));
+    printf("tl %d\n", hl_timeline_signal(d, th, v));
+    printf("tl_same %d\n", hl_timeline_signal(d, th, v));
+    printf("tl_too_big %d\n", hl_timeline_signal(d, th, HL_TIMELINE_MAX + 1));
     hl_u64 w = 0;
-    rc = hl_timeline_poll(base, th, &w);
+    rc = hl_timeline_poll(d, th, &w);
     printf("tl_poll %d %llu\n", rc, (unsigned long long)w);
     fflush(stdout);
     munmap(base, (size_t)size);
@@ -194,8 +195,9 @@ def test_header_compiles(tmp_path: Path, compiler: str, flags: list[str]) -> Non
         "int main(void) {\n"
         "    static unsigned char page[HL_HEADER_SIZE];\n"
         "    hl_u32 st = 0; hl_u64 w = 0;\n"
-        "    int rc = hl_domain_validate(page, sizeof page);\n"
-        "    rc += hl_fence_poll(page, 1, &st) + hl_timeline_poll(page, 1, &w);\n"
+        "    struct hl_dom d;\n"
+        "    int rc = hl_attach(&d, page, sizeof page);\n"
+        "    rc += hl_fence_poll(&d, 1, &st) + hl_timeline_poll(&d, 1, &w);\n"
         "    return rc == HL_E_CORRUPT + 2 * HL_E_HANDLE ? 0 : 1;\n"
         "}\n"
     )

@@ -44,3 +44,108 @@ def test_trace_capacity_rewritten_after_attach(domain_name: str) -> None:
     r = run_child(body, domain_name)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     assert "check []" in r.stdout
+
+
+def _run_ok(body: str, *args: object) -> str:
+    r = run_child(POKE + body, *args, timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stdout[-1000:], r.stderr[-2000:])
+    return r.stdout
+
+
+def test_heap_layout_rewritten_after_attach(domain_name: str) -> None:
+    """The heap's data_offset / bitmap_offset / granules / data_size and the
+    header's heap_offset / fences_offset are used from the private view taken
+    at attach (they were re-read: SIGSEGV in buffer(), or a silent write
+    outside the mapping)."""
+    out = _run_ok(
+        """
+    from hostless._abi import C
+    name = sys.argv[1]
+    with hl.Domain.create(name, heap="1M", fences=64) as d:
+        h = d.header()
+        hoff = int(h["heap_offset"])
+        b = d.buffer((64,), "u1")
+        for field in ("HP_DATA_OFFSET", "HP_BITMAP_OFFSET", "HP_GRANULES", "HP_DATA_SIZE"):
+            poke(name, hoff + int(getattr(C, field)), (1 << 63) + 4096)
+        poke(name, int(C.H_HEAP_OFFSET), 1 << 62)
+        poke(name, int(C.H_FENCES_OFFSET), 1 << 62)
+        for _ in range(50):
+            x = d.buffer((1000,), "u1")
+            x.numpy()[:] = 7
+            x.release()
+        f = d.fence()
+        f.signal()
+        f.release()
+        b.numpy()[:] = 1
+        print("sum", int(b.numpy().sum()))
+        b.release()
+        d.check()  # may report the corrupt header; must not crash
+        print("done")
+    """,
+        domain_name,
+    )
+    assert "sum 64" in out and "done" in out
+
+
+def test_queue_offsets_overflow_and_cell_ahead(domain_name: str) -> None:
+    """Queue cells_offset / packets_offset chosen so that a naive bounds check
+    overflows 64-bit arithmetic, and a cell whose sequence is ahead of
+    write_index: a clear CorruptDomain error (was SIGSEGV / an endless spin),
+    also in a process that opens the domain afterwards."""
+    out = _run_ok(
+        """
+    import subprocess
+    from hostless._abi import C
+    from hostless.queue import Packet
+    name = sys.argv[1]
+    with hl.Domain.create(name, heap="1M", fences=64) as d:
+        q = d.queue(8)
+        qaddr, cells, packets, cap = d._core.queue_view(q.handle)
+        qoff = qaddr - d._core.address()
+        pk = Packet(kernel=1).encode()
+        q.push(pk)
+        poke(name, qoff + int(C.Q_CELLS_OFFSET), (1 << 64) - 8)
+        poke(name, qoff + int(C.Q_PACKETS_OFFSET), (1 << 64) - 64)
+        for attempt in range(2):
+            try:
+                q.push(pk, timeout=0.1)
+                print("pushed?!")
+            except hl.CorruptDomain as e:
+                print("corrupt:", e)
+        poke(name, qoff + int(C.Q_CELLS_OFFSET), int(C.QUEUE_HEADER_SIZE))
+        poke(name, qoff + int(C.Q_PACKETS_OFFSET), (1 << 63))
+        try:
+            q.push(pk, timeout=0.1)
+        except hl.CorruptDomain as e:
+            print("corrupt2:", e)
+        # restore the layout, then put a cell ahead of write_index
+        poke(name, qoff + int(C.Q_PACKETS_OFFSET), packets - qaddr)
+        w = int(q.info()["write_index"])
+        cell = cells - d._core.address() + 8 * (w % cap)
+        poke(name, cell, ((w + 5 * cap) << 16) | 0)
+        t0 = time.monotonic()
+        try:
+            q.push(pk, timeout=1.0)
+            print("pushed?!")
+        except hl.CorruptDomain as e:
+            print("ahead:", e, round(time.monotonic() - t0, 1))
+        # a process that opens the domain now gets errors too
+        code = (
+            "import sys, hostless as hl\\n"
+            "from hostless.queue import Packet\\n"
+            "d = hl.Domain.open(sys.argv[1])\\n"
+            "q = d.import_queue(int(sys.argv[2]))\\n"
+            "try:\\n"
+            "    q.push(Packet(kernel=1).encode(), timeout=0.1)\\n"
+            "except hl.HostlessError as e:\\n"
+            "    print('child:', type(e).__name__)\\n"
+            "d.close()\\n"
+        )
+        r = subprocess.run([sys.executable, "-c", code, name, str(q.handle)], capture_output=True, text=True)
+        print("child rc", r.returncode, r.stdout.strip(), r.stderr[-300:])
+    """,
+        domain_name,
+    )
+    assert out.count("corrupt:") == 2 and "corrupt2:" in out, out
+    assert "ahead:" in out and "pushed?!" not in out, out
+    assert "child rc 0 child: CorruptDomain" in out, out

@@ -103,6 +103,7 @@ typedef struct {
     uint32_t kick; /* private futex word for wait_any */
     long long spin_ns; /* default spin of waits through Handle */
     uint64_t poll_ns;  /* hl_header.poll_ns, validated at attach (private copy) */
+    struct hl_dom dv;       /* the layout, validated once at attach (hostless.h): never re-read */
     struct hl_trace *trace; /* NULL when the domain has no trace ring */
     uint64_t trace_cap;     /* its capacity in events, validated at attach (private copy) */
     int closing;            /* leave() in progress: GIL-free loops bail out */
@@ -115,7 +116,6 @@ typedef struct {
 #define CLOSING(c) __atomic_load_n(&(c)->closing, __ATOMIC_SEQ_CST)
 
 static int part_lock_held(Core *c, int i);
-static struct hl_trace *trace_ring(Core *c);
 static void trace_emit(Core *c, uint32_t type, uint64_t a, uint64_t b, uint64_t cc, uint64_t d, uint64_t e);
 static void propagate(Core *c, uint32_t idx, int depth);
 static int recover_participant(Core *c, int d, uint64_t pctl);
@@ -297,33 +297,9 @@ static void sweep(Core *c) {
 /* ------------------------------------------------------------------ */
 /* the shared heap (layout and rules in hostless.h, "Buffers") */
 
-static struct hl_heap *heap(Core *c) {
-    if (c->h->heap_size < HL_PAGE) return NULL;
-    struct hl_heap *hp = (struct hl_heap *)(c->base + c->h->heap_offset);
-    if (hp->magic != HL_HEAP_MAGIC) return NULL;
-    /* bounds were checked at attach (heap_ok) */
-    return hp;
-}
-
-static inline uint64_t *heap_bitmap(Core *c, struct hl_heap *hp) {
-    return (uint64_t *)((char *)hp + hp->bitmap_offset);
-}
-
-/* Validate the heap header against the region (called at attach). */
-static int heap_ok(struct hl_header *h, const char *base) {
-    if (h->heap_size == 0) return 1;
-    if (h->heap_size < HL_PAGE) return 0;
-    const struct hl_heap *hp = (const struct hl_heap *)(base + h->heap_offset);
-    if (hp->magic != HL_HEAP_MAGIC) return 0;
-    uint64_t bm_bytes = (hp->granules + 63) / 64 * 8;
-    if (hp->bitmap_offset < sizeof(struct hl_heap) || hp->bitmap_offset > h->heap_size ||
-        bm_bytes > h->heap_size - hp->bitmap_offset)
-        return 0;
-    if (hp->data_offset % HL_PAGE || hp->data_offset < hp->bitmap_offset + bm_bytes || hp->data_offset > h->heap_size)
-        return 0;
-    if (hp->data_size != hp->granules * HL_GRANULE || hp->data_size > h->heap_size - hp->data_offset) return 0;
-    return 1;
-}
+/* The heap of the private view (hl_attach validated its header once; its
+ * layout values are never re-read from shared memory), or NULL. */
+static struct hl_heap *heap(Core *c) { return c->dv.heap; }
 
 /* Layout of a heap region able to hold `want` data bytes. */
 static void heap_layout(uint64_t want, uint64_t *bitmap_off, uint64_t *granules, uint64_t *data_off,
@@ -396,15 +372,15 @@ static void bits_set(uint64_t *bm, uint64_t g, uint64_t n, int on) {
 
 /* Rebuild the bitmap from the buffer slots (lock held). */
 static void heap_repair(Core *c, struct hl_heap *hp) {
-    uint64_t *bm = heap_bitmap(c, hp);
-    memset(bm, 0, (hp->granules + 63) / 64 * 8);
+    uint64_t *bm = c->dv.heap_bitmap;
+    memset(bm, 0, (c->dv.heap_granules + 63) / 64 * 8);
     uint64_t used = 0;
     for (uint32_t i = 0; i < c->cap; i++) {
         struct hl_fence *f = slot(c, i);
         uint64_t ctl = ld(&f->ctl);
         if (HL_CTL_STATE(ctl) == HL_SLOT_FREE || !HAS_BLOCK(HL_CTL_KIND(ctl))) continue;
         uint64_t g = ld(&f->parents[0]), n = ld(&f->parents[1]);
-        if (n == 0 || g > hp->granules || n > hp->granules - g) continue; /* check() reports bad extents */
+        if (n == 0 || g > c->dv.heap_granules || n > c->dv.heap_granules - g) continue; /* check() reports bad extents */
         bits_set(bm, g, n, 1);
         used += n;
     }
@@ -414,10 +390,11 @@ static void heap_repair(Core *c, struct hl_heap *hp) {
 
 /* First fit of n granules starting at a multiple of `align` granules, from
  * the hint, wrapping once.  Returns the first granule or UINT64_MAX. */
-static uint64_t heap_find(struct hl_heap *hp, const uint64_t *bm, uint64_t n, uint64_t align) {
-    uint64_t G = hp->granules;
+static uint64_t heap_find(Core *c, struct hl_heap *hp, const uint64_t *bm, uint64_t n, uint64_t align) {
+    uint64_t G = c->dv.heap_granules;
     if (n > G) return UINT64_MAX;
-    uint64_t hint = hp->hint < G ? hp->hint : 0;
+    uint64_t hint = __atomic_load_n(&hp->hint, __ATOMIC_RELAXED); /* read once: checked, then used */
+    if (hint >= G) hint = 0;
     for (int pass = 0; pass < 2; pass++) {
         uint64_t g = pass == 0 ? hint : 0;
         uint64_t end = pass == 0 ? G : hint + n;
@@ -464,8 +441,8 @@ static uint64_t last_set(const uint64_t *bm, uint64_t lo, uint64_t hi) {
 /* Last fit: the highest aligned free run of n granules.  Large blocks are
  * placed from the top of the heap down, small ones from the bottom up, so
  * that the two kinds do not cut each other's free space into pieces. */
-static uint64_t heap_find_down(struct hl_heap *hp, const uint64_t *bm, uint64_t n, uint64_t align) {
-    uint64_t G = hp->granules;
+static uint64_t heap_find_down(Core *c, const uint64_t *bm, uint64_t n, uint64_t align) {
+    uint64_t G = c->dv.heap_granules;
     if (n == 0 || n > G) return UINT64_MAX;
     uint64_t g = (G - n) / align * align;
     for (;;) {
@@ -477,10 +454,10 @@ static uint64_t heap_find_down(struct hl_heap *hp, const uint64_t *bm, uint64_t 
 }
 
 /* Largest free run and free total, for stats (lock held). */
-static void heap_scan(struct hl_heap *hp, const uint64_t *bm, uint64_t *free_g, uint64_t *largest, uint64_t *runs) {
+static void heap_scan(Core *c, const uint64_t *bm, uint64_t *free_g, uint64_t *largest, uint64_t *runs) {
     uint64_t cur = 0, fr = 0, lg = 0, nr = 0;
-    for (uint64_t g = 0; g < hp->granules; g++) {
-        if (g % 64 == 0 && hp->granules - g >= 64 && (bm[g / 64] == 0 || bm[g / 64] == ~0ull)) {
+    for (uint64_t g = 0; g < c->dv.heap_granules; g++) {
+        if (g % 64 == 0 && c->dv.heap_granules - g >= 64 && (bm[g / 64] == 0 || bm[g / 64] == ~0ull)) {
             if (bm[g / 64] == 0) {
                 if (cur == 0) nr++;
                 cur += 64;
@@ -515,8 +492,8 @@ static void heap_free_block(Core *c, uint32_t idx) {
     struct hl_fence *f = slot(c, idx);
     heap_lock(c, hp);
     uint64_t g = ld(&f->parents[0]), n = ld(&f->parents[1]);
-    if (n && g <= hp->granules && n <= hp->granules - g) {
-        bits_set(heap_bitmap(c, hp), g, n, 0);
+    if (n && g <= c->dv.heap_granules && n <= c->dv.heap_granules - g) {
+        bits_set(c->dv.heap_bitmap, g, n, 0);
         hp->used_granules -= n <= hp->used_granules ? n : hp->used_granules;
         if (g < hp->hint) hp->hint = g;
     }
@@ -739,17 +716,18 @@ static int pin(Core *c, uint32_t idx, uint64_t ctl, uint64_t bit, uint32_t actor
  * is pinned by the caller. */
 static void recover_queue(Core *c, uint32_t idx, uint64_t ctl, int d, uint32_t dinc) {
     uint64_t qh = HL_HANDLE(c->tag, HL_KIND_QUEUE, HL_CTL_GEN(ctl), idx);
-    struct hl_queue *q = hl_queue_get(c->base, qh);
+    struct hl_qview v;
     uint64_t dbit = 1ull << d;
-    if (!q) return;
-    uint64_t *cells = (uint64_t *)((char *)q + q->cells_offset);
-    struct hl_packet *pk = (struct hl_packet *)((char *)q + q->packets_offset);
+    if (hl_queue_open(&c->dv, qh, &v) != HL_OK) return; /* corrupt: check() reports it */
+    struct hl_queue *q = v.q;
+    uint64_t *cells = v.cells;
+    struct hl_packet *pk = v.packets;
     int skipped = 0;
-    for (uint32_t k = 0; k < q->capacity; k++) {
+    for (uint64_t k = 0; k < v.capacity; k++) {
         uint64_t cl = ld(&cells[k]);
         if (HL_CELL_STATE(cl) != HL_CELL_RESERVED || HL_CELL_PRODUCER(cl) != (uint32_t)d) continue;
         uint64_t sig = pk[k].signal;
-        struct hl_fence *sf = sig ? hl_fence_slot(c->base, sig, 0) : NULL;
+        struct hl_fence *sf = sig ? hl_fence_slot(&c->dv, sig, 0) : NULL;
         uint32_t sk = HL_HANDLE_KIND(sig);
         if (sf && (sk == HL_KIND_TIMELINE || sk == HL_KIND_FENCE)) {
             uint32_t si = (uint32_t)HL_HANDLE_INDEX(sig);
@@ -1112,8 +1090,8 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
     c->size = size;
     c->fd = fd;
     c->h = (struct hl_header *)c->base;
-    if (__atomic_load_n(&c->h->ready, __ATOMIC_ACQUIRE) != 1 || hl_domain_validate(c->base, size) != HL_OK ||
-        !heap_ok(c->h, c->base)) {
+    /* validate once; from here on only the private view c->dv is used */
+    if (__atomic_load_n(&c->h->ready, __ATOMIC_ACQUIRE) != 1 || hl_attach(&c->dv, c->base, size) != HL_OK) {
         const struct hl_header *h = c->h;
         char why[160];
         if (h->magic != HL_MAGIC)
@@ -1132,13 +1110,14 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
         hl_err(E_Corrupt, "not a valid hostless domain: %s", why);
         return NULL;
     }
-    c->parts = hl_participants(c->base);
-    c->fences = (struct hl_fence *)(c->base + c->h->fences_offset);
-    c->cap = c->h->fence_capacity;
-    c->pcap = c->h->participant_capacity;
-    c->tag = c->h->tag;
-    c->poll_ns = c->h->poll_ns; /* validated by hl_domain_validate: within [HL_POLL_MIN_NS, HL_POLL_MAX_NS] */
-    c->trace = trace_ring(c);
+    c->parts = c->dv.parts;
+    c->fences = c->dv.fences;
+    c->cap = c->dv.fence_capacity;
+    c->pcap = c->dv.participant_capacity;
+    c->tag = c->dv.tag;
+    c->poll_ns = c->dv.poll_ns; /* within [HL_POLL_MIN_NS, HL_POLL_MAX_NS] */
+    c->trace = c->dv.trace;
+    c->trace_cap = c->dv.trace_capacity;
     c->lrefs = PyMem_Calloc(c->cap, sizeof(uint32_t));
     c->lgen = PyMem_Calloc(c->cap, sizeof(uint32_t));
     if (!c->lrefs || !c->lgen) {
@@ -1855,17 +1834,6 @@ static void queue_init(struct hl_queue *q, uint32_t cap) {
 }
 
 /* ---- trace ring ---- */
-/* The trace ring, validated at attach; its capacity is kept in c->trace_cap
- * (a capacity rewritten in shared memory later is never used). */
-static struct hl_trace *trace_ring(Core *c) {
-    if (c->h->trace_size < 128) return NULL;
-    struct hl_trace *t = (struct hl_trace *)(c->base + c->h->trace_offset);
-    uint64_t cap = t->capacity;
-    if (t->magic != HL_TRACE_MAGIC || cap == 0 || cap > (c->h->trace_size - 64) / 64) return NULL;
-    c->trace_cap = cap;
-    return t;
-}
-
 static void trace_emit_at(Core *c, uint64_t ts, uint32_t type, uint64_t a, uint64_t b, uint64_t cc, uint64_t d,
                           uint64_t e) {
     struct hl_trace *t = c->trace;
@@ -1901,11 +1869,11 @@ static int do_block_new(Core *c, uint32_t kind, uint64_t nbytes, const void *met
         PyErr_SetString(PyExc_ValueError, "a buffer needs at least one byte");
         return -1;
     }
-    if (nbytes > hp->data_size) {
+    if (nbytes > c->dv.heap_data_size) {
         hl_err(E_OOM, "cannot allocate %llu bytes from the shared heap: %llu of %llu bytes free",
                (unsigned long long)nbytes,
-               (unsigned long long)((hp->granules - ld(&hp->used_granules)) * HL_GRANULE),
-               (unsigned long long)hp->data_size);
+               (unsigned long long)((c->dv.heap_granules - ld(&hp->used_granules)) * HL_GRANULE),
+               (unsigned long long)c->dv.heap_data_size);
         return -1;
     }
     int large = nbytes >= HL_LARGE_BUFFER;
@@ -1922,13 +1890,13 @@ static int do_block_new(Core *c, uint32_t kind, uint64_t nbytes, const void *met
     struct hl_fence *f = slot(c, (uint32_t)idx);
     uint64_t g, used;
     heap_lock(c, hp);
-    uint64_t *bm = heap_bitmap(c, hp);
-    g = large ? heap_find_down(hp, bm, n, align) : heap_find(hp, bm, n, align);
+    uint64_t *bm = c->dv.heap_bitmap;
+    g = large ? heap_find_down(c, bm, n, align) : heap_find(c, hp, bm, n, align);
     if (g != UINT64_MAX) {
         bits_set(bm, g, n, 1);
         hp->used_granules += n;
         hp->allocs++;
-        if (!large) hp->hint = g + n < hp->granules ? g + n : 0;
+        if (!large) hp->hint = g + n < c->dv.heap_granules ? g + n : 0;
         st(&f->parents[0], g);
         st(&f->parents[1], n);
         st(&f->word, g * HL_GRANULE + head);
@@ -1940,11 +1908,11 @@ static int do_block_new(Core *c, uint32_t kind, uint64_t nbytes, const void *met
         alloc_abort(c, (uint32_t)idx, kind, gen);
         hl_err(E_OOM,
                "cannot allocate %llu bytes from the shared heap: %llu of %llu bytes free (no free run large enough)",
-               (unsigned long long)nbytes, (unsigned long long)((hp->granules - used) * HL_GRANULE),
-               (unsigned long long)hp->data_size);
+               (unsigned long long)nbytes, (unsigned long long)((c->dv.heap_granules - used) * HL_GRANULE),
+               (unsigned long long)c->dv.heap_data_size);
         return -1;
     }
-    uint64_t data = c->h->heap_offset + hp->data_offset + g * HL_GRANULE + head;
+    uint64_t data = (uint64_t)(c->dv.heap_data - c->base) + g * HL_GRANULE + head;
     if (meta) memcpy(c->base + data - HL_BUFFER_META_SIZE, meta, HL_BUFFER_META_SIZE);
     if (kind == HL_KIND_QUEUE) queue_init((struct hl_queue *)(c->base + data), qcap);
     *handle = alloc_publish(c, (uint32_t)idx, kind, gen);
@@ -1978,7 +1946,7 @@ static PyObject *Core_buffer_info(Core *c, PyObject *arg) {
     int64_t idx = check_handle(c, h, HL_KIND_BUFFER, 1);
     if (idx < 0) return NULL;
     uint64_t nbytes = 0;
-    char *p = (char *)hl_buffer_data(c->base, h, &nbytes);
+    char *p = (char *)hl_buffer_data(&c->dv, h, &nbytes);
     if (!p || (uint64_t)(p - c->base) < HL_BUFFER_META_SIZE) {
         hl_err(E_Corrupt, "buffer 0x%llx has an extent outside the heap", (unsigned long long)h);
         return NULL;
@@ -1995,19 +1963,19 @@ static PyObject *Core_heap_stats(Core *c, PyObject *noargs) {
     BUSY_ENTER(c);
     Py_BEGIN_ALLOW_THREADS;
     heap_lock(c, hp);
-    heap_scan(hp, heap_bitmap(c, hp), &fr, &lg, &runs);
+    heap_scan(c, c->dv.heap_bitmap, &fr, &lg, &runs);
     used = hp->used_granules;
     repairs = hp->repairs;
     allocs = hp->allocs;
     heap_unlock(hp);
     BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS;
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size", (unsigned long long)hp->data_size,
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size", (unsigned long long)c->dv.heap_data_size,
                          "used", (unsigned long long)(used * HL_GRANULE), "free", (unsigned long long)(fr * HL_GRANULE),
                          "largest_free", (unsigned long long)(lg * HL_GRANULE), "free_runs",
                          (unsigned long long)runs, "repairs", (unsigned long long)repairs, "allocs",
                          (unsigned long long)allocs, "data_offset",
-                         (unsigned long long)(c->h->heap_offset + hp->data_offset));
+                         (unsigned long long)(c->dv.heap_data - c->base));
 }
 
 /* heap_bitmap_copy() -> bytes of the bitmap (under the lock), for check() */
@@ -2015,7 +1983,7 @@ static PyObject *Core_heap_snapshot(Core *c, PyObject *noargs) {
     NEED_ATTACHED(c);
     struct hl_heap *hp = heap(c);
     if (!hp) Py_RETURN_NONE;
-    uint64_t nb = (hp->granules + 63) / 64 * 8;
+    uint64_t nb = (c->dv.heap_granules + 63) / 64 * 8;
     PyObject *bits = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)nb);
     if (!bits) return NULL;
     PyObject *slots = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((uint64_t)c->cap * HL_FENCE_SIZE));
@@ -2027,13 +1995,13 @@ static PyObject *Core_heap_snapshot(Core *c, PyObject *noargs) {
     BUSY_ENTER(c);
     Py_BEGIN_ALLOW_THREADS;
     heap_lock(c, hp);
-    memcpy(PyBytes_AS_STRING(bits), heap_bitmap(c, hp), nb);
+    memcpy(PyBytes_AS_STRING(bits), c->dv.heap_bitmap, nb);
     memcpy(PyBytes_AS_STRING(slots), c->fences, (size_t)c->cap * HL_FENCE_SIZE);
     used = hp->used_granules;
     heap_unlock(hp);
     BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS;
-    return Py_BuildValue("(NNKK)", bits, slots, (unsigned long long)used, (unsigned long long)hp->granules);
+    return Py_BuildValue("(NNKK)", bits, slots, (unsigned long long)used, (unsigned long long)c->dv.heap_granules);
 }
 
 /* Test hook: take the heap lock and never give it back (as a holder killed
@@ -2049,11 +2017,19 @@ static PyObject *Core_heap_lock_forever(Core *c, PyObject *noargs) {
 
 /* ---- queue methods ---- */
 
-static struct hl_queue *get_queue(Core *c, uint64_t h) {
+/* Validate a queue we hold and fill *v (hl_queue_open); NULL with an exception. */
+static struct hl_queue *get_qview(Core *c, uint64_t h, struct hl_qview *v) {
     if (check_handle(c, h, HL_KIND_QUEUE, 1) < 0) return NULL;
-    struct hl_queue *q = hl_queue_get(c->base, h);
-    if (!q) hl_err(E_Corrupt, "queue 0x%llx has a corrupt header or lies outside the heap", (unsigned long long)h);
-    return q;
+    if (hl_queue_open(&c->dv, h, v) != HL_OK) {
+        hl_err(E_Corrupt, "queue 0x%llx has a corrupt header or lies outside the heap", (unsigned long long)h);
+        return NULL;
+    }
+    return v->q;
+}
+
+static struct hl_queue *get_queue(Core *c, uint64_t h) {
+    struct hl_qview v;
+    return get_qview(c, h, &v);
 }
 
 /* queue_new(capacity) -> handle */
@@ -2117,14 +2093,15 @@ static PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t narg
     if (get_handle_arg(args[0], &h) < 0 || parse_packet(args[1], &p) < 0) return NULL;
     long long timeout = PyLong_AsLongLong(args[2]);
     if (PyErr_Occurred()) return NULL;
-    struct hl_queue *q = get_queue(c, h);
+    struct hl_qview v;
+    struct hl_queue *q = get_qview(c, h, &v);
     if (!q) return NULL;
     uint64_t idx = 0, t0 = 0, t_pushed = 0;
     int r, dead = 0;
     BUSY_ENTER(c);
     Py_BEGIN_ALLOW_THREADS;
     for (unsigned it = 0;; it++) {
-        r = hl_queue_try_push(c->base, h, &p, (uint32_t)c->me, &idx);
+        r = hl_queue_push(&v, &p, (uint32_t)c->me, &idx);
         if (r != HL_E_FULL || CLOSING(c)) break;
         uint64_t t = now_ns();
         if (!t0) t0 = t;
@@ -2142,7 +2119,7 @@ static PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t narg
         /* sleep until the consumer frees a cell (it wakes us), bounded */
         uint64_t ri = ld(&q->read_index);
         __atomic_add_fetch(&q->space_waiters, 1, __ATOMIC_SEQ_CST);
-        r = hl_queue_try_push(c->base, h, &p, (uint32_t)c->me, &idx);
+        r = hl_queue_push(&v, &p, (uint32_t)c->me, &idx);
         if (r != HL_E_FULL) {
             __atomic_sub_fetch(&q->space_waiters, 1, __ATOMIC_SEQ_CST);
             break;
@@ -2165,11 +2142,13 @@ static PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     if (r == HL_E_FULL) {
-        hl_err(E_QueueFull, "queue 0x%llx is full (%u packets)", (unsigned long long)h, q->capacity);
+        hl_err(E_QueueFull, "queue 0x%llx is full (%llu packets)", (unsigned long long)h,
+               (unsigned long long)v.capacity);
         return NULL;
     }
     if (r != HL_OK) {
-        hl_err(E_Handle, "queue 0x%llx is not a valid queue", (unsigned long long)h);
+        hl_err(E_Corrupt, "queue 0x%llx: its cells contradict its write index (corrupt queue)",
+               (unsigned long long)h);
         return NULL;
     }
     trace_emit_at(c, t_pushed, HL_EV_ENQUEUE, h, idx, p.signal, p.kernel, p.type);
@@ -2189,15 +2168,16 @@ static PyObject *Core_queue_pop(Core *c, PyObject *const *args, Py_ssize_t nargs
     long long timeout = PyLong_AsLongLong(args[1]);
     long long spin = PyLong_AsLongLong(args[2]);
     if (PyErr_Occurred()) return NULL;
-    struct hl_queue *q = get_queue(c, h);
+    struct hl_qview v;
+    struct hl_queue *q = get_qview(c, h, &v);
     if (!q) return NULL;
     if (__atomic_load_n(&q->consumer, __ATOMIC_SEQ_CST) != HL_OWNER(c->inc, c->me)) {
         hl_err(E_Invalid, "queue 0x%llx: only its bound consumer may pop (call queue_bind)", (unsigned long long)h);
         return NULL;
     }
-    uint64_t *cells = (uint64_t *)((char *)q + q->cells_offset);
-    struct hl_packet *pk = (struct hl_packet *)((char *)q + q->packets_offset);
-    uint64_t mask = q->capacity - 1;
+    uint64_t *cells = v.cells;
+    struct hl_packet *pk = v.packets;
+    uint64_t mask = v.capacity - 1;
     struct hl_packet out;
     uint64_t r = 0, t0 = now_ns();
     int got = 0;
@@ -2211,7 +2191,7 @@ static PyObject *Core_queue_pop(Core *c, PyObject *const *args, Py_ssize_t nargs
         uint32_t stt = HL_CELL_STATE(cl);
         if (HL_CELL_SEQ(cl) == (r & 0xffffffffffffULL) && (stt == HL_CELL_READY || stt == HL_CELL_SKIP)) {
             if (stt == HL_CELL_READY) memcpy(&out, &pk[r & mask], sizeof out);
-            st(&cells[r & mask], HL_CELL(r + q->capacity, 0, HL_CELL_FREE));
+            st(&cells[r & mask], HL_CELL(r + v.capacity, 0, HL_CELL_FREE));
             st(&q->read_index, r + 1);
             if (__atomic_load_n(&q->space_waiters, __ATOMIC_SEQ_CST))
                 syscall(SYS_futex, (uint32_t *)&q->read_index, FUTEX_WAKE, 0x7fffffff, 0, 0, 0);
@@ -2262,22 +2242,24 @@ static PyObject *Core_queue_info(Core *c, PyObject *arg) {
     NEED_ATTACHED(c);
     uint64_t h;
     if (get_handle_arg(arg, &h) < 0) return NULL;
-    struct hl_queue *q = get_queue(c, h);
+    struct hl_qview v;
+    struct hl_queue *q = get_qview(c, h, &v);
     if (!q) return NULL;
-    return Py_BuildValue("{s:I,s:K,s:K,s:I,s:K,s:K}", "capacity", q->capacity, "write_index",
+    return Py_BuildValue("{s:K,s:K,s:K,s:I,s:K,s:K}", "capacity", (unsigned long long)v.capacity, "write_index",
                          (unsigned long long)ld(&q->write_index), "read_index", (unsigned long long)ld(&q->read_index),
                          "consumer", __atomic_load_n(&q->consumer, __ATOMIC_SEQ_CST), "completed",
                          (unsigned long long)ld(&q->completed), "doorbell", (unsigned long long)ld(&q->doorbell));
 }
 
-/* queue_addr(handle) -> host address of the queue's struct hl_queue (validated) */
-static PyObject *Core_queue_addr(Core *c, PyObject *arg) {
+/* queue_view(handle) -> (queue, cells, packets) host addresses and capacity,
+ * validated once (struct hl_qview): what a device producer is handed */
+static PyObject *Core_queue_view(Core *c, PyObject *arg) {
     NEED_ATTACHED(c);
     uint64_t h;
-    if (get_handle_arg(arg, &h) < 0) return NULL;
-    struct hl_queue *q = get_queue(c, h);
-    if (!q) return NULL;
-    return PyLong_FromVoidPtr((void *)q);
+    struct hl_qview v;
+    if (get_handle_arg(arg, &h) < 0 || !get_qview(c, h, &v)) return NULL;
+    return Py_BuildValue("(KKKK)", (unsigned long long)(uintptr_t)v.q, (unsigned long long)(uintptr_t)v.cells,
+                         (unsigned long long)(uintptr_t)v.packets, (unsigned long long)v.capacity);
 }
 
 /* queue_doorbell_addr(handle) -> host address of the queue's doorbell word */
@@ -2306,17 +2288,18 @@ static PyObject *Core_queue_reserve_stuck(Core *c, PyObject *const *args, Py_ssi
     NEED_ATTACHED(c);
     uint64_t h, sig;
     if (nargs != 2 || get_handle_arg(args[0], &h) < 0 || get_handle_arg(args[1], &sig) < 0) return NULL;
-    struct hl_queue *q = get_queue(c, h);
+    struct hl_qview v;
+    struct hl_queue *q = get_qview(c, h, &v);
     if (!q) return NULL;
-    uint64_t *cells = (uint64_t *)((char *)q + q->cells_offset);
-    uint64_t mask = q->capacity - 1;
+    uint64_t *cells = v.cells;
+    uint64_t mask = v.capacity - 1;
     for (;;) {
         uint64_t w = ld(&q->write_index), cl = ld(&cells[w & mask]);
         if (HL_CELL_STATE(cl) == HL_CELL_FREE && HL_CELL_SEQ(cl) == (w & 0xffffffffffffULL)) {
             if (cas(&cells[w & mask], &cl, HL_CELL(w, (uint32_t)c->me, HL_CELL_RESERVED))) {
                 uint64_t ww = w;
                 cas(&q->write_index, &ww, w + 1);
-                ((struct hl_packet *)((char *)q + q->packets_offset))[w & mask].signal = sig;
+                v.packets[w & mask].signal = sig;
                 return PyLong_FromUnsignedLongLong(w);
             }
         } else {
@@ -2385,7 +2368,7 @@ static PyMethodDef Core_methods[] = {
     {"queue_info", (PyCFunction)Core_queue_info, METH_O, NULL},
     {"queue_completed", (PyCFunction)Core_queue_completed, METH_O, NULL},
     {"queue_doorbell_addr", (PyCFunction)Core_queue_doorbell_addr, METH_O, NULL},
-    {"queue_addr", (PyCFunction)Core_queue_addr, METH_O, NULL},
+    {"queue_view", (PyCFunction)Core_queue_view, METH_O, NULL},
     {"queue_reserve_stuck", (PyCFunction)(void (*)(void))Core_queue_reserve_stuck, METH_FASTCALL, NULL},
     {"trace", (PyCFunction)(void (*)(void))Core_trace, METH_FASTCALL, NULL},
     {"trace_enabled", (PyCFunction)Core_trace_enabled, METH_NOARGS, NULL},
@@ -3040,6 +3023,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     ADD_INT(m, "KIND_BUFFER", HL_KIND_BUFFER);
     ADD_INT(m, "KIND_QUEUE", HL_KIND_QUEUE);
     ADD_INT(m, "PACKET_SIZE", HL_PACKET_SIZE);
+    ADD_INT(m, "QUEUE_HEADER_SIZE", HL_QUEUE_HEADER_SIZE);
     ADD_INT(m, "PKT_KERNEL", HL_PKT_KERNEL);
     ADD_INT(m, "PKT_ERT", HL_PKT_ERT);
     ADD_INT(m, "PKT_BARRIER", HL_PKT_BARRIER);
@@ -3111,5 +3095,22 @@ PyMODINIT_FUNC PyInit__core(void) {
     OFF("F_AUX", hl_fence, aux);
     OFF("F_PARENTS", hl_fence, parents);
     OFF("F_ERR", hl_fence, err);
+    OFF("F_WAKE", hl_fence, wake);
+    OFF("HP_LOCK", hl_heap, lock);
+    OFF("HP_BITMAP_OFFSET", hl_heap, bitmap_offset);
+    OFF("HP_GRANULES", hl_heap, granules);
+    OFF("HP_DATA_OFFSET", hl_heap, data_offset);
+    OFF("HP_DATA_SIZE", hl_heap, data_size);
+    OFF("HP_USED_GRANULES", hl_heap, used_granules);
+    OFF("HP_HINT", hl_heap, hint);
+    OFF("Q_CAPACITY", hl_queue, capacity);
+    OFF("Q_CONSUMER", hl_queue, consumer);
+    OFF("Q_CELLS_OFFSET", hl_queue, cells_offset);
+    OFF("Q_PACKETS_OFFSET", hl_queue, packets_offset);
+    OFF("Q_WRITE_INDEX", hl_queue, write_index);
+    OFF("Q_READ_INDEX", hl_queue, read_index);
+    OFF("Q_DOORBELL", hl_queue, doorbell);
+    OFF("TR_CAPACITY", hl_trace, capacity);
+    OFF("TR_WRITE", hl_trace, write);
     return m;
 }

@@ -82,18 +82,25 @@ def available() -> str | None:
 _KERNELS = r"""
 #include "hostless.h"
 
-/* Push the prepared packet *p into the queue at q (one thread).  The host
- * validated q with hl_queue_get; the device skips those table reads, each of
- * which would cross the bus. */
-extern "C" __global__ void hl_enqueue(struct hl_queue *q, const struct hl_packet *p, const int *gate,
+/* Push the prepared packet *p into the queue (one thread).  The host
+ * validated the queue once (hl_queue_open) and hands over its view: the
+ * device reads none of the queue's layout words (each read would cross the
+ * bus, and a rewritten one must not move the device's stores). */
+extern "C" __global__ void hl_enqueue(struct hl_queue *q, hl_u64 *cells, struct hl_packet *packets,
+                                      unsigned long long capacity, const struct hl_packet *p, const int *gate,
                                       int *result) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     if (gate && *(volatile const int *)gate != 0) { *result = 1; return; } /* an input failed */
+    struct hl_qview v;
+    v.q = q;
+    v.cells = cells;
+    v.packets = packets;
+    v.capacity = capacity;
     struct hl_packet local = *p; /* one burst of reads */
     hl_u64 idx = 0;
     int r = HL_E_FULL;
     for (long spins = 0; spins < (1L << 24) && r == HL_E_FULL; spins++)
-        r = hl_queue_push_to(q, &local, HL_PRODUCER_DEVICE, &idx); /* a full queue: wait for room */
+        r = hl_queue_push(&v, &local, HL_PRODUCER_DEVICE, &idx); /* a full queue: wait for room */
     *result = r;
 }
 
@@ -322,11 +329,19 @@ class CudaPeer:
         res = cp.zeros(1, dtype=cp.int32) if result is None else result
         gp = np.uint64(0) if gate is None else gate
         st = stream or self.stream
-        qaddr = int(self.dom._core.queue_addr(queue.handle))  # validated on the host
+        qaddr, cells, packets, cap = self.dom._core.queue_view(queue.handle)  # validated on the host
         self._k_enqueue(
             (1,),
             (1,),
-            (np.uint64(self.dptr(qaddr - self.base)), np.uint64(self.dptr(packet_buf.offset)), gp, res),
+            (
+                np.uint64(self.dptr(qaddr - self.base)),
+                np.uint64(self.dptr(cells - self.base)),
+                np.uint64(self.dptr(packets - self.base)),
+                np.uint64(cap),
+                np.uint64(self.dptr(packet_buf.offset)),
+                gp,
+                res,
+            ),
             stream=st,
         )
         if wake:

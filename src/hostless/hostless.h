@@ -4,8 +4,8 @@
  * CUDA/NVRTC kernels all include this file and nothing else of hostless.
  *
  * Valid C11, C++11 and CUDA (nvcc and NVRTC).  A C program that includes only
- * this header can map a domain, validate it, signal fences, advance timelines
- * and poll them ("firmware" participants).  Creating objects, taking
+ * this header can map a domain, validate it (hl_attach), signal fences,
+ * advance timelines, poll them and push into queues ("firmware" participants).  Creating objects, taking
  * references and crash recovery are done by the _core extension.
  *
  * ------------------------------------------------------------------------
@@ -20,7 +20,9 @@
  *
  * Every region starts on a 4096-byte boundary.  A reader must check magic,
  * abi_version, header_size, the slot sizes and that every region lies inside
- * total_size before it touches anything else: hl_domain_validate() does it.
+ * total_size before it touches anything else, ONCE, and then use its private
+ * copy of the layout: hl_attach() does both (struct hl_dom), and every
+ * operation below takes that view, never the shared header.
  *
  * ------------------------------------------------------------------------
  * The completion word.  Every fence and timeline completes through ONE
@@ -538,21 +540,86 @@ HL_INLINE int hl_domain_validate(const void *base, hl_u64 size) {
     return HL_OK;
 }
 
-HL_INLINE struct hl_participant *hl_participants(void *base) {
-    struct hl_header *h = (struct hl_header *)base;
-    return (struct hl_participant *)((char *)base + h->participants_offset);
+/* ---- the private view: layout values validated once, then never re-read ----
+ *
+ * A participant validates the shared header ONCE, when it maps the domain,
+ * and from then on uses only this private copy of the layout (offsets,
+ * sizes, capacities, poll interval): a header rewritten later by a buggy or
+ * hostile participant cannot move any of its accesses.  Every index or
+ * offset read from shared memory afterwards (handles' slot indices, a
+ * buffer's offset and length, queue positions) is checked against the view,
+ * by subtraction so that the check cannot overflow. */
+struct hl_dom {
+    char *base;                    /* the mapping */
+    hl_u64 size;                   /* its size (== header total_size) */
+    struct hl_participant *parts;  /* participant table */
+    hl_u32 participant_capacity;
+    hl_u32 tag;                    /* handle tag */
+    struct hl_fence *fences;       /* fence table */
+    hl_u32 fence_capacity;
+    hl_u32 pad_;
+    hl_u64 poll_ns;                /* longest host sleep before re-reading a word */
+    struct hl_heap *heap;          /* 0: no heap */
+    hl_u64 *heap_bitmap;
+    hl_u64 heap_granules;
+    char *heap_data;               /* data area (page aligned) */
+    hl_u64 heap_data_size;         /* heap_granules * HL_GRANULE */
+    struct hl_trace *trace;        /* 0: no trace ring */
+    hl_u64 trace_capacity;         /* events */
+};
+
+/* Validate the domain mapped at base (size bytes) and fill the view *d.
+ * Returns HL_OK or HL_E_CORRUPT (header, heap header or trace header do not
+ * describe a consistent layout inside the mapping); *d is zeroed first. */
+HL_INLINE int hl_attach(struct hl_dom *d, void *base, hl_u64 size) {
+    const struct hl_header *h = (const struct hl_header *)base;
+    hl_u64 i;
+    for (i = 0; i < sizeof *d; i++) ((char *)d)[i] = 0;
+    if (hl_domain_validate(base, size) != HL_OK) return HL_E_CORRUPT;
+    d->base = (char *)base;
+    d->size = size;
+    d->parts = (struct hl_participant *)(d->base + h->participants_offset);
+    d->participant_capacity = h->participant_capacity;
+    d->tag = h->tag;
+    d->fences = (struct hl_fence *)(d->base + h->fences_offset);
+    d->fence_capacity = h->fence_capacity;
+    d->poll_ns = h->poll_ns;
+    if (h->heap_size) {
+        const struct hl_heap *hp = (const struct hl_heap *)(d->base + h->heap_offset);
+        hl_u64 hs = h->heap_size, bmo = hp->bitmap_offset, g = hp->granules, dato = hp->data_offset;
+        hl_u64 dsz = hp->data_size, bm_bytes;
+        if (hs < HL_PAGE || hp->magic != HL_HEAP_MAGIC) return HL_E_CORRUPT;
+        if (g > hs / HL_GRANULE) return HL_E_CORRUPT;
+        bm_bytes = (g + 63) / 64 * 8;
+        if (bmo < sizeof(struct hl_heap) || bmo > hs || bm_bytes > hs - bmo || bmo % 8) return HL_E_CORRUPT;
+        if (dato % HL_PAGE || dato > hs || dato < bmo || dato - bmo < bm_bytes) return HL_E_CORRUPT;
+        if (dsz != g * HL_GRANULE || dsz > hs - dato) return HL_E_CORRUPT;
+        d->heap = (struct hl_heap *)hp;
+        d->heap_bitmap = (hl_u64 *)(d->base + h->heap_offset + bmo);
+        d->heap_granules = g;
+        d->heap_data = d->base + h->heap_offset + dato;
+        d->heap_data_size = dsz;
+    }
+    if (h->trace_size >= 128) {
+        const struct hl_trace *t = (const struct hl_trace *)(d->base + h->trace_offset);
+        hl_u64 cap = t->capacity;
+        if (t->magic == HL_TRACE_MAGIC && cap != 0 && cap <= (h->trace_size - 64) / 64) {
+            d->trace = (struct hl_trace *)t;
+            d->trace_capacity = cap;
+        }
+    }
+    return HL_OK;
 }
 
 /* Slot of `handle`, or 0 when the handle is not one of this domain's (tag,
  * index bounds, kind match when want_kind != 0).  The generation is checked
- * by the callers against the slot's ctl. */
-HL_INLINE struct hl_fence *hl_fence_slot(void *base, hl_u64 handle, hl_u32 want_kind) {
-    struct hl_header *h = (struct hl_header *)base;
+ * by the callers against the slot's ctl (hl_fence_matches). */
+HL_INLINE struct hl_fence *hl_fence_slot(const struct hl_dom *d, hl_u64 handle, hl_u32 want_kind) {
     hl_i64 idx = HL_HANDLE_INDEX(handle);
-    if (HL_HANDLE_TAG(handle) != h->tag) return 0;
-    if (idx < 0 || (hl_u64)idx >= (hl_u64)h->fence_capacity) return 0;
+    if (HL_HANDLE_TAG(handle) != d->tag) return 0;
+    if (idx < 0 || (hl_u64)idx >= (hl_u64)d->fence_capacity) return 0;
     if (want_kind && HL_HANDLE_KIND(handle) != want_kind) return 0;
-    return (struct hl_fence *)((char *)base + h->fences_offset) + idx;
+    return d->fences + idx;
 }
 
 /* 1 when the slot is live and belongs to `handle` (same generation and kind). */
@@ -562,9 +629,10 @@ HL_INLINE int hl_fence_matches(const struct hl_fence *f, hl_u64 handle) {
            HL_CTL_KIND(c) == HL_HANDLE_KIND(handle);
 }
 
-/* Address of the completion word: what a device waits on (>= value) and stores to. */
-HL_INLINE hl_u64 *hl_word(void *base, hl_u64 handle) {
-    struct hl_fence *f = hl_fence_slot(base, handle, 0);
+/* Address of the completion word: what a device waits on (>= value) and
+ * stores to; 0 when the handle is not one of this domain's. */
+HL_INLINE hl_u64 *hl_word(const struct hl_dom *d, hl_u64 handle) {
+    struct hl_fence *f = hl_fence_slot(d, handle, 0);
     return f ? &f->word : 0;
 }
 
@@ -603,8 +671,8 @@ HL_INLINE void hl_wake_timeline(struct hl_fence *f) { (void)f; }
  * Propagation to merged parents is done by the _core library (and by any
  * host waiter of the parent, and by watchdog sweeps); a participant using
  * only this header leaves it to them. */
-HL_INLINE int hl_fence_signal(void *base, hl_u64 handle, hl_u32 status) {
-    struct hl_fence *f = hl_fence_slot(base, handle, HL_KIND_FENCE);
+HL_INLINE int hl_fence_signal(const struct hl_dom *d, hl_u64 handle, hl_u32 status) {
+    struct hl_fence *f = hl_fence_slot(d, handle, HL_KIND_FENCE);
     hl_u64 expected = 0;
     if (!f || !hl_fence_matches(f, handle)) return HL_E_HANDLE;
     if (!hl_status_valid(status)) return HL_E_VALUE;
@@ -615,8 +683,8 @@ HL_INLINE int hl_fence_signal(void *base, hl_u64 handle, hl_u32 status) {
 
 /* Status of a binary (or merged) fence: HL_STATUS_ACTIVE while the word is 0.
  * Returns HL_OK or HL_E_HANDLE. */
-HL_INLINE int hl_fence_poll(void *base, hl_u64 handle, hl_u32 *status) {
-    struct hl_fence *f = hl_fence_slot(base, handle, 0);
+HL_INLINE int hl_fence_poll(const struct hl_dom *d, hl_u64 handle, hl_u32 *status) {
+    struct hl_fence *f = hl_fence_slot(d, handle, 0);
     hl_u64 w;
     if (!f || !hl_fence_matches(f, handle)) return HL_E_HANDLE;
     w = hl_load64(&f->word);
@@ -666,8 +734,8 @@ HL_INLINE int hl_timeline_fail(struct hl_fence *f, hl_u32 status, hl_u64 *cur_ou
 
 /* Advance a timeline to `value` (must be greater than the current value).
  * Returns HL_OK, HL_E_HANDLE, HL_E_VALUE or HL_E_FAILED. */
-HL_INLINE int hl_timeline_signal(void *base, hl_u64 handle, hl_u64 value) {
-    struct hl_fence *f = hl_fence_slot(base, handle, HL_KIND_TIMELINE);
+HL_INLINE int hl_timeline_signal(const struct hl_dom *d, hl_u64 handle, hl_u64 value) {
+    struct hl_fence *f = hl_fence_slot(d, handle, HL_KIND_TIMELINE);
     if (!f || !hl_fence_matches(f, handle)) return HL_E_HANDLE;
     return hl_timeline_advance(f, value, 0);
 }
@@ -708,82 +776,86 @@ HL_INLINE int hl_cas_word_ctl(struct hl_fence *f, hl_u64 word_expected, hl_u64 c
 #endif
 
 /* Current timeline word (value, or HL_TIMELINE_FAILED | status). */
-HL_INLINE int hl_timeline_poll(void *base, hl_u64 handle, hl_u64 *word) {
-    struct hl_fence *f = hl_fence_slot(base, handle, HL_KIND_TIMELINE);
+HL_INLINE int hl_timeline_poll(const struct hl_dom *d, hl_u64 handle, hl_u64 *word) {
+    struct hl_fence *f = hl_fence_slot(d, handle, HL_KIND_TIMELINE);
     if (!f || !hl_fence_matches(f, handle)) return HL_E_HANDLE;
     *word = hl_load64(&f->word);
     return HL_OK;
 }
 
 /* Address of a buffer's data, or 0 when the handle is not a live buffer of
- * this domain or its extent leaves the data area. */
-HL_INLINE void *hl_buffer_data(void *base, hl_u64 handle, hl_u64 *nbytes) {
-    struct hl_header *h = (struct hl_header *)base;
-    struct hl_fence *f = hl_fence_slot(base, handle, HL_KIND_BUFFER);
-    struct hl_heap *hp;
+ * this domain or its extent leaves the heap's data area (checked against the
+ * private view, by subtraction).  *nbytes (optional) receives its size. */
+HL_INLINE void *hl_buffer_data(const struct hl_dom *d, hl_u64 handle, hl_u64 *nbytes) {
+    struct hl_fence *f = hl_fence_slot(d, handle, HL_KIND_BUFFER);
     hl_u64 off, n;
-    if (!f || !hl_fence_matches(f, handle) || h->heap_size < sizeof(struct hl_heap)) return 0;
-    hp = (struct hl_heap *)((char *)base + h->heap_offset);
+    if (!f || !hl_fence_matches(f, handle) || !d->heap) return 0;
     off = hl_load64(&f->word);
     n = hl_load64(&f->aux);
-    if (hp->data_offset > h->heap_size || hp->data_size > h->heap_size - hp->data_offset) return 0;
-    if (off > hp->data_size || n > hp->data_size - off) return 0;
+    if (off > d->heap_data_size || n > d->heap_data_size - off) return 0;
     if (nbytes) *nbytes = n;
-    return (char *)base + h->heap_offset + hp->data_offset + off;
+    return d->heap_data + off;
 }
 
-
-/* The queue behind a queue handle, or 0 (bounds, magic and capacity checked). */
-HL_INLINE struct hl_queue *hl_queue_get(void *base, hl_u64 handle) {
-    hl_u64 n = 0;
-    struct hl_header *h = (struct hl_header *)base;
-    struct hl_fence *f = hl_fence_slot(base, handle, HL_KIND_QUEUE);
-    struct hl_heap *hp;
+/* A queue, validated once: the addresses and capacity a producer uses, in
+ * private memory (the queue header's offsets are never re-read). */
+struct hl_qview {
     struct hl_queue *q;
-    hl_u64 off;
-    if (!f || !hl_fence_matches(f, handle) || h->heap_size < sizeof(struct hl_heap)) return 0;
-    hp = (struct hl_heap *)((char *)base + h->heap_offset);
+    hl_u64 *cells;
+    struct hl_packet *packets;
+    hl_u64 capacity; /* a power of two */
+};
+
+#define HL_E_FULL -7 /* the queue has no free cell (nothing is overwritten) */
+
+/* Validate the queue behind a queue handle and fill *v: the slot is a live
+ * queue, its block lies in the heap, magic, capacity (a power of two) and
+ * the cell and packet arrays lie inside the block (all by subtraction).
+ * Returns HL_OK, HL_E_HANDLE (not a live queue of this domain) or
+ * HL_E_CORRUPT (its block or header is inconsistent). */
+HL_INLINE int hl_queue_open(const struct hl_dom *d, hl_u64 handle, struct hl_qview *v) {
+    struct hl_fence *f = hl_fence_slot(d, handle, HL_KIND_QUEUE);
+    struct hl_queue *q;
+    hl_u64 off, n, cap, co, po;
+    if (!f || !hl_fence_matches(f, handle)) return HL_E_HANDLE;
+    if (!d->heap) return HL_E_CORRUPT;
     off = hl_load64(&f->word);
     n = hl_load64(&f->aux);
-    if (hp->data_offset > h->heap_size || hp->data_size > h->heap_size - hp->data_offset) return 0;
-    if (off > hp->data_size || n > hp->data_size - off || n < HL_QUEUE_HEADER_SIZE) return 0;
-    q = (struct hl_queue *)((char *)base + h->heap_offset + hp->data_offset + off);
-    if (q->magic != HL_QUEUE_MAGIC || q->capacity == 0 || (q->capacity & (q->capacity - 1)) != 0) return 0;
-    if (q->cells_offset < HL_QUEUE_HEADER_SIZE || q->packets_offset < q->cells_offset + 8ull * q->capacity ||
-        q->packets_offset + (hl_u64)HL_PACKET_SIZE * q->capacity > n)
-        return 0;
-    return q;
+    if (off > d->heap_data_size || n > d->heap_data_size - off || n < HL_QUEUE_HEADER_SIZE) return HL_E_CORRUPT;
+    q = (struct hl_queue *)(d->heap_data + off);
+    cap = q->capacity;
+    co = q->cells_offset;
+    po = q->packets_offset;
+    if (q->magic != HL_QUEUE_MAGIC || cap == 0 || (cap & (cap - 1)) != 0) return HL_E_CORRUPT;
+    if (cap > n / (8 + HL_PACKET_SIZE)) return HL_E_CORRUPT;
+    if (co < HL_QUEUE_HEADER_SIZE || co > n || 8 * cap > n - co || co % 8) return HL_E_CORRUPT;
+    if (po < co || po - co < 8 * cap || po > n || HL_PACKET_SIZE * cap > n - po || po % 8) return HL_E_CORRUPT;
+    v->q = q;
+    v->cells = (hl_u64 *)((char *)q + co);
+    v->packets = (struct hl_packet *)((char *)q + po);
+    v->capacity = cap;
+    return HL_OK;
 }
 
-/* Try to enqueue one packet (from a host, firmware or GPU thread).
- * producer: participant index, or HL_PRODUCER_DEVICE.  Returns HL_OK, or
- * HL_E_FULL when the queue has no free cell (nothing is overwritten), or
- * HL_E_HANDLE.  *index_out receives the packet's write index. */
-#define HL_E_FULL -7
-HL_INLINE int hl_queue_push_to(struct hl_queue *q, const struct hl_packet *p, hl_u32 producer, hl_u64 *index_out);
-
-/* Try to enqueue one packet (from a host, firmware or GPU thread).
- * producer: participant index, or HL_PRODUCER_DEVICE.  Returns HL_OK, or
- * HL_E_FULL when the queue has no free cell (nothing is overwritten), or
- * HL_E_HANDLE.  *index_out receives the packet's write index. */
-HL_INLINE int hl_queue_try_push(void *base, hl_u64 qhandle, const struct hl_packet *p, hl_u32 producer,
-                                hl_u64 *index_out) {
-    struct hl_queue *q = hl_queue_get(base, qhandle);
-    if (!q) return HL_E_HANDLE;
-    return hl_queue_push_to(q, p, producer, index_out);
-}
-
-/* The same on a queue already validated with hl_queue_get (a device that was
- * handed the queue's address skips the table reads: each crosses the bus). */
-HL_INLINE int hl_queue_push_to(struct hl_queue *q, const struct hl_packet *p, hl_u32 producer, hl_u64 *index_out) {
-    hl_u64 *cells, w, c, mask;
+/* Try to enqueue one packet into a validated queue (from a host, firmware or
+ * GPU thread; a device is handed the view by its host, so it skips the table
+ * reads that each cross the bus).  producer: participant index, or
+ * HL_PRODUCER_DEVICE.  Returns HL_OK (*index_out, optional, receives the
+ * packet's write index), HL_E_FULL when the queue has no free cell (nothing
+ * is overwritten), or HL_E_CORRUPT when the queue's words contradict each
+ * other (a cell ahead of write_index) or it makes no progress over many
+ * rounds.  Bounded: never spins forever. */
+HL_INLINE int hl_queue_push(const struct hl_qview *v, const struct hl_packet *p, hl_u32 producer,
+                            hl_u64 *index_out) {
+    struct hl_queue *q = v->q;
+    hl_u64 *cells = v->cells, w, c, mask = v->capacity - 1, seq48 = 0xffffffffffffULL;
     struct hl_packet *slot;
-    cells = (hl_u64 *)((char *)q + q->cells_offset);
-    mask = q->capacity - 1;
-    for (;;) {
+    int rounds;
+    for (rounds = 0;; rounds++) {
+        if (rounds >= 4096) return HL_E_CORRUPT; /* every retry means another producer moved on */
         w = hl_load64(&q->write_index);
         c = hl_load64(&cells[w & mask]);
-        if (HL_CELL_STATE(c) == HL_CELL_FREE && HL_CELL_SEQ(c) == (w & 0xffffffffffffULL)) {
+        if (HL_CELL_STATE(c) == HL_CELL_FREE && HL_CELL_SEQ(c) == (w & seq48)) {
             hl_u64 e = c;
             if (hl_cas64(&cells[w & mask], &e, HL_CELL(w, producer, HL_CELL_RESERVED))) {
                 hl_u64 ww = w;
@@ -792,18 +864,17 @@ HL_INLINE int hl_queue_push_to(struct hl_queue *q, const struct hl_packet *p, hl
             }
             continue;
         }
-        if (HL_CELL_SEQ(c) == (w & 0xffffffffffffULL) && HL_CELL_STATE(c) != HL_CELL_FREE) {
+        if (HL_CELL_SEQ(c) == (w & seq48) && HL_CELL_STATE(c) != HL_CELL_FREE) {
             /* reserved by someone who has not advanced write_index yet: help */
             hl_u64 ww = w;
             hl_cas64(&q->write_index, &ww, w + 1);
             continue;
         }
-        if (HL_CELL_SEQ(c) + q->capacity == (w & 0xffffffffffffULL) ||
-            HL_CELL_SEQ(c) < (w & 0xffffffffffffULL))
-            return HL_E_FULL; /* the cell still holds (or waits for) the packet of the previous lap */
-        /* write_index moved under us */
+        if (HL_CELL_SEQ(c) < (w & seq48)) return HL_E_FULL; /* the cell still holds an older lap */
+        /* the cell is ahead of w: write_index moved under us, or the words are corrupt */
+        if (hl_load64(&q->write_index) == w) return HL_E_CORRUPT;
     }
-    slot = (struct hl_packet *)((char *)q + q->packets_offset) + (w & mask);
+    slot = v->packets + (w & mask);
     slot->signal = p->signal; /* first: recovery reads it if we die while filling */
     slot->type = p->type;
     slot->flags = p->flags;
@@ -822,6 +893,16 @@ HL_INLINE int hl_queue_push_to(struct hl_queue *q, const struct hl_packet *p, hl
 #endif
     if (index_out) *index_out = w;
     return HL_OK;
+}
+
+/* hl_queue_open + hl_queue_push: enqueue one packet by queue handle.
+ * Returns HL_OK, HL_E_FULL, HL_E_HANDLE or HL_E_CORRUPT. */
+HL_INLINE int hl_queue_try_push(const struct hl_dom *d, hl_u64 qhandle, const struct hl_packet *p, hl_u32 producer,
+                                hl_u64 *index_out) {
+    struct hl_qview v;
+    int r = hl_queue_open(d, qhandle, &v);
+    if (r != HL_OK) return r;
+    return hl_queue_push(&v, p, producer, index_out);
 }
 
 #endif /* HOSTLESS_H */
