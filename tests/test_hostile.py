@@ -149,3 +149,53 @@ def test_queue_offsets_overflow_and_cell_ahead(domain_name: str) -> None:
     assert out.count("corrupt:") == 2 and "corrupt2:" in out, out
     assert "ahead:" in out and "pushed?!" not in out, out
     assert "child rc 0 child: CorruptDomain" in out, out
+
+
+def test_heap_lock_held_by_a_live_participant(domain_name: str) -> None:
+    """A heap lock word naming a live participant that never lets go (a
+    hostile write, or an allocator stopped with SIGSTOP): buffer() raises a
+    clear error after a bounded wait, without holding the GIL meanwhile (it
+    froze every thread of the process); a release meanwhile defers its free,
+    which happens once the lock is back."""
+    out = _run_ok(
+        """
+    import threading
+    from hostless._abi import C, owner_code
+    name = sys.argv[1]
+    with hl.Domain.create(name, heap="1M", fences=64, watchdog_interval=0.02) as d, hl.Domain.open(name) as peer:
+        hoff = int(d.header()["heap_offset"])
+        b = d.buffer((100,), "u1")
+        poke(name, hoff + int(C.HP_LOCK), owner_code(peer.participant_id))
+        ticks = []
+        stop = threading.Event()
+        def tick():
+            while not stop.is_set():
+                ticks.append(1)
+                time.sleep(0.001)
+        th = threading.Thread(target=tick)
+        th.start()
+        t0 = time.monotonic()
+        try:
+            d.buffer((10,), "u1")
+            print("allocated?!")
+        except hl.HostlessError as e:
+            print("error:", e)
+        took = time.monotonic() - t0
+        stop.set()
+        th.join()
+        print("took", round(took, 1), "ticks", len(ticks) > 100)
+        b.release()  # its free is deferred: the lock is still held
+        poke(name, hoff + int(C.HP_LOCK), 0)
+        deadline = time.monotonic() + 5
+        while d.check() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print("check", d.check())
+        x = d.buffer((10,), "u1")
+        x.release()
+        print("done")
+    """,
+        domain_name,
+    )
+    assert "error: the shared heap is locked by participant" in out, out
+    assert "ticks True" in out, out
+    assert "check []" in out and "done" in out, out

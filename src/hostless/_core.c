@@ -109,6 +109,11 @@ typedef struct {
     int closing;            /* leave() in progress: GIL-free loops bail out */
     int busy;               /* threads inside GIL-free sections */
     pthread_mutex_t reap_mu; /* one recovery at a time in this process */
+#define DEFER_MAX 64
+    pthread_mutex_t defer_mu; /* deferred block frees (heap lock held by a stopped participant) */
+    int ndefer;
+    uint32_t defer_idx[DEFER_MAX];
+    uint64_t defer_ctl[DEFER_MAX];
 } Core;
 
 #define BUSY_ENTER(c) __atomic_add_fetch(&(c)->busy, 1, __ATOMIC_SEQ_CST)
@@ -330,25 +335,41 @@ static int owner_alive(Core *c, uint64_t o) {
 }
 
 static void heap_repair(Core *c, struct hl_heap *hp);
+static void defer_free(Core *c, uint32_t idx, uint64_t dying);
+static void retry_deferred(Core *c);
 
 /* Take the heap lock.  A lock held by a dead participant (or holding a
  * corrupt value) is broken, and the bitmap rebuilt from the slots. */
-static void heap_lock(Core *c, struct hl_heap *hp) {
+#define HEAP_LOCK_WAIT_NS 2000000000ull /* the longest a heap-lock wait lasts (a holder is live but stuck) */
+#define HEAP_FREE_WAIT_NS 2000000ull    /* a free waits this long, then is deferred (see finalize) */
+static __thread int tls_deferred;        /* a finalize of this thread could not free its block */
+
+/* Take the heap lock within timeout_ns.  Returns 1 when taken, 0 when a live
+ * holder kept it (a participant stopped inside the critical section, or a
+ * hostile lock word naming a live participant).  Never called with the GIL
+ * held for more than HEAP_FREE_WAIT_NS. */
+static int heap_lock_for(Core *c, struct hl_heap *hp, uint64_t timeout_ns) {
     /* during a recovery, this thread acts for the dead participant (it may
      * not have joined: a process joining a full table recovers first) */
     uint64_t me = tls_rec >= 0 ? HL_HEAP_REC_FLAG | HL_OWNER(tls_rec_inc, tls_rec) : HL_OWNER(c->inc, c->me);
+    uint64_t t0 = 0;
     for (unsigned n = 0;; n++) {
         uint64_t cur = 0;
-        if (cas(&hp->lock, &cur, me)) return;
+        if (cas(&hp->lock, &cur, me)) return 1;
         if (n < 64) {
             cpu_relax();
             continue;
         }
-        if ((n & 63) == 0 && !owner_alive(c, cur)) {
-            if (cas(&hp->lock, &cur, me)) {
-                heap_repair(c, hp);
-                return;
+        if ((n & 63) == 0) {
+            if (!owner_alive(c, cur)) {
+                if (cas(&hp->lock, &cur, me)) {
+                    heap_repair(c, hp);
+                    return 1;
+                }
             }
+            uint64_t t = now_ns();
+            if (!t0) t0 = t;
+            if (t - t0 >= timeout_ns) return 0;
         }
         sched_yield();
     }
@@ -486,11 +507,11 @@ static void heap_scan(Core *c, const uint64_t *bm, uint64_t *free_g, uint64_t *l
 
 /* Free the block of buffer slot idx (idempotent: the extent is zeroed under
  * the lock together with the bits). */
-static void heap_free_block(Core *c, uint32_t idx) {
+static int heap_free_block(Core *c, uint32_t idx) {
     struct hl_heap *hp = heap(c);
-    if (!hp) return;
+    if (!hp) return 1;
     struct hl_fence *f = slot(c, idx);
-    heap_lock(c, hp);
+    if (!heap_lock_for(c, hp, HEAP_FREE_WAIT_NS)) return 0;
     uint64_t g = ld(&f->parents[0]), n = ld(&f->parents[1]);
     if (n && g <= c->dv.heap_granules && n <= c->dv.heap_granules - g) {
         bits_set(c->dv.heap_bitmap, g, n, 0);
@@ -499,6 +520,7 @@ static void heap_free_block(Core *c, uint32_t idx) {
     }
     st(&f->parents[1], 0);
     heap_unlock(hp);
+    return 1;
 }
 
 /* ------------------------------------------------------------------ */
@@ -513,7 +535,16 @@ static void finalize(Core *c, uint32_t idx, uint64_t dying) {
     struct hl_fence *f = slot(c, idx);
     uint32_t k = HL_CTL_KIND(dying);
     if (HAS_BLOCK(k)) {
-        heap_free_block(c, idx);
+        if (!heap_free_block(c, idx)) {
+            /* the heap lock is held by a live participant that does not let
+             * go: the slot stays DYING (ours) with its block, and the free
+             * is retried later (a recovery retries at its next pass) */
+            if (tls_rec >= 0)
+                tls_deferred = 1;
+            else
+                defer_free(c, idx, dying);
+            return;
+        }
     } else {
         if (k != HL_KIND_TIMELINE) {
             uint64_t z = 0;
@@ -760,6 +791,7 @@ static void recover_queue(Core *c, uint32_t idx, uint64_t ctl, int d, uint32_t d
 static int recover_participant_(Core *c, int d, uint64_t pctl);
 static int recover_participant(Core *c, int d, uint64_t pctl) {
     tls_rec = d;
+    tls_deferred = 0;
     tls_rec_inc = HL_PCTL_INC(pctl) & 0xffffffu;
     int r = recover_participant_(c, d, pctl);
     tls_rec = -1;
@@ -780,7 +812,10 @@ static int recover_participant_(Core *c, int d, uint64_t pctl) {
         uint32_t s = HL_CTL_STATE(ctl);
         if (s == HL_SLOT_ALLOC && HL_CTL_PIDX(ctl) == (uint32_t)d) {
             /* died while initialising: nobody else can hold it (rule (b)) */
-            if (HAS_BLOCK(HL_CTL_KIND(ctl))) heap_free_block(c, i);
+            if (HAS_BLOCK(HL_CTL_KIND(ctl)) && !heap_free_block(c, i)) {
+                complete = 0; /* heap lock held by a live participant: next pass */
+                continue;
+            }
             st(&f->refs, 0);
             uint64_t e = ctl;
             cas(&f->ctl, &e, HL_CTL(HL_CTL_GEN(ctl), HL_CTL_KIND(ctl), 0, HL_SLOT_FREE));
@@ -832,13 +867,16 @@ static int recover_participant_(Core *c, int d, uint64_t pctl) {
             drop_ref(c, i, dbit, actor);
         }
     }
+    if (tls_deferred) complete = 0;
     if (!complete) return 0;
     struct hl_heap *hp = heap(c);
     if (hp) {
         uint64_t l = ld(&hp->lock);
         if (l && HL_OWNER_INDEX((uint32_t)l) == d && !owner_alive(c, l)) {
-            heap_lock(c, hp); /* breaks it and rebuilds the bitmap */
-            heap_unlock(hp);
+            if (heap_lock_for(c, hp, HEAP_LOCK_WAIT_NS)) /* breaks it and rebuilds the bitmap */
+                heap_unlock(hp);
+            else
+                return 0;
         }
     }
     /* the slot's pid/label are left as they are: a joiner overwrites them */
@@ -912,6 +950,7 @@ static void *watchdog_main(void *arg) {
         uint64_t ids[HL_MAX_PARTICIPANTS];
         reap_all(c, ids, HL_MAX_PARTICIPANTS);
         sweep(c);
+        retry_deferred(c);
         pthread_mutex_lock(&c->wd_mu);
     }
     pthread_mutex_unlock(&c->wd_mu);
@@ -947,6 +986,7 @@ static void Core_dealloc(Core *c) {
     core_unmap(c);
     pthread_mutex_destroy(&c->wd_mu);
     pthread_mutex_destroy(&c->reap_mu);
+    pthread_mutex_destroy(&c->defer_mu);
     pthread_cond_destroy(&c->wd_cv);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -958,6 +998,7 @@ static PyObject *Core_new(PyTypeObject *t, PyObject *a, PyObject *k) {
     c->me = -1;
     pthread_mutex_init(&c->wd_mu, NULL);
     pthread_mutex_init(&c->reap_mu, NULL);
+    pthread_mutex_init(&c->defer_mu, NULL);
     pthread_cond_init(&c->wd_cv, NULL);
     return (PyObject *)c;
 }
@@ -1856,6 +1897,45 @@ static void trace_emit(Core *c, uint32_t type, uint64_t a, uint64_t b, uint64_t 
     if (c->trace) trace_emit_at(c, now_ns(), type, a, b, cc, d, e);
 }
 
+/* The error for a heap lock that a live participant keeps (NULL, exception set). */
+static PyObject *heap_lock_error(Core *c, struct hl_heap *hp) {
+    uint64_t l = ld(&hp->lock);
+    int i = HL_OWNER_INDEX((uint32_t)l);
+    unsigned pid = (i >= 0 && (uint32_t)i < c->pcap) ? c->parts[i].pid : 0;
+    hl_err(E_Hostless,
+           "the shared heap is locked by participant %d (pid %u, lock word 0x%llx) for more than %.1f s: "
+           "it is stopped inside an allocation, or the lock word was overwritten",
+           i, pid, (unsigned long long)l, HEAP_LOCK_WAIT_NS / 1e9);
+    return NULL;
+}
+
+/* A block whose free found the heap lock held by a live participant: its
+ * slot stays DYING (ours) until retry_deferred() frees it (the watchdog, the
+ * next allocation).  If we die first, our recovery finishes it. */
+static void defer_free(Core *c, uint32_t idx, uint64_t dying) {
+    pthread_mutex_lock(&c->defer_mu);
+    if (c->ndefer < DEFER_MAX) {
+        c->defer_idx[c->ndefer] = idx;
+        c->defer_ctl[c->ndefer] = dying;
+        c->ndefer++;
+    } /* else: it stays DYING until our recovery (check() shows it) */
+    pthread_mutex_unlock(&c->defer_mu);
+}
+
+static void retry_deferred(Core *c) {
+    if (!__atomic_load_n(&c->ndefer, __ATOMIC_RELAXED)) return;
+    uint32_t idx[DEFER_MAX];
+    uint64_t ctl[DEFER_MAX];
+    pthread_mutex_lock(&c->defer_mu);
+    int n = c->ndefer;
+    memcpy(idx, c->defer_idx, sizeof(uint32_t) * (size_t)n);
+    memcpy(ctl, c->defer_ctl, sizeof(uint64_t) * (size_t)n);
+    c->ndefer = 0;
+    pthread_mutex_unlock(&c->defer_mu);
+    for (int i = 0; i < n; i++)
+        if (ld(&slot(c, idx[i])->ctl) == ctl[i]) finalize(c, idx[i], ctl[i]); /* may defer again */
+}
+
 /* Allocate a buffer of nbytes with its metadata; returns 0 and the handle
  * and the data's offset in the mapping, or -1 with an exception. */
 static int do_block_new(Core *c, uint32_t kind, uint64_t nbytes, const void *meta, uint32_t qcap, uint64_t *handle,
@@ -1889,7 +1969,18 @@ static int do_block_new(Core *c, uint32_t kind, uint64_t nbytes, const void *met
     }
     struct hl_fence *f = slot(c, (uint32_t)idx);
     uint64_t g, used;
-    heap_lock(c, hp);
+    int locked;
+    retry_deferred(c);
+    BUSY_ENTER(c);
+    Py_BEGIN_ALLOW_THREADS; /* a lock wait never holds the GIL */
+    locked = heap_lock_for(c, hp, HEAP_LOCK_WAIT_NS);
+    BUSY_LEAVE(c);
+    Py_END_ALLOW_THREADS;
+    if (!locked) {
+        alloc_abort(c, (uint32_t)idx, kind, gen);
+        heap_lock_error(c, hp);
+        return -1;
+    }
     uint64_t *bm = c->dv.heap_bitmap;
     g = large ? heap_find_down(c, bm, n, align) : heap_find(c, hp, bm, n, align);
     if (g != UINT64_MAX) {
@@ -1960,16 +2051,20 @@ static PyObject *Core_heap_stats(Core *c, PyObject *noargs) {
     struct hl_heap *hp = heap(c);
     if (!hp) return Py_BuildValue("{s:K}", "size", 0ull);
     uint64_t fr, lg, runs, used, repairs, allocs;
+    int locked;
     BUSY_ENTER(c);
     Py_BEGIN_ALLOW_THREADS;
-    heap_lock(c, hp);
-    heap_scan(c, c->dv.heap_bitmap, &fr, &lg, &runs);
-    used = hp->used_granules;
-    repairs = hp->repairs;
-    allocs = hp->allocs;
-    heap_unlock(hp);
+    locked = heap_lock_for(c, hp, HEAP_LOCK_WAIT_NS);
+    if (locked) {
+        heap_scan(c, c->dv.heap_bitmap, &fr, &lg, &runs);
+        used = hp->used_granules;
+        repairs = hp->repairs;
+        allocs = hp->allocs;
+        heap_unlock(hp);
+    }
     BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS;
+    if (!locked) return heap_lock_error(c, hp);
     return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size", (unsigned long long)c->dv.heap_data_size,
                          "used", (unsigned long long)(used * HL_GRANULE), "free", (unsigned long long)(fr * HL_GRANULE),
                          "largest_free", (unsigned long long)(lg * HL_GRANULE), "free_runs",
@@ -1991,16 +2086,24 @@ static PyObject *Core_heap_snapshot(Core *c, PyObject *noargs) {
         Py_DECREF(bits);
         return NULL;
     }
-    uint64_t used;
+    uint64_t used = 0;
+    int locked;
     BUSY_ENTER(c);
     Py_BEGIN_ALLOW_THREADS;
-    heap_lock(c, hp);
-    memcpy(PyBytes_AS_STRING(bits), c->dv.heap_bitmap, nb);
-    memcpy(PyBytes_AS_STRING(slots), c->fences, (size_t)c->cap * HL_FENCE_SIZE);
-    used = hp->used_granules;
-    heap_unlock(hp);
+    locked = heap_lock_for(c, hp, HEAP_LOCK_WAIT_NS);
+    if (locked) {
+        memcpy(PyBytes_AS_STRING(bits), c->dv.heap_bitmap, nb);
+        memcpy(PyBytes_AS_STRING(slots), c->fences, (size_t)c->cap * HL_FENCE_SIZE);
+        used = hp->used_granules;
+        heap_unlock(hp);
+    }
     BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS;
+    if (!locked) {
+        Py_DECREF(bits);
+        Py_DECREF(slots);
+        return heap_lock_error(c, hp);
+    }
     return Py_BuildValue("(NNKK)", bits, slots, (unsigned long long)used, (unsigned long long)c->dv.heap_granules);
 }
 
@@ -2010,7 +2113,7 @@ static PyObject *Core_heap_lock_forever(Core *c, PyObject *noargs) {
     NEED_ATTACHED(c);
     struct hl_heap *hp = heap(c);
     if (!hp) Py_RETURN_NONE;
-    heap_lock(c, hp);
+    if (!heap_lock_for(c, hp, HEAP_LOCK_WAIT_NS)) return heap_lock_error(c, hp);
     Py_RETURN_NONE;
 }
 
