@@ -162,7 +162,8 @@ def test_heap_lock_held_by_a_live_participant(domain_name: str) -> None:
     import threading
     from hostless._abi import C, owner_code
     name = sys.argv[1]
-    with hl.Domain.create(name, heap="1M", fences=64, watchdog_interval=0.02) as d, hl.Domain.open(name) as peer:
+    d = hl.Domain.create(name, heap="1M", fences=64, watchdog_interval=0.02)
+    with d, hl.Domain.open(name) as peer:
         hoff = int(d.header()["heap_offset"])
         b = d.buffer((100,), "u1")
         poke(name, hoff + int(C.HP_LOCK), owner_code(peer.participant_id))
