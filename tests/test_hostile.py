@@ -9,6 +9,11 @@ run.  (More cases belong to the hostile-memory issue; this file starts it.)
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
+import hostless as hl
 from conftest import run_child
 
 POKE = """
@@ -200,3 +205,81 @@ def test_heap_lock_held_by_a_live_participant(domain_name: str) -> None:
     assert "error: the shared heap is locked by participant" in out, out
     assert "ticks True" in out, out
     assert "check []" in out and "done" in out, out
+
+
+def test_domain_file_truncated_while_mapped(domain_name: str) -> None:
+    """Another process truncates the domain file: the innocent process's
+    watchdog, waiters and calls get CorruptDomain, never SIGBUS."""
+    out = _run_ok(
+        """
+    import os, threading
+    name = sys.argv[1]
+    d = hl.Domain.create(name, heap="1M", fences=4096, watchdog_interval=0.01)
+    f = d.fence()
+    t = d.timeline()
+    b = d.buffer((1 << 16,), "u1")
+    errors = []
+    def waiter():
+        try:
+            f.wait(10)
+        except hl.HostlessError as e:
+            errors.append(type(e).__name__)
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.05)
+    os.truncate(f"/dev/shm/{name}", 4096)
+    time.sleep(0.1)  # the watchdog sweeps the table: it must not die of SIGBUS
+    try:
+        t.signal(5)
+        print("signaled")
+    except hl.HostlessError as e:
+        print("signal error:", type(e).__name__)
+    try:
+        b.numpy()[:] = 1  # a buffer view touches truncated pages: zero pages, no SIGBUS
+        print("buffer written")
+    except hl.HostlessError as e:
+        print("buffer error:", type(e).__name__)
+    try:
+        d.fence()
+    except hl.HostlessError as e:
+        print("fence error:", type(e).__name__)
+    th.join(15)
+    print("waiter", errors)
+    d.close()
+    print("closed")
+    """,
+        domain_name,
+    )
+    assert "fence error: CorruptDomain" in out, out
+    assert "waiter ['CorruptDomain']" in out, out
+    assert "closed" in out, out
+
+
+def test_open_refuses_symlinks_and_foreign_owners(domain_name: str) -> None:
+    """Domain.open does not follow a symbolic link and refuses a domain owned
+    by another user unless asked to (a planted domain is writable by its
+    owner at will)."""
+    with hl.Domain.create(domain_name) as d:
+        link = f"{domain_name}-link"
+        os.symlink(f"/dev/shm/{domain_name}", f"/dev/shm/{link}")
+        try:
+            with pytest.raises(OSError):
+                hl.Domain.open(link)
+        finally:
+            os.unlink(f"/dev/shm/{link}")
+        uid = os.stat(f"/dev/shm/{domain_name}").st_uid
+        if os.geteuid() != 0:
+            pytest.skip("chown to another user needs root; the symlink case ran")
+        os.chown(f"/dev/shm/{domain_name}", uid + 4242, -1)
+        try:
+            with pytest.raises(PermissionError, match="allow_other_owner"):
+                hl.Domain.open(domain_name)
+            with hl.Domain.open(domain_name, allow_other_owner=True) as peer:
+                f = d.fence()
+                g = peer.import_fence(f.handle)
+                g.signal()
+                assert f.wait(1) is hl.Status.SUCCESS
+                g.release()
+                f.release()
+        finally:
+            os.chown(f"/dev/shm/{domain_name}", uid, -1)

@@ -114,11 +114,19 @@ typedef struct {
     int ndefer;
     uint32_t defer_idx[DEFER_MAX];
     uint64_t defer_ctl[DEFER_MAX];
+    int truncated;            /* set by the SIGBUS guard: the file shrank under the mapping */
 } Core;
 
 #define BUSY_ENTER(c) __atomic_add_fetch(&(c)->busy, 1, __ATOMIC_SEQ_CST)
 #define BUSY_LEAVE(c) __atomic_sub_fetch(&(c)->busy, 1, __ATOMIC_SEQ_CST)
-#define CLOSING(c) __atomic_load_n(&(c)->closing, __ATOMIC_SEQ_CST)
+/* leave() in progress, or the file was truncated under us: loops without the GIL bail out */
+#define CLOSING(c) (__atomic_load_n(&(c)->closing, __ATOMIC_SEQ_CST) || __atomic_load_n(&(c)->truncated, __ATOMIC_SEQ_CST))
+#define CLOSED_ERROR(c, msg)                                                                           \
+    PyErr_SetString(__atomic_load_n(&(c)->truncated, __ATOMIC_SEQ_CST) ? E_Corrupt : E_Closed,            \
+                    __atomic_load_n(&(c)->truncated, __ATOMIC_SEQ_CST)                                    \
+                        ? "the domain file was truncated while mapped (by another process?); "            \
+                          "this domain is unusable: close it"                                             \
+                        : msg)
 
 static int part_lock_held(Core *c, int i);
 static void trace_emit(Core *c, uint32_t type, uint64_t a, uint64_t b, uint64_t cc, uint64_t d, uint64_t e);
@@ -948,9 +956,11 @@ static void *watchdog_main(void *arg) {
         if (c->wd_stop) break;
         pthread_mutex_unlock(&c->wd_mu);
         uint64_t ids[HL_MAX_PARTICIPANTS];
-        reap_all(c, ids, HL_MAX_PARTICIPANTS);
-        sweep(c);
-        retry_deferred(c);
+        if (!__atomic_load_n(&c->truncated, __ATOMIC_SEQ_CST)) {
+            reap_all(c, ids, HL_MAX_PARTICIPANTS);
+            sweep(c);
+            retry_deferred(c);
+        }
         pthread_mutex_lock(&c->wd_mu);
     }
     pthread_mutex_unlock(&c->wd_mu);
@@ -970,8 +980,86 @@ static void stop_watchdog(Core *c) {
 /* ------------------------------------------------------------------ */
 /* Python type */
 
+/* ---- SIGBUS guard ----
+ * Another process can truncate the domain file while we have it mapped;
+ * touching a page past the new end raises SIGBUS.  The guard turns that into
+ * an error: the handler maps a private zero page over the faulting page of a
+ * registered domain mapping (so the access completes, reading zeros), marks
+ * the domain truncated, and every later operation on it raises CorruptDomain
+ * (waits and the watchdog stop).  A SIGBUS elsewhere goes to the previous
+ * handler, or kills the process as it would have. */
+#define GUARD_MAX 256
+static struct {
+    uintptr_t lo, hi;
+    int *flag;
+} g_guard[GUARD_MAX];
+static pthread_mutex_t g_guard_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct sigaction g_prev_bus;
+static int g_guard_installed;
+
+static void bus_handler(int sig, siginfo_t *si, void *uc) {
+    uintptr_t a = (uintptr_t)si->si_addr;
+    for (int i = 0; i < GUARD_MAX; i++) {
+        uintptr_t lo = __atomic_load_n(&g_guard[i].lo, __ATOMIC_ACQUIRE);
+        uintptr_t hi = __atomic_load_n(&g_guard[i].hi, __ATOMIC_ACQUIRE);
+        if (!lo || a < lo || a >= hi) continue;
+        void *pg = (void *)(a & ~(uintptr_t)(HL_PAGE - 1));
+        if (mmap(pg, HL_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
+            int *flag = __atomic_load_n(&g_guard[i].flag, __ATOMIC_ACQUIRE);
+            if (flag) __atomic_store_n(flag, 1, __ATOMIC_SEQ_CST);
+            return; /* the faulting access is retried on the zero page */
+        }
+    }
+    if (g_prev_bus.sa_flags & SA_SIGINFO) {
+        if (g_prev_bus.sa_sigaction) {
+            g_prev_bus.sa_sigaction(sig, si, uc);
+            return;
+        }
+    } else if (g_prev_bus.sa_handler != SIG_DFL && g_prev_bus.sa_handler != SIG_IGN && g_prev_bus.sa_handler) {
+        g_prev_bus.sa_handler(sig);
+        return;
+    }
+    signal(SIGBUS, SIG_DFL); /* not ours: the access faults again and ends the process as before */
+}
+
+static void guard_add_region(Core *c, uintptr_t lo, uintptr_t hi) {
+    pthread_mutex_lock(&g_guard_mu);
+    if (!g_guard_installed) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = bus_handler;
+        sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGBUS, &sa, &g_prev_bus) == 0) g_guard_installed = 1;
+    }
+    for (int i = 0; i < GUARD_MAX; i++) {
+        if (g_guard[i].lo) continue;
+        __atomic_store_n(&g_guard[i].flag, &c->truncated, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_guard[i].hi, hi, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_guard[i].lo, lo, __ATOMIC_RELEASE);
+        break;
+    }
+    pthread_mutex_unlock(&g_guard_mu);
+}
+
+static void guard_add(Core *c) { guard_add_region(c, (uintptr_t)c->base, (uintptr_t)c->base + c->size); }
+
+static void guard_remove(Core *c) {
+    pthread_mutex_lock(&g_guard_mu);
+    for (int i = 0; i < GUARD_MAX; i++) {
+        if (g_guard[i].flag != &c->truncated) continue; /* the core's mapping and the regions it added */
+        __atomic_store_n(&g_guard[i].lo, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_guard[i].hi, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_guard[i].flag, NULL, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_guard_mu);
+}
+
+#define TRUNCATED(c) __atomic_load_n(&(c)->truncated, __ATOMIC_SEQ_CST)
+
 static void core_unmap(Core *c) {
     stop_watchdog(c);
+    if (c->base) guard_remove(c);
     if (c->base) munmap(c->base, c->size);
     c->base = NULL;
     if (c->fd >= 0) close(c->fd);
@@ -1130,6 +1218,8 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
     }
     c->size = size;
     c->fd = fd;
+    c->truncated = 0;
+    guard_add(c); /* from the first read of the mapping on */
     c->h = (struct hl_header *)c->base;
     /* validate once; from here on only the private view c->dv is used */
     if (__atomic_load_n(&c->h->ready, __ATOMIC_ACQUIRE) != 1 || hl_attach(&c->dv, c->base, size) != HL_OK) {
@@ -1145,6 +1235,7 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
             snprintf(why, sizeof why, "the heap header is inconsistent");
         else
             snprintf(why, sizeof why, "header sizes or offsets do not match a %zu-byte domain", size);
+        guard_remove(c);
         munmap(c->base, size);
         c->base = NULL;
         c->fd = -1;
@@ -1200,6 +1291,7 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
         }
     }
     if (c->me < 0) {
+        guard_remove(c);
         munmap(c->base, c->size);
         c->base = NULL;
         c->fd = -1;
@@ -1217,12 +1309,17 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-#define NEED_ATTACHED(c)                                                     \
-    do {                                                                     \
-        if (!(c)->base || (c)->me < 0) {                                     \
-            PyErr_SetString(E_Closed, "domain is closed");                   \
-            return NULL;                                                     \
-        }                                                                    \
+#define NEED_ATTACHED(c)                                                                          \
+    do {                                                                                          \
+        if (!(c)->base || (c)->me < 0) {                                                          \
+            PyErr_SetString(E_Closed, "domain is closed");                                        \
+            return NULL;                                                                          \
+        }                                                                                         \
+        if (TRUNCATED(c)) {                                                                       \
+            PyErr_SetString(E_Corrupt, "the domain file was truncated while mapped (by another "  \
+                                       "process?); this domain is unusable: close it");          \
+            return NULL;                                                                          \
+        }                                                                                         \
     } while (0)
 
 /* leave: recover ourselves (drops every reference, owned ACTIVE fences become
@@ -1239,7 +1336,7 @@ static PyObject *Core_leave(Core *c, PyObject *noargs) {
     }
     Py_END_ALLOW_THREADS;
     stop_watchdog(c);
-    if (c->me >= 0) {
+    if (c->me >= 0 && !__atomic_load_n(&c->truncated, __ATOMIC_SEQ_CST)) {
         int me = c->me;
         uint64_t pc = ld(&c->parts[me].ctl);
         uint64_t claimed = HL_PCTL(HL_PCTL_INC(pc), (uint32_t)me, HL_PART_RECOVERING);
@@ -1256,6 +1353,7 @@ static PyObject *Core_leave(Core *c, PyObject *noargs) {
 /* forget the mapping without touching shared state (after fork, in the child) */
 static PyObject *Core_abandon(Core *c, PyObject *noargs) {
     c->wd_running = 0; /* the thread does not exist in a forked child */
+    if (c->base) guard_remove(c);
     if (c->base) munmap(c->base, c->size);
     c->base = NULL;
     if (c->fd >= 0) close(c->fd);
@@ -1524,7 +1622,7 @@ static int do_wait(Core *c, uint64_t h, uint64_t thr, long long timeout, long lo
     BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS;
     if (timed_out == 2) {
-        PyErr_SetString(E_Closed, "the domain was closed during the wait");
+        CLOSED_ERROR(c, "the domain was closed during the wait");
         return -1;
     }
     *out = w;
@@ -1743,7 +1841,7 @@ static PyObject *Core_wait_any(Core *c, PyObject *args) {
     Py_END_ALLOW_THREADS;
     if (CLOSING(c)) {
         Py_DECREF(out);
-        PyErr_SetString(E_Closed, "the domain was closed during the wait");
+        CLOSED_ERROR(c, "the domain was closed during the wait");
         return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -1846,6 +1944,18 @@ static PyObject *Core_device_store(Core *c, PyObject *const *args, Py_ssize_t na
     int64_t idx = check_handle(c, h, 0, 1);
     if (idx < 0) return NULL;
     __atomic_store_n(&slot(c, (uint32_t)idx)->word, v, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+/* guard_map(obj): put the memory of a buffer-protocol object (another
+ * mapping of this domain's file, e.g. Domain.raw()) under the SIGBUS guard:
+ * a truncation seen through it marks this domain truncated too. */
+static PyObject *Core_guard_map(Core *c, PyObject *obj) {
+    NEED_ATTACHED(c);
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_SIMPLE) < 0) return NULL;
+    guard_add_region(c, (uintptr_t)v.buf, (uintptr_t)v.buf + (uintptr_t)v.len);
+    PyBuffer_Release(&v);
     Py_RETURN_NONE;
 }
 
@@ -2237,7 +2347,7 @@ static PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t narg
     BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS;
     if (r == HL_E_FULL && CLOSING(c)) {
-        PyErr_SetString(E_Closed, "the domain was closed while the queue was full");
+        CLOSED_ERROR(c, "the domain was closed while the queue was full");
         return NULL;
     }
     if (dead) {
@@ -2333,7 +2443,7 @@ static PyObject *Core_queue_pop(Core *c, PyObject *const *args, Py_ssize_t nargs
     BUSY_LEAVE(c);
     Py_END_ALLOW_THREADS;
     if (!got && CLOSING(c)) {
-        PyErr_SetString(E_Closed, "the domain was closed during the wait");
+        CLOSED_ERROR(c, "the domain was closed during the wait");
         return NULL;
     }
     if (!got) Py_RETURN_NONE;
@@ -2507,6 +2617,7 @@ static PyMethodDef Core_methods[] = {
     {"local_count", (PyCFunction)Core_local_count, METH_O, NULL},
     {"device_store", (PyCFunction)(void (*)(void))Core_device_store, METH_FASTCALL, NULL},
     {"address", (PyCFunction)Core_address, METH_NOARGS, NULL},
+    {"guard_map", (PyCFunction)Core_guard_map, METH_O, "put another mapping of the domain under the SIGBUS guard"},
     {NULL, NULL, 0, NULL},
 };
 

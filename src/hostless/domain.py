@@ -13,6 +13,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 import threading
 import time
 import weakref
@@ -219,7 +220,7 @@ class Domain:
         lay = _core.layout(fences, participants, *sizes)
         tag = secrets.randbelow(255) + 1
         init = (fences, participants, *sizes, tag, int(poll_interval * 1e9))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
         try:
             os.fchmod(fd, mode)
             os.ftruncate(fd, lay["total_size"])
@@ -239,17 +240,29 @@ class Domain:
         spin: float = 50e-6,
         watchdog_interval: float = 0.02,
         timeout: float = 2.0,
+        allow_other_owner: bool = False,
     ) -> Domain:
         """Open ``/dev/shm/<name>`` and join it.
 
         Waits up to ``timeout`` seconds for a creator that is still
         initialising.  Raises FileNotFoundError when missing, CorruptDomain when
         the file is not a domain of this ABI, DomainFull when every participant
-        slot is taken by a live participant.
+        slot is taken by a live participant.  The file is opened without
+        following a symbolic link, and must be a regular file owned by this
+        user (PermissionError otherwise) unless ``allow_other_owner`` is true:
+        a domain planted by another user could be rewritten by it at will.
         """
         path = _path(name)
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise PermissionError(f"{path} is not a regular file")
+            if st.st_uid != os.geteuid() and not allow_other_owner:
+                raise PermissionError(
+                    f"{path} belongs to user {st.st_uid}, not to this user ({os.geteuid()}); "
+                    "pass allow_other_owner=True to join it anyway"
+                )
             _wait_ready(fd, timeout)
             return cls._attach(fd, name, None, label, kind, watchdog_interval, spin)
         except BaseException:
@@ -394,6 +407,8 @@ class Domain:
                 self._map = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             finally:
                 os.close(fd)
+            # a truncated file seen through this mapping is an error, not a SIGBUS
+            self._core.guard_map(self._map)
         return self._map
 
     def header(self) -> Any:
