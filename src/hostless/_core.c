@@ -1482,10 +1482,13 @@ static int do_import(Core *c, uint64_t h, uint32_t want_kind) {
             if (!(old & c->mybit)) drop_ref(c, (uint32_t)idx, c->mybit, (uint32_t)c->me);
             if ((HL_CTL_GEN(c2) & 0xffffffu) != HL_HANDLE_GEN(h)) goto stale;
         }
-        /* DYING: its last holder is releasing it; wait for LIVE (revert) or FREE */
+        /* DYING: its last holder is releasing it; wait for LIVE (revert) or
+         * FREE, bounded, without the GIL */
         if (!t0) t0 = now_ns();
         if (now_ns() - t0 > 2000000000ull) goto stale;
+        PyThreadState *ts = PyEval_SaveThread();
         sched_yield();
+        PyEval_RestoreThread(ts);
     }
     c->lrefs[idx] = 1;
     c->lgen[idx] = HL_HANDLE_GEN(h);
@@ -2412,6 +2415,8 @@ static PyObject *Core_queue_pop(Core *c, PyObject *const *args, Py_ssize_t nargs
                 got = 1;
                 break;
             }
+            /* a SKIP cell: go on, but a queue full of them (or rewritten ones) still honours the timeout */
+            if ((it & 63) == 63 && timeout >= 0 && now_ns() - t0 >= (uint64_t)timeout) break;
             continue;
         }
         if ((it & 63) != 63) {
