@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from . import _core
+
 __all__ = ["Status"]
 
 
@@ -23,7 +25,8 @@ class Status(enum.IntEnum):
 
     @classmethod
     def _missing_(cls, value: object) -> Status | None:
-        if isinstance(value, int) and 64 <= value <= 0xFFFFFFFF:
+        # hl_status_valid (hostless.h): the one definition of a valid status
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0 and _core.status_valid(value):
             member = int.__new__(cls, value)
             member._name_ = f"CUSTOM_{value}"
             member._value_ = value
