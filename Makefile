@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 SOURCES := $(wildcard src/hostless/*.py src/hostless/*/*.py src/hostless/*.c src/hostless/*.h src/hostless/*/*.c) pyproject.toml setup.py
 
-.PHONY: demo test lint bench clean venv
+.PHONY: demo test lint bench clean venv sanitize
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,61 @@ lint: venv
 
 bench: venv
 	$(VENV)/bin/hostless bench fences
+
+# `make sanitize`: the C core under AddressSanitizer + UndefinedBehaviorSanitizer (NOT part of
+# `make test`: it takes minutes).  Needs only Python, gcc (with its libasan/libubsan) and make.
+#  1. builds the extension with -fsanitize=address,undefined -fno-omit-frame-pointer into its own
+#     venv ($(SAN_VENV), under build/ so it is git-ignored), from a copy of the sources in
+#     build/san-src: the regular build/ tree is never reused by, or polluted with, this build;
+#  2. runs, with libasan preloaded into the (uninstrumented) interpreter (LD_PRELOAD, as a Python
+#     extension needs) and ASAN_OPTIONS=detect_leaks=0 (the interpreter's own allocations are not
+#     ours), every child process inheriting it:
+#       - `hostless fuzz` with $(SAN_CASES) cases (hostile writes into live domains under innocent
+#         processes; its report goes to build/san-results),
+#       - tests/test_stress.py (protocol stress with kills);
+#  3. fails on any sanitizer report: ASan aborts the process (abort_on_error=1), UBSan halts it
+#     (UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1), the fuzzer classifies that innocent as a
+#     crash (it attaches the report, which it points at per-innocent files), and every other
+#     process writes its report under $(SAN_LOGS): any file there fails the target.
+SAN_VENV  ?= build/venv-san
+SAN_PY    := $(SAN_VENV)/bin/python
+SAN_CASES ?= 300
+SAN_SEED  ?= 1
+SAN_LOGS  := build/san-logs
+SAN_CFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -g
+
+$(SAN_VENV)/.deps:
+	$(PYTHON) -m venv $(SAN_VENV)
+	$(SAN_PY) -m pip install -q --upgrade pip "setuptools>=64" wheel
+	$(SAN_PY) -m pip install -q "numpy>=1.23" "pytest>=7"
+	touch $@
+
+$(SAN_VENV)/.installed: $(SAN_VENV)/.deps $(SOURCES)
+	rm -rf build/san-src && mkdir -p build/san-src
+	cp -R src setup.py pyproject.toml README.md build/san-src/
+	cd build/san-src && CFLAGS="$(SAN_CFLAGS)" LDFLAGS="-fsanitize=address,undefined" \
+	    $(abspath $(SAN_PY)) -m pip install -q --no-build-isolation --no-deps .
+	touch $@
+
+sanitize: $(SAN_VENV)/.installed
+	@asan="$$(gcc -print-file-name=libasan.so)"; test -f "$$asan" || \
+	    { echo "make sanitize: gcc has no libasan.so (install libasan for gcc $$(gcc -dumpversion))"; exit 1; }
+	rm -rf $(SAN_LOGS) && mkdir -p $(SAN_LOGS)
+	@export LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
+	    ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:log_path=$(abspath $(SAN_LOGS))/asan" \
+	    UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$(abspath $(SAN_LOGS))/ubsan"; \
+	status=0; \
+	echo "== hostless fuzz under ASan+UBSan: $(SAN_CASES) cases, seed $(SAN_SEED)"; \
+	$(SAN_VENV)/bin/hostless fuzz hlsan --cases $(SAN_CASES) --seed $(SAN_SEED) --quiet \
+	    -o build/san-results || status=1; \
+	echo "== tests/test_stress.py under ASan+UBSan"; \
+	$(SAN_PY) -m pytest -q -p no:cacheprovider tests/test_stress.py || status=1; \
+	if [ -n "$$(ls -A $(SAN_LOGS))" ]; then \
+	    echo "== sanitizer reports:"; for f in $(SAN_LOGS)/*; do echo "--- $$f"; head -60 "$$f"; done; status=1; \
+	fi; \
+	if [ $$status -eq 0 ]; then echo "make sanitize: no sanitizer report, no crash, no hang"; \
+	else echo "make sanitize: FAILED (see above and build/san-results)"; fi; \
+	exit $$status
 
 clean:
 	rm -rf build $(VENV) src/*.egg-info

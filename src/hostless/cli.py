@@ -11,6 +11,8 @@
     hostless trace NAME -o out.json    the domain's trace ring as Chrome / Perfetto JSON
     hostless chaos [--kills N] [--workers W] [--seconds S] [--fences F] [--seed X] [-o DIR]
                                        protocol stress (exit status 1 on any anomaly, hang or leak)
+    hostless fuzz NAME [--cases N] [--seed S] [--case K] [--truncate N] [-o DIR]
+                                       hostile-memory fuzzer (exit status 1 on any crash or hang)
 
 ``info``, ``check`` and ``reap`` join the domain as a participant labelled
 ``hostless-cli`` (with no watchdog, so that they report the domain as they
@@ -378,6 +380,35 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from hostless import fuzz
+
+    if args.cases < 0 or args.truncate < 0 or args.innocents < 1 or args.deadline <= 0:
+        print("hostless: need --cases, --truncate >= 0, --innocents >= 1, --deadline > 0", file=sys.stderr)
+        return 2
+    result = fuzz.run(
+        args.name,
+        cases=args.cases,
+        seed=args.seed,
+        case=args.case,
+        truncate=args.truncate,
+        innocents=args.innocents,
+        window=args.window,
+        deadline=args.deadline,
+        cli=args.cli_probes,
+        progress=None if args.quiet else print,
+    )
+    for line in fuzz.summary_lines(result):
+        print(line)
+    if not args.no_write:
+        paths = fuzz.write_results(result, args.output)
+        print("wrote " + " and ".join(str(x) for x in paths))
+    if args.findings and result["findings"]:
+        with open(args.findings, "a", encoding="utf-8") as fh:
+            fh.write(fuzz.findings_markdown(result))
+    return 0 if result["ok"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (``bench`` is a group: later ``bench buffers`` and ``bench pipeline`` join it)."""
     p = argparse.ArgumentParser(
@@ -499,6 +530,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--no-write", action="store_true", help="print the summary only")
     c.set_defaults(func=cmd_chaos)
+
+    z = sub.add_parser(
+        "fuzz",
+        help="hostile-memory fuzzer: corrupt fields of live domains under innocent processes; "
+        "exit status 1 on any crash or hang",
+    )
+    z.add_argument("name", help="prefix of the cases' domain names (/dev/shm/NAME-<pid>-<case>)")
+    z.add_argument("--cases", type=int, default=100, metavar="N", help="field-corruption cases (default 100)")
+    z.add_argument("--seed", type=int, default=None, metavar="S", help="random seed (default: random)")
+    z.add_argument("--case", default=None, metavar="K", help="run only case K (tK: truncation case K)")
+    z.add_argument("--truncate", type=int, default=0, metavar="N", help="truncation cases, reported apart")
+    z.add_argument("--innocents", type=int, default=2, metavar="P", help="innocent processes per case (2)")
+    z.add_argument("--window", type=float, default=0.4, metavar="S", help="seconds of work after the write")
+    z.add_argument("--deadline", type=float, default=10.0, metavar="S", help="hang deadline (default 10 s)")
+    z.add_argument(
+        "--cli-probes", type=float, default=0.25, metavar="P", help="share of cases with a CLI probe (0.25)"
+    )
+    z.add_argument(
+        "-o",
+        "--output",
+        default="benchmarks/results",
+        metavar="DIR",
+        help="output directory (default: %(default)s)",
+    )
+    z.add_argument("--no-write", action="store_true", help="print the summary only")
+    z.add_argument("--findings", default=None, metavar="FILE", help="append crashes and hangs to FILE")
+    z.add_argument("--quiet", action="store_true", help="no line per case")
+    z.set_defaults(func=cmd_fuzz)
     return p
 
 
