@@ -119,7 +119,7 @@ class ErtCommand:
         (word,) = struct.unpack_from("<I", raw)
         state, custom, count, opcode, type_ = parse_header(word)
         masks = 1 if has_cu_mask(opcode) else 0
-        if count < masks or 4 + 4 * count > len(raw):
+        if count < masks or count > (len(raw) - 4) // 4:  # by subtraction: no overflow
             raise ValueError(f"ERT command count {count} does not fit a {len(raw)}-byte buffer")
         words = list(struct.unpack_from(f"<{count}I", raw, 4))
         cu_mask = words[0] if masks else 0

@@ -4,7 +4,9 @@ CPU agents run NumPy kernels named by id; the emulated NPU exposes compute
 units (CUs) as a loaded xclbin would.  A kernel gets its buffers (NumPy views
 into the shared heap, no copy) and its 64-bit scalars, and writes its outputs
 in place.  It raises ValueError on bad arguments: the agent then fails the
-command with ERROR and carries on.
+command with ERROR and carries on.  Kernels whose work grows faster than
+their buffers (gemm, conv2d) refuse more than ``MAX_WORK`` multiply-adds, so
+that a hostile shape cannot hold an agent for hours.
 
 Buffer convention: inputs first, the output last.
 """
@@ -31,9 +33,21 @@ def as_f64(word: int) -> float:
     return float(struct.unpack("<d", struct.pack("<Q", word & 0xFFFFFFFFFFFFFFFF))[0])
 
 
+MAX_WORK = 1 << 34
+"""Multiply-adds one gemm / conv2d call may do (a 2048^3 GEMM is 2**33)."""
+
+
 def _need(bufs: Sequence[np.ndarray], n: int, name: str) -> None:
     if len(bufs) != n:
         raise ValueError(f"{name} takes {n} buffers, got {len(bufs)}")
+
+
+def _work(name: str, *dims: int) -> None:
+    w = 1
+    for d in dims:
+        w *= max(int(d), 0)
+    if w > MAX_WORK:
+        raise ValueError(f"{name}: {w} multiply-adds is more than MAX_WORK ({MAX_WORK})")
 
 
 def k_copy(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
@@ -66,6 +80,7 @@ def k_gemm(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
     a, w, out = b
     if a.ndim != 2 or w.ndim != 2 or a.shape[1] != w.shape[0] or out.shape != (a.shape[0], w.shape[1]):
         raise ValueError(f"gemm: shapes {a.shape} @ {w.shape} -> {out.shape} do not match")
+    _work("gemm", a.shape[0], a.shape[1], w.shape[1])
     np.matmul(a, w, out=out)
 
 
@@ -90,8 +105,9 @@ def k_conv2d(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
         raise ValueError("conv2d takes 2-D image and kernel")
     kh, kw = ker.shape
     oh, ow = img.shape[0] - kh + 1, img.shape[1] - kw + 1
-    if out.shape != (oh, ow):
+    if oh < 1 or ow < 1 or out.shape != (oh, ow):
         raise ValueError(f"conv2d: output must be {(oh, ow)}, got {out.shape}")
+    _work("conv2d", oh, ow, kh, kw)
     win = np.lib.stride_tricks.sliding_window_view(img, (kh, kw))
     np.einsum("ijkl,kl->ij", win, ker, out=out, casting="unsafe")
 
@@ -113,6 +129,8 @@ def k_int8_gemm(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
     a, w, out = b
     if a.dtype != np.int8 or w.dtype != np.int8 or out.dtype != np.int32:
         raise ValueError("int8_gemm takes int8 inputs and an int32 output")
+    if a.ndim == 2 and w.ndim == 2:
+        _work("int8_gemm", a.shape[0], a.shape[1], w.shape[1])  # before the int32 copies
     k_gemm([a.astype(np.int32), w.astype(np.int32), out], s)
 
 

@@ -115,9 +115,12 @@ class Kernargs:
         magic, nb, ns, nf, _r0, _r1 = _KA.unpack_from(raw)
         if magic != int(C.KERNARG_MAGIC):
             raise ValueError(f"argument block has a bad magic {magic:#x}")
-        need = _KA.size + 8 * (nb + ns) + 72 * nf
-        if need > len(raw):
-            raise ValueError(f"argument block claims {need} bytes but holds {len(raw)}")
+        # each count against the room left, by subtraction (as C must, without overflow)
+        left = len(raw) - _KA.size
+        for count, size, what in ((nb, 8, "buffers"), (ns, 8, "scalars"), (nf, 72, "follow-ups")):
+            if count > left // size:
+                raise ValueError(f"argument block claims {count} {what} but has room for {left // size}")
+            left -= count * size
         off = _KA.size
         bufs = list(struct.unpack_from(f"<{nb}Q", raw, off))
         off += 8 * nb

@@ -5,6 +5,14 @@ emulated NPU command processor (ERT command buffers, kernels chosen by CU
 index as in a loaded xclbin).  Each agent owns the fences of the packets it
 runs: create them with ``owner=agent.id`` so that its death makes them
 OWNER_DIED.
+
+A bad packet fails alone: the agent finishes it with ERROR (its signal, when
+it is a fence or timeline the agent can signal: a fence gets ERROR, a
+timeline is failed with ERROR) and goes on with the next packet; it never
+exits on one and never wedges: input waits are bounded by ``wait_timeout``,
+follow-up pushes by ``follow_timeout`` (never waiting on the agent's own
+queue), and a follow-up chain through the agent's own queue is cut after 64
+hops.  The full rule is in :mod:`hostless.agents.worker`.
 """
 
 from __future__ import annotations
@@ -86,6 +94,15 @@ def spawn(
     is how long an idle agent polls its doorbell before a bounded sleep: longer
     spins cut the hand-off latency and cost CPU while idle.
 
+    ``wait_timeout`` (seconds, default 60; None = forever) bounds how long a
+    packet waits for its input fences / timeline points: past it the packet
+    fails with ERROR (the queue runs in order, so an input that never
+    completes would otherwise hold every later packet).  ``follow_timeout``
+    (seconds, default 10) bounds the pushes of one packet's follow-ups into
+    other consumers' queues (a push into the agent's own queue never waits);
+    a follow-up that cannot be pushed is dropped and its signal fails with
+    ERROR.  See :mod:`hostless.agents.worker` for the full rule on bad packets.
+
     ``user_kernels`` maps names to ``"module:function"`` kernels (taking
     ``(buffers, scalars)``) the agent imports; their ids are in
     ``agent.user_kernels``.  Passing the ``queue`` of a dead agent respawns it.
@@ -96,6 +113,14 @@ def spawn(
     spin = float(opts.pop("spin", 50e-6))
     if spin < 0:
         raise ValueError("spin must be >= 0")
+    wait_timeout = opts.pop("wait_timeout", 60.0)
+    if wait_timeout is not None:
+        wait_timeout = float(wait_timeout)
+        if not wait_timeout >= 0:
+            raise ValueError("wait_timeout must be >= 0 or None")
+    follow_timeout = float(opts.pop("follow_timeout", 10.0))
+    if not follow_timeout >= 0:
+        raise ValueError("follow_timeout must be >= 0")
     if opts:
         raise TypeError(f"unknown options {sorted(opts)}")
     if kind == "cuda":
@@ -122,6 +147,8 @@ def spawn(
     if label:
         cmd += ["--label", label]
     cmd += ["--spin", repr(spin)]
+    cmd += ["--wait-timeout", repr(-1.0 if wait_timeout is None else wait_timeout)]
+    cmd += ["--follow-timeout", repr(follow_timeout)]
     if kind == "cuda":
         cmd += ["--device", str(device)]
     ids: dict[str, int] = {}
