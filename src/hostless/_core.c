@@ -1950,6 +1950,24 @@ static PyObject *Core_device_store(Core *c, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
+/* view() -> the private layout of this domain (struct hl_dom), validated at
+ * attach: offsets from the start of the mapping (0 = absent) and capacities.
+ * Tools use it instead of re-reading the shared header. */
+static PyObject *Core_view(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    const struct hl_dom *d = &c->dv;
+    return Py_BuildValue("{s:K,s:K,s:I,s:K,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size", (unsigned long long)d->size,
+                         "participants_offset", (unsigned long long)((char *)d->parts - d->base),
+                         "participant_capacity", d->participant_capacity, "fences_offset",
+                         (unsigned long long)((char *)d->fences - d->base), "fence_capacity", d->fence_capacity,
+                         "poll_ns", (unsigned long long)d->poll_ns, "heap_offset",
+                         (unsigned long long)(d->heap ? (char *)d->heap - d->base : 0), "heap_data_offset",
+                         (unsigned long long)(d->heap ? d->heap_data - d->base : 0), "heap_granules",
+                         (unsigned long long)d->heap_granules, "heap_data_size", (unsigned long long)d->heap_data_size,
+                         "trace_offset", (unsigned long long)(d->trace ? (char *)d->trace - d->base : 0),
+                         "trace_capacity", (unsigned long long)d->trace_capacity);
+}
+
 /* guard_map(obj): put the memory of a buffer-protocol object (another
  * mapping of this domain's file, e.g. Domain.raw()) under the SIGBUS guard:
  * a truncation seen through it marks this domain truncated too. */
@@ -2622,6 +2640,7 @@ static PyMethodDef Core_methods[] = {
     {"local_count", (PyCFunction)Core_local_count, METH_O, NULL},
     {"device_store", (PyCFunction)(void (*)(void))Core_device_store, METH_FASTCALL, NULL},
     {"address", (PyCFunction)Core_address, METH_NOARGS, NULL},
+    {"view", (PyCFunction)Core_view, METH_NOARGS, "the private layout validated at attach"},
     {"guard_map", (PyCFunction)Core_guard_map, METH_O, "put another mapping of the domain under the SIGBUS guard"},
     {NULL, NULL, 0, NULL},
 };

@@ -632,7 +632,7 @@ class Domain:
         ):
             time.sleep(0.002)
         heap = self._core.heap_snapshot()
-        return check_tables(bytes(self.raw()), self._core.lock_held, self._index, heap)
+        return check_tables(bytes(self.raw()), self._core.lock_held, self._index, heap, self._core.view())
 
     def notifier(self) -> Notifier:
         """The per-domain thread that completes asyncio waits and callbacks."""

@@ -35,31 +35,51 @@ def _status_ok(w: int) -> bool:
     return bool(_core.status_valid(w))
 
 
+_LAYOUT_FIELDS = ("participant_capacity", "participants_offset", "fence_capacity", "fences_offset", "poll_ns")
+
+
 def check_tables(
     buf: bytes,
     lock_held: Callable[[int], bool],
     me: int,
     heap: tuple[bytes, bytes, int, int] | None = None,
+    view: dict[str, int] | None = None,
 ) -> list[str]:
     """Return every invariant violation in a snapshot ``buf`` of a domain.
 
-    ``heap`` is ``(bitmap, slot table, used granules, granules)`` copied under
-    the heap lock (``Core.heap_snapshot``); with it the heap is checked too.
+    ``view`` is the layout this participant validated when it attached
+    (``Core.view()``): the tables are read where it says, and a shared header
+    that no longer matches it is reported (a participant rewrote it), never
+    followed.  Without it (a file checked offline) the header is validated
+    here.  ``heap`` is ``(bitmap, slot table, used granules, granules)``
+    copied under the heap lock (``Core.heap_snapshot``); with it the heap is
+    checked too.
     """
     out: list[str] = []
     if len(buf) < int(C.HEADER_SIZE):
         return [f"domain is {len(buf)} bytes, smaller than a header"]
     h = np.frombuffer(buf, dtype=HEADER_DTYPE, count=1)[0]
     if int(h["magic"]) != int(C.MAGIC) or int(h["abi_version"]) != int(C.ABI_VERSION):
-        return ["header magic or ABI version is wrong"]
+        out.append("header magic or ABI version is wrong")
+        if view is None:
+            return out
     if int(h["total_size"]) != len(buf):
-        return [f"header total_size {int(h['total_size'])} != mapping size {len(buf)}"]
-    pcap, fcap = int(h["participant_capacity"]), int(h["fence_capacity"])
-    poff, foff = int(h["participants_offset"]), int(h["fences_offset"])
+        out.append(f"header total_size {int(h['total_size'])} != mapping size {len(buf)}")
+        if view is None:
+            return out
+    if view is not None:
+        for k in _LAYOUT_FIELDS:
+            if int(h[k]) != int(view[k]):
+                out.append(f"header {k} is {int(h[k])}, was {int(view[k])} at attach (rewritten)")
+        pcap, fcap = int(view["participant_capacity"]), int(view["fence_capacity"])
+        poff, foff = int(view["participants_offset"]), int(view["fences_offset"])
+    else:
+        pcap, fcap = int(h["participant_capacity"]), int(h["fence_capacity"])
+        poff, foff = int(h["participants_offset"]), int(h["fences_offset"])
     if not (0 < pcap <= int(C.MAX_PARTICIPANTS)) or poff + pcap * int(C.PARTICIPANT_SIZE) > len(buf):
-        return ["participant table lies outside the domain"]
+        return [*out, "participant table lies outside the domain"]
     if not (0 < fcap <= int(C.MAX_FENCES)) or foff + fcap * int(C.FENCE_SIZE) > len(buf):
-        return ["fence table lies outside the domain"]
+        return [*out, "fence table lies outside the domain"]
     parts = np.frombuffer(buf, dtype=PARTICIPANT_DTYPE, count=pcap, offset=poff)
     fences = np.frombuffer(buf, dtype=FENCE_DTYPE, count=fcap, offset=foff)
 

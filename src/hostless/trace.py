@@ -42,14 +42,12 @@ _NAMES = {
 
 def events(dom: Domain) -> list[dict[str, int]]:
     """The valid events of the ring, oldest first (torn or overwritten ones are dropped)."""
-    h = dom.header()
-    off, size = int(h["trace_offset"]), int(h["trace_size"])
-    if size < 128:
+    v = dom._core.view()  # the layout validated at attach, never the shared header
+    off, cap = int(v["trace_offset"]), int(v["trace_capacity"])
+    if not off or not cap:
         return []
-    raw = np.frombuffer(dom.raw(), dtype=np.uint8, count=size, offset=off)
-    magic, cap, write = (int(x) for x in raw[:24].view("<u8"))
-    if magic != int(C.TRACE_MAGIC) or cap == 0 or cap > (size - 64) // 64:
-        return []
+    raw = np.frombuffer(dom.raw(), dtype=np.uint8, count=64 + 64 * cap, offset=off)
+    write = int(raw[16:24].view("<u8")[0])  # shared: used only modulo cap, and at most cap events
     ev = raw[64 : 64 + 64 * cap].view(_EV).copy()
     first = max(0, write - cap)
     out = []
