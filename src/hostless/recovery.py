@@ -68,9 +68,9 @@ def check_tables(
         if view is None:
             return out
     if view is not None:
-        for k in _LAYOUT_FIELDS:
-            if int(h[k]) != int(view[k]):
-                out.append(f"header {k} is {int(h[k])}, was {int(view[k])} at attach (rewritten)")
+        for name in _LAYOUT_FIELDS:
+            if int(h[name]) != int(view[name]):
+                out.append(f"header {name} is {int(h[name])}, was {int(view[name])} at attach (rewritten)")
         pcap, fcap = int(view["participant_capacity"]), int(view["fence_capacity"])
         poff, foff = int(view["participants_offset"]), int(view["fences_offset"])
     else:
