@@ -698,22 +698,26 @@ def self_loop(e: Env, fanout: int) -> None:
         hl.Kernargs(buffers=[x.handle, x.handle], follow=[hl.Follow(a.queue.handle, me)] * fanout).encode(),
         np.uint8,
     )
+    start = a.queue.info()["completed"]
     a.queue.push(me, timeout=ANSWER)
     t0 = time.monotonic()
     assert e.probe("cpu") == "ok"
     assert time.monotonic() - t0 < ANSWER
-    # the loop ends by itself
+    # the loop ends by itself: the agent's count of finished packets stops moving
     deadline = time.monotonic() + 10
+    done = a.queue.info()["completed"]
     while time.monotonic() < deadline:
-        i = a.queue.info()
-        if i["write_index"] == i["read_index"]:
-            time.sleep(0.05)
-            i = a.queue.info()
-            if i["write_index"] == i["read_index"]:
-                break
-        time.sleep(0.02)
+        time.sleep(0.2)
+        now = a.queue.info()["completed"]
+        if now == done:
+            break
+        done = now
     i = a.queue.info()
-    assert i["write_index"] == i["read_index"], "the self-enqueueing packet never stopped"
+    assert i["completed"] == done and i["write_index"] == i["read_index"], (
+        "the self-enqueueing packet never stopped"
+    )
+    # at most 1 + 64 hops, each hop at most a queue's worth of copies (and the probe)
+    assert done - start <= CAP * 65 + 1, f"the self-enqueueing packet ran {done - start} times"
 
 
 # ---- ERT command buffers (npu)
