@@ -283,3 +283,25 @@ def test_open_refuses_symlinks_and_foreign_owners(domain_name: str) -> None:
                 f.release()
         finally:
             os.chown(f"/dev/shm/{domain_name}", uid, -1)
+
+
+def test_invalid_completion_words_are_errors(dom: hl.Domain) -> None:
+    """A completion word no conforming participant writes (a fence word of 1
+    or 5, a timeline word of 2^63 or a failure with status 5): waits and
+    status reads raise CorruptDomain (was ValueError from the Status enum)."""
+    f = dom.fence()
+    t = dom.timeline()
+    for word in (1, 5, 63, 1 << 40):
+        dom._core.device_store(f.handle, word)
+        with pytest.raises(hl.CorruptDomain):
+            f.wait(0)
+        with pytest.raises(hl.CorruptDomain):
+            _ = f.status
+    for word in (1 << 63, int(hl._abi.C.TIMELINE_FAILED) | 5, int(hl._abi.C.TIMELINE_FAILED) | 2):
+        dom._core.device_store(t.handle, word)
+        with pytest.raises(hl.CorruptDomain):
+            t.wait(1, 0)
+        with pytest.raises(hl.CorruptDomain):
+            _ = t.failure
+    f.release()
+    t.release()

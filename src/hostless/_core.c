@@ -2689,6 +2689,15 @@ struct export {
 static PyTypeObject HandleType;
 
 static PyObject *status_obj(uint64_t s) {
+    if (!hl_status_valid(s)) {
+        /* a completion word no conforming participant writes (a timeline's
+         * word >= 2^62 without a valid status, a fence word of 1, 5, ...) */
+        hl_err(E_Corrupt,
+               "the object completed with an invalid status word 0x%llx (written by a buggy or hostile "
+               "participant)",
+               (unsigned long long)s);
+        return NULL;
+    }
     PyObject *k = PyLong_FromUnsignedLongLong(s);
     if (!k) return NULL;
     PyObject *m = StatusMap ? PyDict_GetItemWithError(StatusMap, k) : NULL;
@@ -2888,6 +2897,12 @@ static PyObject *Handle_timeline_wait(Handle *o, PyObject *const *args, Py_ssize
     if (r == 1) {
         hl_err(PyExc_TimeoutError, "timeline 0x%llx did not reach %llu within the timeout",
                (unsigned long long)o->handle, v);
+        return NULL;
+    }
+    if ((w & HL_TIMELINE_FAILED) ? (w & ~HL_TIMELINE_FAILED) > 0xffffffffull || (w & 0xffffffffull) == HL_STATUS_SUCCESS
+                                 : w > HL_TIMELINE_MAX) {
+        hl_err(E_Corrupt, "timeline 0x%llx holds an invalid word 0x%llx (written by a buggy or hostile participant)",
+               (unsigned long long)o->handle, (unsigned long long)w);
         return NULL;
     }
     return status_obj(w & HL_TIMELINE_FAILED ? (w & 0xffffffffull) : HL_STATUS_SUCCESS);

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from . import _core
 from ._abi import C
 from .errors import DomainClosed, InvalidHandle
-from .status import Status
+from .status import Status, fence_status
 
 if TYPE_CHECKING:
     pass
@@ -104,7 +104,7 @@ class Fence(_core.Handle):
         """ACTIVE, or the final status.  Not meant for busy polling: use wait()."""
         self._check_held()
         w = self._core.word(self.handle)
-        return Status(w) if w else Status.ACTIVE
+        return fence_status(w)
 
     @property
     def done(self) -> bool:
@@ -119,14 +119,14 @@ class Fence(_core.Handle):
         self._check_held()
         w = self._core.word(self.handle)
         if w:
-            return Status(w)
+            return fence_status(w)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
         self._dom.notifier().watch(self.handle, 1, fut, loop)
         if timeout is None:
-            return Status(await fut)
+            return fence_status(await fut)
         try:
-            return Status(await asyncio.wait_for(fut, timeout))
+            return fence_status(await asyncio.wait_for(fut, timeout))
         except asyncio.TimeoutError:
             raise TimeoutError(f"fence {self.handle:#x} not signaled within {timeout} s") from None
 

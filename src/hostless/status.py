@@ -6,7 +6,7 @@ import enum
 
 from . import _core
 
-__all__ = ["Status"]
+__all__ = ["Status", "fence_status", "timeline_failure"]
 
 
 class Status(enum.IntEnum):
@@ -26,7 +26,8 @@ class Status(enum.IntEnum):
     @classmethod
     def _missing_(cls, value: object) -> Status | None:
         # hl_status_valid (hostless.h): the one definition of a valid status
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0 and _core.status_valid(value):
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if ok and _core.status_valid(value):
             member = int.__new__(cls, value)
             member._name_ = f"CUSTOM_{value}"
             member._value_ = value
@@ -37,3 +38,39 @@ class Status(enum.IntEnum):
     def failed(self) -> bool:
         """True for every final status other than SUCCESS."""
         return self not in (Status.ACTIVE, Status.SUCCESS)
+
+
+def fence_status(word: int) -> Status:
+    """The status held in a fence's completion word (0 = ACTIVE).
+
+    Raises CorruptDomain for a word no conforming participant writes (1, 5,
+    63, >= 2**32: a buggy or hostile participant stored it)."""
+    if word == 0:
+        return Status.ACTIVE
+    if not _core.status_valid(word):
+        from .errors import CorruptDomain
+
+        raise CorruptDomain(
+            f"a fence holds an invalid completion word {word:#x} (written by a buggy or hostile participant)"
+        )
+    return Status(word)
+
+
+def timeline_failure(word: int) -> Status | None:
+    """The failure held in a timeline's word, or None when it has not failed.
+
+    Raises CorruptDomain for a word no conforming participant writes (a value
+    of 2**63 or more, a failure with an invalid status)."""
+    failed = int(_core.TIMELINE_FAILED)
+    if not word & failed:
+        if word >= failed:
+            from .errors import CorruptDomain
+
+            raise CorruptDomain(f"a timeline holds an invalid word {word:#x}")
+        return None
+    low = word & ~failed
+    if low > 0xFFFFFFFF or not _core.status_valid(low) or low == int(Status.SUCCESS):
+        from .errors import CorruptDomain
+
+        raise CorruptDomain(f"a timeline failed with an invalid word {word:#x}")
+    return Status(low)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from . import _core
 from ._abi import C
 from .errors import DomainClosed, InvalidHandle
-from .status import Status
+from .status import Status, timeline_failure
 
 if TYPE_CHECKING:
     pass
@@ -57,7 +57,7 @@ class Timeline(_core.Handle):
         """The failure status, or None while the timeline has not failed."""
         self._check_held()
         w = self._core.word(self.handle)
-        return Status(w & 0xFFFFFFFF) if w & _FAILED else None
+        return timeline_failure(w)
 
     if TYPE_CHECKING:
 
@@ -118,4 +118,4 @@ class Timeline(_core.Handle):
 
 
 def _decode(w: int) -> Status:
-    return Status(w & 0xFFFFFFFF) if w & _FAILED else Status.SUCCESS
+    return timeline_failure(w) or Status.SUCCESS
