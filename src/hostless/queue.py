@@ -152,7 +152,10 @@ class Queue(_core.Handle):
         """Enqueue a packet; returns its write index.
 
         Blocks while the queue is full; raises QueueFull after ``timeout``
-        seconds (``0`` = do not wait), InvalidOperation when its consumer died.
+        seconds (``0`` = do not wait), InvalidOperation when the queue is full
+        and its consumer died (a queue with room takes the packet: a respawned
+        agent that binds it will run it), CorruptDomain when the queue's words
+        were overwritten.
         """
         raw = packet.encode() if isinstance(packet, Packet) else packet
         tmo = _NO_TIMEOUT if timeout is None else int(timeout * 1e9)
