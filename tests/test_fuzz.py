@@ -3,7 +3,9 @@ live domain was overwritten get errors, never a crash or a hang.
 
 * a small seeded run (three cases per region) must have no crash and no hang;
 * the fuzzer can fail: an innocent that kills itself with SIGSEGV is a ``crash``, one that raises
-  an exception of a type that is not accepted is a ``crash``, one that never stops is a ``hang``;
+  an exception of a type that is not accepted is a ``crash``, one that never stops is a ``hang``
+  (dry runs: nothing is corrupted, so that only the hooked innocent can fail);
+* a dry run (the same work on an intact domain) is clean: the harness itself raises nothing;
 * a case is a function of (seed, case number): ``--case K`` repeats its field and value;
 * the field offsets parsed from hostless.h agree with the extension's constants;
 * ``hostless fuzz`` writes its JSON and Markdown report.
@@ -55,7 +57,7 @@ def test_small_run_no_crash_or_hang() -> None:
 
 
 def test_detects_crash_by_signal() -> None:
-    r = fuzz.run(unique_name("hlfuzz"), cases=1, seed=1, window=0.1, cli=0, hook="segv")
+    r = fuzz.run(unique_name("hlfuzz"), cases=1, seed=1, window=0.1, cli=0, hook="segv", dry=True)
     assert not r["ok"]
     (case,) = r["cases"]
     assert case["outcome"] == "crash", _explain(r)
@@ -66,7 +68,7 @@ def test_detects_crash_by_signal() -> None:
 
 
 def test_detects_unexpected_exception() -> None:
-    r = fuzz.run(unique_name("hlfuzz"), cases=1, seed=1, window=0.1, cli=0, hook="raise")
+    r = fuzz.run(unique_name("hlfuzz"), cases=1, seed=1, window=0.1, cli=0, hook="raise", dry=True)
     (case,) = r["cases"]
     assert case["outcome"] == "crash", _explain(r)
     (bad,) = [i for i in case["innocents"] if i["outcome"] == "crash"]
@@ -74,12 +76,20 @@ def test_detects_unexpected_exception() -> None:
 
 
 def test_detects_hang() -> None:
-    r = fuzz.run(unique_name("hlfuzz"), cases=1, seed=1, window=0.1, deadline=1.0, cli=0, hook="hang")
+    r = fuzz.run(
+        unique_name("hlfuzz"), cases=1, seed=1, window=0.1, deadline=1.0, cli=0, hook="hang", dry=True
+    )
     (case,) = r["cases"]
     assert case["outcome"] == "hang", _explain(r)
     (bad,) = [i for i in case["innocents"] if i["outcome"] == "hang"]
     # the SIGUSR1 faulthandler dump shows where it was
     assert any("in run_hook" in line for line in bad["stderr_tail"]), bad["stderr_tail"]
+
+
+def test_dry_run_is_clean() -> None:
+    r = fuzz.run(unique_name("hlfuzz"), cases=2, seed=5, window=0.2, cli=1.0, victims=1.0, dry=True)
+    assert r["ok"], _explain(r)
+    assert all(c["victim"] and c.get("cli") for c in r["cases"])
 
 
 def test_case_is_reproducible_and_cli_writes_reports(tmp_path: Path) -> None:

@@ -396,6 +396,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         window=args.window,
         deadline=args.deadline,
         cli=args.cli_probes,
+        victims=args.victims,
+        dry=args.dry_run,
         progress=None if args.quiet else print,
     )
     for line in fuzz.summary_lines(result):
@@ -553,6 +555,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="benchmarks/results",
         metavar="DIR",
         help="output directory (default: %(default)s)",
+    )
+    z.add_argument(
+        "--victims",
+        type=float,
+        default=0.3,
+        metavar="P",
+        help="share of cases where one more participant is SIGKILLed after the write (recovery; 0.3)",
+    )
+    z.add_argument(
+        "--dry-run", action="store_true", help="plan the cases but corrupt nothing (harness baseline)"
     )
     z.add_argument("--no-write", action="store_true", help="print the summary only")
     z.add_argument("--findings", default=None, metavar="FILE", help="append crashes and hangs to FILE")

@@ -18,8 +18,12 @@ a hang or a write outside the mapping, whatever another participant writes into 
    a queue cell of another lap, a dtype string such as ``'|V2147483647'``) into one field of one
    region: the header, a participant entry, a fence slot (of each kind, or a free one), the heap
    header or its bitmap, a buffer's metadata, the queue header, its cells or packets, the trace
-   ring's header or its events.  In some cases it also runs ``hostless info`` / ``hostless
-   check`` subprocesses that attach AFTER the corruption (they are innocents too);
+   ring's header or its events.  In toggle cases (30 %) it alternates the hostile and the original
+   bytes for half the window (a reader that validates a field and then reads it again sees both).
+   In some cases it also runs ``hostless info`` / ``hostless check`` subprocesses that attach AFTER
+   the corruption (they are innocents too), and in some a third participant (``victim``) is
+   SIGKILLed right after the write, so that the innocents' watchdogs run recovery over the
+   corrupted tables (the victim itself is not classified);
 3. tells the innocents to stop and waits for them.
 
 A separate case class, ``--truncate N``, truncates the file under the innocents instead (to 0, to
@@ -489,6 +493,7 @@ class _Innocent:
         self.held: list[Any] = []
         self.signaled: set[int] = set()
         self.tl_value = 0
+        self.callbacks = 0
         self.dom: Any = None
         self.handles: dict[str, Any] = {}
         self.shared: dict[str, Any] = {}
@@ -725,6 +730,28 @@ class _Innocent:
     def op_reap(self) -> None:
         self.dom.reap()
 
+    def op_async(self) -> None:
+        import asyncio
+
+        if self.rng.random() < 0.5:
+            f = self.rng.choice([*self.shared["fences"], self.shared["merged"]])
+            asyncio.run(f.wait_async(timeout=0.003))
+        else:
+            t = self.shared["timeline"]
+            asyncio.run(t.wait_async(t.value + 1, timeout=0.003))
+
+    def op_callback(self) -> None:
+        # callbacks run in the notifier thread (futex_waitv on the shared words); a few per process
+        if self.callbacks >= 16:
+            return
+        self.callbacks += 1
+        if self.rng.random() < 0.5:
+            f = self.rng.choice([*self.shared["fences"], self.shared["merged"]])
+            f.add_done_callback(lambda _f: None)
+        else:
+            t = self.shared["timeline"]
+            t.add_callback(t.value + self.rng.randrange(1, 4), lambda _t, _s: None)
+
     def ops_table(self) -> list[tuple[str, Callable[[], None], int]]:
         t: list[tuple[str, Callable[[], None], int]] = [
             ("fence_cycle", self.op_fence_cycle, 6),
@@ -743,6 +770,8 @@ class _Innocent:
             ("info", self.op_info, 1),
             ("trace", self.op_trace, 1),
             ("reap", self.op_reap, 1),
+            ("async", self.op_async, 1),
+            ("callback", self.op_callback, 1),
         ]
         if self.role == "creator":
             t.append(("pop", self.op_pop, 5))
@@ -903,6 +932,12 @@ class _Target:
     """value class: geometry, counter, ctl, pctl, owner, refs, link, cell, handle, status, text, any"""
     ahead: int | None = None
     """a fence slot resolved at write time: ``alloc_hint + ahead`` (``offset`` is then within the slot)"""
+    base: int = 0
+    """start of the struct instance (or 64-byte window) that holds the field"""
+    span: int = 0
+    """its size up to its last fuzzable field (0: no whole-struct corruption)"""
+    siblings: tuple[int, ...] = ()
+    """other instances of the same struct (absolute offsets), which a whole-struct case may clone"""
 
 
 _GEOMETRY = {
@@ -989,7 +1024,14 @@ def _struct_target(rng: random.Random, region: str, st: Struct, base: int, targe
     off = base + f.offset + idx * f.size
     label = fname if f.count == 1 or f.text else f"{fname}[{idx}]"
     size = f.nbytes if f.text else f.size
-    return _Target(region, label, target, off, size, f.text, 0, 0, 0, _value_kind(region, fname))
+    t = _Target(region, label, target, off, size, f.text, 0, 0, 0, _value_kind(region, fname))
+    t.base, t.span = base, _span(st)
+    return t
+
+
+def _span(st: Struct) -> int:
+    """Bytes of ``st`` up to the end of its last field that is not reserved or padding."""
+    return max(st.fields[n].offset + st.fields[n].nbytes for n in _fuzzable(st))
 
 
 def _plan_target(rng: random.Random, region: str, s: _Snap) -> _Target:
@@ -1008,6 +1050,9 @@ def _plan_target(rng: random.Random, region: str, s: _Snap) -> _Target:
         idx = s.parts.get(who, h["participant_capacity"] - 1)
         base = h["participants_offset"] + idx * L["participant"].size
         t = _struct_target(rng, region, L["participant"], base, f"{who} (index {idx})")
+        t.siblings = tuple(
+            h["participants_offset"] + i * L["participant"].size for i in sorted(s.parts.values()) if i != idx
+        )
         t.region_off, t.region_size = (
             h["participants_offset"],
             h["participant_capacity"] * L["participant"].size,
@@ -1033,8 +1078,13 @@ def _plan_target(rng: random.Random, region: str, s: _Snap) -> _Target:
             h["fence_capacity"] * L["fence"].size,
             _value_kind(region, fname_pick),
         )
+        t.base, t.span = base, L["fence"].size
+        t.siblings = tuple(
+            h["fences_offset"] + i * L["fence"].size for i in sorted(s.objects.values()) if i != idx
+        )
         if ahead is not None:
             t.ahead, t.offset, t.target = ahead, f.offset + pidx * f.size, f"slot alloc_hint+{ahead}"
+            t.base = 0
         if fname_pick == "aux" and kind == "buffer":
             t.kind = "geometry"
         if fname_pick == "word" and kind in ("buffer", "queue"):
@@ -1049,11 +1099,14 @@ def _plan_target(rng: random.Random, region: str, s: _Snap) -> _Target:
         t = _Target(
             region, f"bitmap[{i}]", "heap bitmap", off, 8, False, 0, h["heap_offset"], h["heap_size"], "refs"
         )
+        t.base = h["heap_offset"] + s.heap["bitmap_offset"] + 64 * (i // 8)
+        t.span = min(64, 8 * words - 64 * (i // 8))
     elif region == "buffer_meta":
         which = rng.randrange(len(s.buffer_meta))
         t = _struct_target(
             rng, region, L["buffer_meta"], s.buffer_meta[which], ["small buffer", "large buffer"][which]
         )
+        t.siblings = tuple(m for m in s.buffer_meta if m != s.buffer_meta[which])
         t.region_off, t.region_size = h["heap_offset"], h["heap_size"]
     elif region == "queue":
         t = _struct_target(rng, region, L["queue"], s.queue_abs, "queue header")
@@ -1074,11 +1127,15 @@ def _plan_target(rng: random.Random, region: str, s: _Snap) -> _Target:
             s.queue["packets_offset"] + cap * L["packet"].size,
             "cell",
         )
+        t.base = s.queue_abs + s.queue["cells_offset"]
+        t.span = min(64, 8 * cap)
     elif region == "queue_packets":
         cap = max(1, s.queue["capacity"])
         i = rng.randrange(cap)
         base = s.queue_abs + s.queue["packets_offset"] + i * L["packet"].size
         t = _struct_target(rng, region, L["packet"], base, f"packet {i}")
+        first = s.queue_abs + s.queue["packets_offset"]
+        t.siblings = tuple(first + j * L["packet"].size for j in range(cap) if j != i)
         t.region_off, t.region_size = s.queue_abs, s.queue["packets_offset"] + cap * L["packet"].size
     elif region == "trace":
         t = _struct_target(rng, region, L["trace"], h["trace_offset"], "trace header")
@@ -1088,6 +1145,8 @@ def _plan_target(rng: random.Random, region: str, s: _Snap) -> _Target:
         i = rng.randrange(min(cap, 64)) if rng.random() < 0.7 else rng.randrange(cap)
         base = h["trace_offset"] + L["trace"].size + i * L["trace_event"].size
         t = _struct_target(rng, region, L["trace_event"], base, f"event {i}")
+        first = h["trace_offset"] + L["trace"].size
+        t.siblings = tuple(first + j * L["trace_event"].size for j in range(min(cap, 64)) if j != i)
         t.region_off, t.region_size = h["trace_offset"], h["trace_size"]
     else:
         raise ValueError(f"unknown region {region!r}")
@@ -1271,6 +1330,7 @@ class _Proc:
     err: Path
     cli: bool = False
     hung: bool = False
+    victim: bool = False
 
 
 _SAN_MARKERS = (
@@ -1289,16 +1349,26 @@ def _tail(path: Path, n: int = 20) -> list[str]:
     return text.splitlines()[-n:]
 
 
+def _exc_types(text: str) -> list[str]:
+    """The exception type names of every traceback printed to ``text`` (uncaught, in a thread, in a
+    callback the notifier caught, or "Exception ignored in" a destructor), in order."""
+    out = []
+    blocks = text.split("Traceback (most recent call last)")[1:]
+    for block in blocks:
+        for line in block.splitlines()[1:]:
+            if line.startswith((" ", "\t")) or not line.strip():
+                continue
+            m = re.match(r"^([A-Za-z_][\w.]*)(?::|$)", line)
+            if m:
+                out.append(m.group(1))
+            break
+    return out
+
+
 def _exc_type(text: str) -> str | None:
-    """The type name of the last uncaught exception in a traceback printed to ``text``."""
-    if "Traceback (most recent call last)" not in text:
-        return None
-    last = text[text.rindex("Traceback (most recent call last)") :]
-    for line in reversed(last.splitlines()):
-        m = re.match(r"^([A-Za-z_][\w.]*)(?::|$)", line)
-        if m and not line.startswith(("Traceback", " ")):
-            return m.group(1)
-    return None
+    """The type name of the last exception in a traceback printed to ``text``."""
+    types = _exc_types(text)
+    return types[-1] if types else None
 
 
 def _type_accepted(qualname: str) -> bool:
@@ -1341,7 +1411,9 @@ def _classify(p: _Proc, san: list[str]) -> dict[str, Any]:
         rec["samples"] = done.get("samples", {})
     exc = _exc_type(err_text)
     outcome, why = "clean", ""
-    if p.hung:
+    if p.victim:
+        why = "SIGKILLed on purpose after the first write (not classified)"
+    elif p.hung:
         outcome, why = "hang", "still running after the deadline (SIGUSR1 stack dump, then SIGKILL)"
     elif san or any(m in err_text for m in _SAN_MARKERS):
         outcome, why = "crash", "sanitizer report"
@@ -1363,8 +1435,15 @@ def _classify(p: _Proc, san: list[str]) -> dict[str, Any]:
             why = f"exited with accepted {exc}"
         else:
             outcome, why = "crash", f"exit status {rc}" + (f" ({exc})" if exc else "")
+    else:
+        swallowed = [t for t in _exc_types(err_text) if not _type_accepted(t)]
+        if swallowed:
+            outcome, why = (
+                "crash",
+                f"unexpected exception {swallowed[0]} printed (in a thread, callback or __del__)",
+            )
     rec["outcome"], rec["why"] = outcome, why
-    if outcome != "clean" or rc != 0:
+    if (outcome != "clean" or rc != 0) and not p.victim:
         rec["stderr_tail"] = _tail(p.err, 40 if p.hung else 20)
     if san:
         rec["sanitizer"] = san[:60]
@@ -1398,6 +1477,9 @@ class Config:
     deadline: float
     cli: float
     hook: str | None
+    victims: float = 0.3
+    whole: float = 0.15
+    dry: bool = False
 
 
 def _case_ids(cfg: Config) -> list[str]:
@@ -1408,6 +1490,8 @@ def _case_ids(cfg: Config) -> list[str]:
 
 def _repro(cfg: Config, cid: str) -> str:
     extra = f" --innocents {cfg.innocents}" if cfg.innocents != 2 else ""
+    if cfg.victims != 0.3:
+        extra += f" --victims {cfg.victims}"
     return f"hostless fuzz {cfg.name} --seed {cfg.seed} --case {cid}{extra}"
 
 
@@ -1476,6 +1560,20 @@ def _reap(procs: Sequence[_Proc], deadline: float) -> None:
             p.popen.wait()
 
 
+def _whole_data(rng: random.Random, fd: int, t: _Target) -> tuple[bytes, str]:
+    """Bytes replacing the whole struct instance of ``t`` (its first ``span`` bytes)."""
+    n = t.span
+    choice = rng.randrange(5)
+    if choice == 0 and t.siblings:
+        src = rng.choice(t.siblings)
+        return os.pread(fd, n, src), f"whole {t.region} struct cloned from offset {src}"
+    if choice == 1:
+        return b"\x00" * n, f"whole {t.region} struct zeroed"
+    if choice == 2:
+        return b"\xff" * n, f"whole {t.region} struct all 0xff"
+    return rng.randbytes(n), f"whole {t.region} struct random"
+
+
 def _toggle(fd: int, offset: int, hostile: bytes, orig: bytes, seconds: float) -> int:
     """Alternate the hostile and the original bytes for ``seconds`` (a reader that validates a
     field and reads it again sees both); ends on the hostile value.  Returns the number of pairs."""
@@ -1499,13 +1597,21 @@ def _run_case(cfg: Config, cid: str) -> dict[str, Any]:
     path = os.path.join("/dev/shm", name)
     casedir = Path(tempfile.mkdtemp(prefix="hlfuzz-"))
     roles = ["creator"] + [f"joiner{i}" for i in range(1, cfg.innocents)]
+    # a participant SIGKILLed right after the first write (so that the survivors recover it over the
+    # corrupted tables); its own generator, so that the corruption plan does not depend on it
+    with_victim = random.Random(f"hostless-fuzz:{cfg.seed}:{cid}:victim").random() < cfg.victims
     procs: list[_Proc] = []
     rec: dict[str, Any] = {"case": cid, "seed": cfg.seed, "region": region, "repro": _repro(cfg, cid)}
+    rec["victim"] = with_victim
     t0 = time.monotonic()
     try:
         for i, role in enumerate(roles):
             hook = cfg.hook if i == len(roles) - 1 else None
             procs.append(_spawn(role, name, casedir, f"{cfg.seed}:{cid}", hook))
+        if with_victim:
+            procs.append(_spawn("victim", name, casedir, f"{cfg.seed}:{cid}", None))
+            procs[-1].victim = True
+            roles.append("victim")
         ready: dict[str, dict[str, Any]] = {}
         limit = time.monotonic() + 60
         while len(ready) < len(roles):
@@ -1524,10 +1630,9 @@ def _run_case(cfg: Config, cid: str) -> dict[str, Any]:
                     if dead
                     else "no ready within 60 s"
                 )
+                # nothing was corrupted yet: whatever happened is not a finding about hostile memory
+                # (but the run is not valid either: "error" fails it too)
                 rec["innocents"] = [_classify(p, _san_reports(casedir, p.role)) for p in procs]
-                # a crash during setup is still a crash (the hook tests rely on it, and so does the truth)
-                if any(i["outcome"] == "crash" for i in rec["innocents"]):
-                    rec["outcome"] = "crash"
                 return rec
             time.sleep(_POLL)
         snap = _snapshot(path, ready)
@@ -1554,6 +1659,9 @@ def _run_case(cfg: Config, cid: str) -> dict[str, Any]:
         if rng.random() < cfg.cli:
             cli_cmd = rng.choice([["info", name], ["info", name, "--json"], ["check", name]])
         mode = "write" if trunc or rng.random() < 0.7 else "toggle"
+        # whole-struct cases: their own generator, so that the field plans do not depend on them
+        wrng = random.Random(f"hostless-fuzz:{cfg.seed}:{cid}:whole")
+        whole = not trunc and wrng.random() < cfg.whole and tg.span > 0
         rec["mode"] = mode
         time.sleep(pre)
         fd = os.open(path, os.O_RDWR)
@@ -1564,10 +1672,18 @@ def _run_case(cfg: Config, cid: str) -> dict[str, Any]:
                 hint = int.from_bytes(os.pread(fd, hf.size, hf.offset), "little")
                 idx = (hint + tg.ahead) % snap.header["fence_capacity"]
                 tg.offset += snap.header["fences_offset"] + idx * abi_layout()["fence"].size
+                tg.base += snap.header["fences_offset"] + idx * abi_layout()["fence"].size
                 rec["offset"], rec["target"] = tg.offset, f"{tg.target} = slot {idx}"
+            if whole:
+                data, how = _whole_data(wrng, fd, tg)
+                tg.offset, tg.size = tg.base, len(data)
+                rec.update(field="*", offset=tg.offset, size=tg.size, how=how, value=None, bytes=data.hex())
+                rec.pop("value_hex", None)
             orig = b"" if trunc else os.pread(fd, tg.size, tg.offset)
             for rep in range(2):
-                if trunc:
+                if cfg.dry:
+                    pass
+                elif trunc:
                     if rep == 0:
                         os.ftruncate(fd, size)
                     elif restore:
@@ -1576,6 +1692,10 @@ def _run_case(cfg: Config, cid: str) -> dict[str, Any]:
                     rec["toggles"] = _toggle(fd, tg.offset, data, orig, cfg.window / 2)
                 else:
                     os.pwrite(fd, data, tg.offset)
+                if rep == 0:
+                    for p in procs:
+                        if p.victim:
+                            p.popen.kill()
                 if rep == 0 and cli_cmd is not None:
                     procs.append(_spawn_cli(cli_cmd, "cli", casedir))
                     rec["cli"] = "hostless " + " ".join(cli_cmd)
@@ -1620,6 +1740,8 @@ def run(
     deadline: float = 10.0,
     cli: float = 0.25,
     hook: str | None = None,
+    victims: float = 0.3,
+    dry: bool = False,
     progress: Callable[[str], object] | None = None,
 ) -> dict[str, Any]:
     """Run the fuzzer; returns the result dict (``ok`` is False on any crash, hang or setup error).
@@ -1628,7 +1750,10 @@ def run(
     ``truncate``: truncation cases after the ``cases`` field cases.  ``innocents``: processes per
     case (a creator and ``innocents - 1`` joiners).  ``window``: seconds of work after the first
     write.  ``deadline``: seconds an innocent gets to finish once told to stop.  ``cli``:
-    probability of a ``hostless info/check`` probe per case.  ``hook`` (tests): the last innocent
+    probability of a ``hostless info/check`` probe per case.  ``victims``: probability of a case with
+    one more participant that is SIGKILLed right after the first write, so that the innocents'
+    watchdogs recover it over the corrupted tables.  ``dry``: plan every case but write nothing (a
+    baseline of the harness: every case must be clean).  ``hook`` (tests): the last innocent
     kills itself with SIGSEGV (``segv``), raises IndexError (``raise``) or never stops (``hang``).
     """
     from .bench import machine_info
@@ -1642,7 +1767,7 @@ def run(
     only = None if case is None else str(case)
     if only is not None and not re.fullmatch(r"t?\d+", only):
         raise ValueError(f"case must be K or tK, got {case!r}")
-    cfg = Config(name, cases, seed, only, truncate, innocents, window, deadline, cli, hook)
+    cfg = Config(name, cases, seed, only, truncate, innocents, window, deadline, cli, hook, victims, dry=dry)
     abi_layout()  # fail early if the header and the core disagree
     t0 = time.monotonic()
     machine = machine_info()
@@ -1688,6 +1813,8 @@ def _result(cfg: Config, recs: list[dict[str, Any]], machine: dict[str, Any], dt
             "deadline_s": cfg.deadline,
             "cli": cfg.cli,
             "hook": cfg.hook,
+            "victims": cfg.victims,
+            "dry": cfg.dry,
             "sanitizers": {
                 k: os.environ[k] for k in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS") if k in os.environ
             },
@@ -1728,9 +1855,10 @@ def _finding_line(r: dict[str, Any]) -> str:
 def summary_lines(result: dict[str, Any]) -> list[str]:
     """A few lines for the terminal."""
     t = result["totals"]
+    dry = " (dry run)" if result["config"].get("dry") else ""
     out = [
-        f"fuzz {'PASSED' if result['ok'] else 'FAILED'}: seed {result['seed']}, {sum(t.values())} cases in "
-        f"{result['duration_s']} s: {t['crash']} crash, {t['hang']} hang, {t['error']} setup error, "
+        f"fuzz {'PASSED' if result['ok'] else 'FAILED'}{dry}: seed {result['seed']}, {sum(t.values())} cases "
+        f"in {result['duration_s']} s: {t['crash']} crash, {t['hang']} hang, {t['error']} setup error, "
         f"{t['clean']} clean",
     ]
     if result["errors_seen"]:
@@ -1750,14 +1878,16 @@ def report_markdown(result: dict[str, Any]) -> str:
 
     cfg, m, t = result["config"], result["machine"], result["totals"]
     lines = [
-        f"# hostless fuzz: {'passed' if result['ok'] else 'FAILED'}",
+        f"# hostless fuzz: {'passed' if result['ok'] else 'FAILED'}"
+        + (" (dry run: nothing was written)" if cfg.get("dry") else ""),
         "",
         f"- machine: {m.get('hostname')}, {m.get('cpu_model')}, {m.get('nproc')} CPUs, Python "
         f"{m.get('python')}, git {m.get('git')}, {m.get('date')}",
         f"- seed {result['seed']}; {cfg['cases']} field cases"
         + (f", {cfg['truncate']} truncation cases" if cfg["truncate"] else "")
         + (f" (only case {cfg['case']})" if cfg["case"] is not None else "")
-        + f"; {cfg['innocents']} innocents per case; window {cfg['window_s']} s; hang deadline "
+        + f"; {cfg['innocents']} innocents per case (and a victim SIGKILLed after the write in "
+        f"{cfg.get('victims', 0):.0%} of the cases); window {cfg['window_s']} s; hang deadline "
         f"{cfg['deadline_s']} s; CLI probes in {cfg['cli']:.0%} of the cases; {result['duration_s']} s",
     ]
     if cfg["sanitizers"]:
