@@ -46,6 +46,16 @@ def _open(name: str) -> Any:
     return hl.Domain.open(name, label=CLI_LABEL, watchdog_interval=0)
 
 
+def _iso(ns: int) -> str | None:
+    """A CLOCK_REALTIME stamp from the domain as ISO text (None when 0 or nonsense)."""
+    if not ns:
+        return None
+    try:
+        return _dt.datetime.fromtimestamp(ns / 1e9, _dt.timezone.utc).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError):
+        return f"invalid ({ns:#x})"
+
+
 def _status_name(code: int) -> str:
     from hostless import Status
 
@@ -68,9 +78,10 @@ def domain_info(dom: Any) -> dict[str, Any]:
     from hostless._abi import FENCE_DTYPE, C
 
     h = dom.header()
+    view = dom._core.view()  # the layout validated at attach: the shared header may have been rewritten
     raw = dom.raw()
-    fcap = int(h["fence_capacity"])
-    table = np.frombuffer(raw, dtype=FENCE_DTYPE, count=fcap, offset=int(h["fences_offset"])).copy()
+    fcap = int(view["fence_capacity"])
+    table = np.frombuffer(raw, dtype=FENCE_DTYPE, count=fcap, offset=int(view["fences_offset"])).copy()
     ctl = table["ctl"].astype(np.uint64)
     state = (ctl & np.uint64(0xFF)).astype(np.int64)
     kind = ((ctl >> np.uint64(24)) & np.uint64(0xFF)).astype(np.int64)
@@ -113,24 +124,17 @@ def domain_info(dom: Any) -> dict[str, Any]:
             "label": p.label,
             "kind": p.kind,
             "state": p.state,
-            "joined": _dt.datetime.fromtimestamp(p.joined_ns / 1e9, _dt.timezone.utc).isoformat(
-                timespec="seconds"
-            )
-            if p.joined_ns
-            else None,
+            "joined": _iso(p.joined_ns),
             "this_cli": p.id == me,
         }
         for p in dom.participants
     ]
-    created = int(h["created_ns"])
     return {
         "name": dom.name,
         "abi_version": int(h["abi_version"]),
-        "total_size": int(h["total_size"]),
-        "created": _dt.datetime.fromtimestamp(created / 1e9, _dt.timezone.utc).isoformat(timespec="seconds")
-        if created
-        else None,
-        "poll_interval_s": int(h["poll_ns"]) / 1e9,
+        "total_size": int(view["size"]),
+        "created": _iso(int(h["created_ns"])),
+        "poll_interval_s": int(view["poll_ns"]) / 1e9,
         "tag": int(h["tag"]),
         "epoch": int(h["epoch"]),
         "recovered": int(h["stats_recovered"]),

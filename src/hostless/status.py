@@ -26,8 +26,9 @@ class Status(enum.IntEnum):
     @classmethod
     def _missing_(cls, value: object) -> Status | None:
         # hl_status_valid (hostless.h): the one definition of a valid status
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-        if ok and _core.status_valid(value):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            if not _core.status_valid(value):
+                return None
             member = int.__new__(cls, value)
             member._name_ = f"CUSTOM_{value}"
             member._value_ = value
