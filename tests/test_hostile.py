@@ -305,3 +305,96 @@ def test_invalid_completion_words_are_errors(dom: hl.Domain) -> None:
             _ = t.failure
     f.release()
     t.release()
+
+
+def _fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"spin": -1},
+        {"watchdog_interval": -1},
+        {"mode": -1},
+        {"mode": 0o7777},
+        {"heap": 2**70},
+        {"trace": 2**70},
+        {"queues": "99999T"},
+        {"poll_interval": 1e30},
+        {"poll_interval": 0},
+        {"label": 5},
+        {"kind": ""},
+    ],
+)
+def test_bad_create_arguments(domain_name: str, kw: dict[str, object]) -> None:
+    """Bad arguments are refused before anything is created or joined: no
+    file is left behind and no descriptor is closed twice (a failure after
+    joining closed the fd twice, so the caller's next file got EBADF)."""
+    import gc
+
+    before = _fds()
+    with pytest.raises((ValueError, TypeError)):
+        hl.Domain.create(domain_name, **kw)  # type: ignore[arg-type]
+    gc.collect()
+    assert _fds() == before
+    assert not os.path.exists(f"/dev/shm/{domain_name}")
+    r, w = os.pipe()  # descriptors opened now stay valid after any late close
+    gc.collect()
+    os.write(w, b"x")
+    assert os.read(r, 1) == b"x"
+    os.close(r)
+    os.close(w)
+
+
+def test_bad_names_sizes_packets_and_timeouts(dom: hl.Domain, domain_name: str) -> None:
+    from hostless.queue import Packet
+
+    for name in ("bad\n", "x/y", ".", "", "a" * 201):
+        with pytest.raises(ValueError):
+            hl.Domain.create(name)
+    with pytest.raises(TypeError):
+        hl.Domain.open(domain_name, label=5)  # type: ignore[arg-type]
+    with pytest.raises((ValueError, hl.OutOfMemory)):
+        dom.buffer(2**64)
+    with pytest.raises(ValueError, match="kernel"):
+        Packet(kernel=2**40 << 30).encode()
+    with pytest.raises(ValueError, match="wait"):
+        Packet(wait=(1, -1)).encode()
+
+
+def test_queue_timeouts_must_not_be_negative(domain_name: str) -> None:
+    from hostless.queue import Packet
+
+    with hl.Domain.create(domain_name, heap="1M") as d:
+        q = d.queue(4)
+        with pytest.raises(ValueError, match="timeout"):
+            q.push(Packet(), timeout=-1)
+        q.bind()
+        with pytest.raises(ValueError, match="timeout"):
+            q.pop(timeout=-1)
+        with pytest.raises(ValueError, match="spin"):
+            q.pop(timeout=0, spin=-1)
+        q.release()
+
+
+def test_cli_errors_are_messages(tmp_path: object, domain_name: str) -> None:
+    """`hostless check` on a directory and `hostless trace -o` into a missing
+    directory print one line, not a traceback or a wrong reason."""
+    import subprocess
+    import sys
+
+    os.mkdir(f"/dev/shm/{domain_name}")
+    try:
+        cmd = [sys.executable, "-m", "hostless.cli", "check", domain_name]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    finally:
+        os.rmdir(f"/dev/shm/{domain_name}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "directory" in r.stderr.lower(), r.stderr
+    with hl.Domain.create(domain_name, trace="64K"):
+        r = subprocess.run(
+            [sys.executable, "-m", "hostless.cli", "trace", domain_name, "-o", "/nonexistent/x.json"],
+            capture_output=True,
+            text=True,
+        )
+    assert r.returncode == 2 and "no domain named" not in r.stderr and "/nonexistent" in r.stderr, r.stderr

@@ -72,6 +72,8 @@ def normalize_layout(shape: ShapeLike, dtype: Any) -> tuple[tuple[int, ...], np.
     nbytes = dt.itemsize
     for x in shp:
         nbytes *= x
+    if nbytes >= 1 << 62:
+        raise ValueError(f"a buffer of shape {shp} and dtype {dt} is {nbytes} bytes: too large for any heap")
     return shp, dt, nbytes
 
 

@@ -598,7 +598,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = getattr(args, "name", None)
         if name is None:
             raise
-        print(f"hostless: no domain named {name!r} ({e.filename or e})", file=sys.stderr)
+        if e.filename and os.path.basename(str(e.filename)) != name.lstrip("/"):
+            print(f"hostless: {e.strerror or e}: {e.filename}", file=sys.stderr)  # e.g. an output path
+        else:
+            print(f"hostless: no domain named {name!r} ({e.filename or e})", file=sys.stderr)
         return 2
     except ValueError as e:
         if getattr(args, "name", None) is None:
@@ -617,6 +620,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError:
             pass
         return 141
+    except OSError as e:  # a directory, a symlink, permissions, an output path...
+        if getattr(args, "name", None) is None:
+            raise
+        print(f"hostless: {e.strerror or e}: {e.filename or args.name}", file=sys.stderr)
+        return 2
     return rc
 
 

@@ -83,9 +83,25 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def _path(name: str) -> str:
     name = name[1:] if name.startswith("/") else name
-    if not _NAME_RE.match(name) or name in (".", ".."):
+    if not _NAME_RE.fullmatch(name) or name in (".", ".."):
         raise ValueError(f"invalid domain name {name!r}: use 1-200 characters from [A-Za-z0-9._-]")
     return os.path.join(SHM_DIR, name)
+
+
+def _check_join_args(label: object, kind: object, watchdog_interval: object, spin: object) -> None:
+    """Arguments of create/open/from_fd, checked before anything is joined."""
+    if not isinstance(label, str):
+        raise TypeError(f"label must be a str, got {type(label).__name__}")
+    if not isinstance(kind, str) or not kind:
+        raise ValueError("kind must be a non-empty string such as 'cpu'")
+    for what, v in (("watchdog_interval", watchdog_interval), ("spin", spin)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{what} must be a number of seconds, got {type(v).__name__}")
+        if not 0 <= v <= 3600:
+            raise ValueError(f"{what} must be in 0..3600 s (0 disables), got {v!r}")
+
+
+MAX_REGION = 1 << 46  # 64 TiB: larger heap/queue/trace sizes are refused, never wrapped
 
 
 def parse_size(size: int | str) -> int:
@@ -93,14 +109,16 @@ def parse_size(size: int | str) -> int:
     if isinstance(size, bool):
         raise TypeError("size must be an int or a string such as '256M'")
     if isinstance(size, int):
-        if size < 0:
-            raise ValueError(f"size must not be negative, got {size}")
-        return size
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(i?B)?\s*", str(size), re.IGNORECASE)
-    if not m:
-        raise ValueError(f"cannot parse size {size!r} (examples: 4096, '64K', '256M', '8G')")
-    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
-    return int(m.group(1)) * mult
+        n = size
+    else:
+        m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(i?B)?\s*", str(size), re.IGNORECASE)
+        if not m:
+            raise ValueError(f"cannot parse size {size!r} (examples: 4096, '64K', '256M', '8G')")
+        mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
+        n = int(m.group(1)) * mult
+    if not 0 <= n <= MAX_REGION:
+        raise ValueError(f"size must be in 0..{MAX_REGION} bytes, got {size!r}")
+    return n
 
 
 @dataclass(frozen=True)
@@ -155,25 +173,34 @@ class Domain:
         watchdog_interval: float,
         spin: float,
     ) -> Domain:
-        self = object.__new__(cls)
-        self._core = _core.Core()
-        self._name = name
-        self._closed = False
-        self._lock = threading.Lock()
-        self._notifier = None
-        self._map = None
-        self._layouts = {}
-        if label is None:
-            label = f"pid{os.getpid()}"
-        if not isinstance(kind, str) or not kind:
-            raise ValueError("kind must be a non-empty string such as 'cpu'")
-        wd_ns = int(watchdog_interval * 1e9) if watchdog_interval else 0
-        self._core.attach(fd, init, label.encode()[:31].decode(errors="ignore"), kind[:15], wd_ns)
-        self._fd = fd
-        self.spin = spin
-        info = self._core.info()
-        self._index = int(info["me"])
-        self._incarnation = int(info["incarnation"])
+        """Join through ``fd``, which this call consumes: on success the
+        domain owns it, on failure it is closed here (exactly once)."""
+        try:
+            if label is None:
+                label = f"pid{os.getpid()}"
+            _check_join_args(label, kind, watchdog_interval, spin)
+            self = object.__new__(cls)
+            self._core = _core.Core()
+            self._name = name
+            self._closed = False
+            self._lock = threading.Lock()
+            self._notifier = None
+            self._map = None
+            self._layouts = {}
+            wd_ns = int(watchdog_interval * 1e9) if watchdog_interval else 0
+            self._core.attach(fd, init, label.encode()[:31].decode(errors="ignore"), kind[:15], wd_ns)
+        except BaseException:
+            os.close(fd)  # the core did not take it
+            raise
+        try:
+            self._fd = fd
+            self.spin = spin
+            info = self._core.info()
+            self._index = int(info["me"])
+            self._incarnation = int(info["incarnation"])
+        except BaseException:
+            self._core.leave()  # closes fd
+            raise
         _live.add(self)
         return self
 
@@ -209,6 +236,8 @@ class Domain:
         Raises FileExistsError if the name exists, ValueError on bad sizes.
         """
         path = _path(name)
+        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
+            raise ValueError(f"mode must be file permission bits in 0..0o777, got {mode!r}")
         if not 1 <= fences <= int(C.MAX_FENCES):
             raise ValueError(f"fences must be in 1..{int(C.MAX_FENCES)}, got {fences}")
         if not 1 <= participants <= int(C.MAX_PARTICIPANTS):
@@ -220,13 +249,20 @@ class Domain:
         lay = _core.layout(fences, participants, *sizes)
         tag = secrets.randbelow(255) + 1
         init = (fences, participants, *sizes, tag, int(poll_interval * 1e9))
+        if label is None:
+            label = f"pid{os.getpid()}"
+        _check_join_args(label, kind, watchdog_interval, spin)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
         try:
             os.fchmod(fd, mode)
             os.ftruncate(fd, lay["total_size"])
-            return cls._attach(fd, name, init, label, kind, watchdog_interval, spin)
         except BaseException:
             os.close(fd)
+            os.unlink(path)
+            raise
+        try:
+            return cls._attach(fd, name, init, label, kind, watchdog_interval, spin)  # consumes fd
+        except BaseException:
             os.unlink(path)
             raise
 
@@ -264,10 +300,10 @@ class Domain:
                     "pass allow_other_owner=True to join it anyway"
                 )
             _wait_ready(fd, timeout)
-            return cls._attach(fd, name, None, label, kind, watchdog_interval, spin)
         except BaseException:
             os.close(fd)
             raise
+        return cls._attach(fd, name, None, label, kind, watchdog_interval, spin)  # consumes fd
 
     @classmethod
     def from_fd(
@@ -288,10 +324,10 @@ class Domain:
         own = os.open(f"/proc/self/fd/{int(fd)}", os.O_RDWR | os.O_CLOEXEC)
         try:
             _wait_ready(own, 2.0)
-            return cls._attach(own, None, None, label, kind, watchdog_interval, spin)
         except BaseException:
             os.close(own)
             raise
+        return cls._attach(own, None, None, label, kind, watchdog_interval, spin)  # consumes own
 
     @staticmethod
     def unlink(name: str) -> None:

@@ -43,6 +43,19 @@ class PacketType:
     STOP = int(C.PKT_STOP)
 
 
+def _check_field(name: str, v: object, bits: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < (1 << bits):
+        raise ValueError(f"packet field {name} must be an int in 0..2**{bits}-1, got {v!r}")
+
+
+def _timeout_ns(timeout: float | None) -> int:
+    if timeout is None:
+        return _NO_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise ValueError(f"timeout must be None (forever) or seconds >= 0, got {timeout!r}")
+    return int(timeout * 1e9)
+
+
 @dataclass
 class Packet:
     """One command packet (struct hl_packet)."""
@@ -57,7 +70,22 @@ class Packet:
     flags: int = 0
 
     def encode(self) -> bytes:
-        """The 64 bytes of struct hl_packet (little-endian)."""
+        """The 64 bytes of struct hl_packet (little-endian).  ValueError names
+        a field that does not fit its width."""
+        for name, v, bits in (
+            ("type", self.type, 32),
+            ("flags", self.flags, 32),
+            ("kernel", self.kernel, 64),
+            ("args", self.args, 64),
+            ("signal", self.signal, 64),
+            ("signal_value", self.signal_value, 64),
+        ):
+            _check_field(name, v, bits)
+        if len(self.wait) != 2 or len(self.wait_value) != 2:
+            raise ValueError("wait and wait_value are pairs (two handles, two values; 0 = none)")
+        for i in range(2):
+            _check_field(f"wait[{i}]", self.wait[i], 64)
+            _check_field(f"wait_value[{i}]", self.wait_value[i], 64)
         return _PKT.pack(
             self.type,
             self.flags,
@@ -158,8 +186,7 @@ class Queue(_core.Handle):
         were overwritten.
         """
         raw = packet.encode() if isinstance(packet, Packet) else packet
-        tmo = _NO_TIMEOUT if timeout is None else int(timeout * 1e9)
-        return int(self._core.queue_push(self.handle, raw, tmo))
+        return int(self._core.queue_push(self.handle, raw, _timeout_ns(timeout)))
 
     def bind(self) -> None:
         """Become the queue's consumer (it has none, or its consumer is dead)."""
@@ -167,8 +194,9 @@ class Queue(_core.Handle):
 
     def pop(self, timeout: float | None = None, spin: float = 20e-6) -> tuple[int, Packet] | None:
         """Take the next packet (consumer only): (index, packet), or None after ``timeout``."""
-        tmo = _NO_TIMEOUT if timeout is None else int(timeout * 1e9)
-        r = self._core.queue_pop(self.handle, tmo, int(spin * 1e9))
+        if isinstance(spin, bool) or not isinstance(spin, (int, float)) or not spin >= 0:
+            raise ValueError(f"spin must be seconds >= 0, got {spin!r}")
+        r = self._core.queue_pop(self.handle, _timeout_ns(timeout), int(spin * 1e9))
         if r is None:
             return None
         return int(r[0]), Packet.decode(r[1])
