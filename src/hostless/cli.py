@@ -402,6 +402,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         cli=args.cli_probes,
         victims=args.victims,
         dry=args.dry_run,
+        force=fuzz.parse_set(args.set, args.toggle) if args.set else None,
         progress=None if args.quiet else print,
     )
     for line in fuzz.summary_lines(result):
@@ -567,6 +568,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="P",
         help="share of cases where one more participant is SIGKILLed after the write (recovery; 0.3)",
     )
+    z.add_argument(
+        "--set",
+        default=None,
+        metavar="REGION.FIELD[@TARGET]=VALUE",
+        help="write exactly this in every field case (e.g. 'header.trace_offset=0x8000000000000000', "
+        "'fence.ctl@timeline=0', 'queue.*=hex:00ff...')",
+    )
+    z.add_argument("--toggle", action="store_true", help="with --set: alternate it with the original bytes")
     z.add_argument(
         "--dry-run", action="store_true", help="plan the cases but corrupt nothing (harness baseline)"
     )

@@ -1480,6 +1480,53 @@ class Config:
     victims: float = 0.3
     whole: float = 0.15
     dry: bool = False
+    force: Forced | None = None
+
+
+@dataclass(frozen=True)
+class Forced:
+    """An exact corruption (``--set REGION.FIELD[@TARGET]=VALUE``): no planner involved."""
+
+    region: str
+    field: str
+    target: str
+    value: int | bytes
+    toggle: bool = False
+
+    def spec(self) -> str:
+        tgt = f"@{self.target}" if self.target else ""
+        val = f"hex:{self.value.hex()}" if isinstance(self.value, bytes) else f"{self.value:#x}"
+        return f"{self.region}.{self.field}{tgt}={val}"
+
+
+def parse_set(spec: str, toggle: bool = False) -> Forced:
+    """``REGION.FIELD[@TARGET]=VALUE``: VALUE an integer (any base, ``-1`` = all ones) or
+    ``hex:...`` bytes; TARGET a substring of the instance's name (``timeline``, ``creator``,
+    ``packet 3``, ``small buffer``, ``alloc_hint+1``).  ``FIELD`` ``*``: the whole struct instance
+    (VALUE then bytes)."""
+    m = re.fullmatch(r"(\w+)\.([\w\[\]*]+)(?:@([^=]+))?=(.+)", spec.strip())
+    if m is None or m.group(1) not in REGIONS:
+        raise ValueError(
+            f"--set wants REGION.FIELD[@TARGET]=VALUE with REGION in {', '.join(REGIONS)}: {spec!r}"
+        )
+    raw = m.group(4).strip()
+    value: int | bytes = bytes.fromhex(raw[4:]) if raw.startswith("hex:") else int(raw, 0)
+    return Forced(m.group(1), m.group(2), (m.group(3) or "").strip(), value, toggle)
+
+
+def _forced_target(f: Forced, s: _Snap) -> _Target:
+    """The instance of the planner that matches ``f`` (the planner is tried with a fixed sequence
+    of generators until one picks that field and target: a pure function of the layout)."""
+    for j in range(50000):
+        t = _plan_target(random.Random(f"hostless-fuzz:force:{j}"), f.region, s)
+        name_ok = f.field == "*" or t.field == f.field or t.field.split("[")[0] == f.field
+        if name_ok and f.target in t.target:
+            if f.field == "*":
+                if not t.span:
+                    break
+                t.field = "*"
+            return t
+    raise ValueError(f"no {f.region}.{f.field} with a target matching {f.target!r} in this layout")
 
 
 def _case_ids(cfg: Config) -> list[str]:
@@ -1492,7 +1539,24 @@ def _repro(cfg: Config, cid: str) -> str:
     extra = f" --innocents {cfg.innocents}" if cfg.innocents != 2 else ""
     if cfg.victims != 0.3:
         extra += f" --victims {cfg.victims}"
+    if cfg.force is not None:
+        extra += f" --set '{cfg.force.spec()}'" + (" --toggle" if cfg.force.toggle else "")
     return f"hostless fuzz {cfg.name} --seed {cfg.seed} --case {cid}{extra}"
+
+
+def _exact_repro(cfg: Config, rec: dict[str, Any]) -> str | None:
+    """The planner-independent reproduction of a field case: ``--set`` with its field and value."""
+    if rec["region"] == "truncate" or "field" not in rec:
+        return None
+    tgt = str(rec.get("target", ""))
+    # the instance, as the planner names it (a resolved "alloc_hint+1 = slot 7" keeps its first part)
+    sel = tgt.split(" = ")[0]
+    if not sel.startswith("any"):  # a random slot stays that slot; the others are named by role
+        sel = sel.split(" (index")[0].split(" slot ")[0]
+    val = f"hex:{rec['bytes']}" if rec.get("bytes") else f"{rec.get('value', 0):#x}"
+    extra = " --toggle" if rec.get("mode") == "toggle" else ""
+    vic = " --victims 1" if rec.get("victim") else " --victims 0"
+    return f"hostless fuzz {cfg.name} --case 0 --set '{rec['region']}.{rec['field']}@{sel}={val}'{extra}{vic}"
 
 
 def _spawn(role: str, name: str, casedir: Path, seed: str, hook: str | None) -> _Proc:
@@ -1593,6 +1657,8 @@ def _run_case(cfg: Config, cid: str) -> dict[str, Any]:
     k = int(cid[1:] if trunc else cid)
     rng = random.Random(f"hostless-fuzz:{cfg.seed}:{cid}")
     region = "truncate" if trunc else REGIONS[k % len(REGIONS)]
+    if cfg.force is not None and not trunc:
+        region = cfg.force.region
     name = f"{cfg.name}-{os.getpid()}-{cid}"
     path = os.path.join("/dev/shm", name)
     casedir = Path(tempfile.mkdtemp(prefix="hlfuzz-"))
@@ -1640,12 +1706,22 @@ def _run_case(cfg: Config, cid: str) -> dict[str, Any]:
             size, how, restore = _truncate_plan(rng, snap)
             rec.update(field="file size", target="file", offset=size, size=0, value=size, how=how)
         else:
-            tg = _plan_target(rng, region, snap)
+            tg = _plan_target(rng, region, snap) if cfg.force is None else _forced_target(cfg.force, snap)
             if tg.ahead is None:
                 with open(path, "rb") as fh:
                     fh.seek(tg.offset)
                     tg.orig = int.from_bytes(fh.read(tg.size), "little")
             value, how = _pick_value(rng, tg, snap)
+            if cfg.force is not None:
+                value, how = cfg.force.value, "given (--set)"
+                if tg.field == "*":
+                    if not isinstance(value, bytes):
+                        raise ValueError("--set REGION.*=... takes hex:BYTES")
+                    tg.offset, tg.size = tg.base, len(value)
+                elif isinstance(value, int):
+                    value &= (1 << (8 * tg.size)) - 1
+                else:
+                    value = value[: tg.size].ljust(tg.size, b"\x00")
             data = value if isinstance(value, bytes) else int(value).to_bytes(tg.size, "little")
             rec.update(field=tg.field, target=tg.target, offset=tg.offset, size=tg.size, how=how)
             if isinstance(value, bytes):
@@ -1662,6 +1738,8 @@ def _run_case(cfg: Config, cid: str) -> dict[str, Any]:
         # whole-struct cases: their own generator, so that the field plans do not depend on them
         wrng = random.Random(f"hostless-fuzz:{cfg.seed}:{cid}:whole")
         whole = not trunc and wrng.random() < cfg.whole and tg.span > 0
+        if cfg.force is not None and not trunc:
+            mode, whole = ("toggle" if cfg.force.toggle else "write"), False
         rec["mode"] = mode
         time.sleep(pre)
         fd = os.open(path, os.O_RDWR)
@@ -1713,6 +1791,8 @@ def _run_case(cfg: Config, cid: str) -> dict[str, Any]:
         for i in rec["innocents"]:
             errs.update(i.get("errors", {}))
         rec["errors_seen"] = dict(errs)
+        if rec["outcome"] != "clean":
+            rec["exact_repro"] = _exact_repro(cfg, rec)
     finally:
         for p in procs:
             if p.popen.poll() is None:
@@ -1742,6 +1822,7 @@ def run(
     hook: str | None = None,
     victims: float = 0.3,
     dry: bool = False,
+    force: str | Forced | None = None,
     progress: Callable[[str], object] | None = None,
 ) -> dict[str, Any]:
     """Run the fuzzer; returns the result dict (``ok`` is False on any crash, hang or setup error).
@@ -1753,7 +1834,9 @@ def run(
     probability of a ``hostless info/check`` probe per case.  ``victims``: probability of a case with
     one more participant that is SIGKILLed right after the first write, so that the innocents'
     watchdogs recover it over the corrupted tables.  ``dry``: plan every case but write nothing (a
-    baseline of the harness: every case must be clean).  ``hook`` (tests): the last innocent
+    baseline of the harness: every case must be clean).  ``force``: every field case writes exactly
+    this (:func:`parse_set`; the region, field, instance and value of the case are ignored).
+    ``hook`` (tests): the last innocent
     kills itself with SIGSEGV (``segv``), raises IndexError (``raise``) or never stops (``hang``).
     """
     from .bench import machine_info
@@ -1767,7 +1850,9 @@ def run(
     only = None if case is None else str(case)
     if only is not None and not re.fullmatch(r"t?\d+", only):
         raise ValueError(f"case must be K or tK, got {case!r}")
+    forced = parse_set(force) if isinstance(force, str) else force
     cfg = Config(name, cases, seed, only, truncate, innocents, window, deadline, cli, hook, victims, dry=dry)
+    cfg.force = forced
     abi_layout()  # fail early if the header and the core disagree
     t0 = time.monotonic()
     machine = machine_info()
@@ -1815,6 +1900,7 @@ def _result(cfg: Config, recs: list[dict[str, Any]], machine: dict[str, Any], dt
             "hook": cfg.hook,
             "victims": cfg.victims,
             "dry": cfg.dry,
+            "set": cfg.force.spec() if cfg.force is not None else None,
             "sanitizers": {
                 k: os.environ[k] for k in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS") if k in os.environ
             },
@@ -1869,6 +1955,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     for r in result["findings"][:20]:
         out.append("  " + _finding_line(r))
         out.append(f"    repro: {r['repro']}")
+        if r.get("exact_repro"):
+            out.append(f"    exact: {r['exact_repro']}")
     return out
 
 
@@ -1938,6 +2026,8 @@ def report_markdown(result: dict[str, Any]) -> str:
             lines.append("")
             lines.append(f"- {_finding_line(r)}")
             lines.append(f"- reproduce: `{r['repro']}`")
+            if r.get("exact_repro"):
+                lines.append(f"- exactly this write: `{r['exact_repro']}`")
             if r.get("cli"):
                 lines.append(f"- CLI probe: `{r['cli']}`")
             for i in r.get("innocents", []):
@@ -1986,7 +2076,8 @@ def findings_markdown(result: dict[str, Any]) -> str:
     out = []
     git = result["machine"].get("git")
     for r in result["findings"]:
-        out.append(f"- [{git}] `{r['repro']}`: {_finding_line(r)}")
+        exact = f" (exact: `{r['exact_repro']}`)" if r.get("exact_repro") else ""
+        out.append(f"- [{git}] `{r['repro']}`{exact}: {_finding_line(r)}")
     return "\n".join(out) + ("\n" if out else "")
 
 
