@@ -23,7 +23,8 @@ a hang or a write outside the mapping, whatever another participant writes into 
    In some cases it also runs ``hostless info`` / ``hostless check`` subprocesses that attach AFTER
    the corruption (they are innocents too), and in some a third participant (``victim``) is
    SIGKILLed right after the write, so that the innocents' watchdogs run recovery over the
-   corrupted tables (the victim itself is not classified);
+   corrupted tables (the victim itself is not classified), and in some a ``late`` innocent joins
+   right after the write and does the same work (refusing to join with an accepted error is clean);
 3. tells the innocents to stop and waits for them.
 
 A separate case class, ``--truncate N``, truncates the file under the innocents instead (to 0, to
@@ -787,6 +788,8 @@ class _Innocent:
                 time.sleep(1)
 
     def loop(self) -> None:
+        if self.dom is None or not self.shared:
+            return
         table = self.ops_table()
         names = [n for n, _, _ in table]
         fns = {n: f for n, f, _ in table}
@@ -801,6 +804,8 @@ class _Innocent:
             time.sleep(0.0005)
 
     def finish(self) -> None:
+        if self.dom is None:
+            return
         for name, fn in (("check", self.op_check), ("info", self.op_info), ("trace", self.op_trace)):
             self.guard("final_" + name, fn)
         for obj in reversed(self.held):
@@ -833,7 +838,20 @@ def _innocent_main(argv: Sequence[str]) -> int:
         inn.stop.set()
 
     threading.Thread(target=watch_stdin, daemon=True).start()
-    inn.setup()
+    if a.role == "late":
+        # joins a domain that is already corrupted: refusing to join is a clear error, not a finding
+        joined = False
+
+        def join() -> None:
+            nonlocal joined
+            inn.setup()
+            joined = True
+
+        inn.guard("join", join)
+        if not joined:
+            inn.stop.set()
+    else:
+        inn.setup()
     inn.loop()
     inn.finish()
     print(
@@ -1479,6 +1497,7 @@ class Config:
     hook: str | None
     victims: float = 0.3
     whole: float = 0.15
+    late: float = 0.3
     dry: bool = False
     force: Forced | None = None
 
@@ -1669,6 +1688,9 @@ def _run_case(cfg: Config, cid: str) -> dict[str, Any]:
     procs: list[_Proc] = []
     rec: dict[str, Any] = {"case": cid, "seed": cfg.seed, "region": region, "repro": _repro(cfg, cid)}
     rec["victim"] = with_victim
+    # an innocent that joins right after the first write (like the CLI probes, with the full work)
+    with_late = random.Random(f"hostless-fuzz:{cfg.seed}:{cid}:late").random() < cfg.late
+    rec["late"] = with_late
     t0 = time.monotonic()
     try:
         for i, role in enumerate(roles):
@@ -1774,6 +1796,8 @@ def _run_case(cfg: Config, cid: str) -> dict[str, Any]:
                     for p in procs:
                         if p.victim:
                             p.popen.kill()
+                if rep == 0 and with_late:
+                    procs.append(_spawn("late", name, casedir, f"{cfg.seed}:{cid}", None))
                 if rep == 0 and cli_cmd is not None:
                     procs.append(_spawn_cli(cli_cmd, "cli", casedir))
                     rec["cli"] = "hostless " + " ".join(cli_cmd)
