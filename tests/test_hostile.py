@@ -398,3 +398,23 @@ def test_cli_errors_are_messages(tmp_path: object, domain_name: str) -> None:
             text=True,
         )
     assert r.returncode == 2 and "no domain named" not in r.stderr and "/nonexistent" in r.stderr, r.stderr
+
+
+def test_overlapping_regions_are_refused_at_attach(domain_name: str) -> None:
+    """A header whose fence table was enlarged over the heap (every region
+    still inside the file) is refused by a process that attaches afterwards
+    (its recovery and info walked the heap as slots and hung); the processes
+    attached before keep their private view."""
+    with hl.Domain.create(domain_name, heap="1M", fences=128) as d:
+        fcap = int(d.header()["fence_capacity"])
+        fd = os.open(f"/dev/shm/{domain_name}", os.O_RDWR)
+        try:
+            os.pwrite(fd, (fcap + 4096).to_bytes(4, "little"), int(hl._abi.C.H_FENCE_CAPACITY))
+        finally:
+            os.close(fd)
+        with pytest.raises(hl.CorruptDomain):
+            hl.Domain.open(domain_name)
+        f = d.fence()
+        f.signal()
+        assert f.wait(0) is hl.Status.SUCCESS
+        f.release()

@@ -115,6 +115,9 @@ typedef struct {
     uint32_t defer_idx[DEFER_MAX];
     uint64_t defer_ctl[DEFER_MAX];
     int truncated;            /* set by the SIGBUS guard: the file shrank under the mapping */
+    int rec_busy;             /* participant whose liveness lock this process holds to recover it, -1: none.
+                               * OFD locks of one open file description do not conflict with each other,
+                               * so F_OFD_GETLK cannot show our own recovery to our other threads: this does */
 } Core;
 
 #define BUSY_ENTER(c) __atomic_add_fetch(&(c)->busy, 1, __ATOMIC_SEQ_CST)
@@ -339,7 +342,7 @@ static int owner_alive(Core *c, uint64_t o) {
     uint32_t want = (o & HL_HEAP_REC_FLAG) ? HL_PART_RECOVERING : HL_PART_ALIVE;
     if (HL_PCTL_STATE(pc) != want || (HL_PCTL_INC(pc) & 0xffffffu) != HL_OWNER_INC((uint32_t)o)) return 0;
     if (i == tls_rec) return 0; /* we recover i: a holder naming i is a dead recoverer of i */
-    return i == c->me || part_lock_held(c, i);
+    return i == c->me || i == __atomic_load_n(&c->rec_busy, __ATOMIC_SEQ_CST) || part_lock_held(c, i);
 }
 
 static void heap_repair(Core *c, struct hl_heap *hp);
@@ -726,6 +729,20 @@ static void drop_lock(int fd, int i) {
  * when pinned (drop it with drop_ref), 0 when the slot is no longer that
  * object (nothing is held then), -1 when it stayed DYING too long (its
  * releaser is itself dead: recover again later). */
+#define RECOVERY_WAIT_NS 200000000ull /* the longest one recovery pass waits for slots to settle, in all */
+static __thread uint64_t tls_waited;    /* time this recovery pass has waited so far */
+
+/* One bounded wait step of a recovery pass for a slot to settle; 0 once the
+ * pass's budget is spent (then the pass is retried at the next reap). */
+static int settle_wait(uint64_t *t0) {
+    uint64_t t = now_ns();
+    if (*t0) tls_waited += t - *t0;
+    *t0 = t;
+    if (tls_waited >= RECOVERY_WAIT_NS) return 0;
+    sched_yield();
+    return 1;
+}
+
 static int pin(Core *c, uint32_t idx, uint64_t ctl, uint64_t bit, uint32_t actor) {
     struct hl_fence *f = slot(c, idx);
     uint64_t old = __atomic_fetch_or(&f->refs, bit, __ATOMIC_SEQ_CST);
@@ -737,11 +754,7 @@ static int pin(Core *c, uint32_t idx, uint64_t ctl, uint64_t bit, uint32_t actor
         if (HL_CTL_STATE(c2) == HL_SLOT_DYING && HL_CTL_GEN(c2) == HL_CTL_GEN(ctl)) {
             /* its last holder is releasing it: our bit makes it roll back to
              * LIVE, or it had emptied refs first and frees it */
-            if (!t0) t0 = now_ns();
-            if (now_ns() - t0 < 200000000ull) {
-                sched_yield();
-                continue;
-            }
+            if (settle_wait(&t0)) continue;
             if (!(old & bit)) drop_ref(c, idx, bit, actor);
             return -1;
         }
@@ -800,6 +813,7 @@ static int recover_participant_(Core *c, int d, uint64_t pctl);
 static int recover_participant(Core *c, int d, uint64_t pctl) {
     tls_rec = d;
     tls_deferred = 0;
+    tls_waited = 0;
     tls_rec_inc = HL_PCTL_INC(pctl) & 0xffffffu;
     int r = recover_participant_(c, d, pctl);
     tls_rec = -1;
@@ -850,12 +864,8 @@ static int recover_participant_(Core *c, int d, uint64_t pctl) {
              * to LIVE when a reference came in; in that case it may be d's to
              * fail, so look again once it settles (the protocol model found a
              * fence of d left ACTIVE when such a slot was skipped) */
-            if (!t0) t0 = now_ns();
-            if (now_ns() - t0 < 200000000ull) {
-                sched_yield();
-                goto again;
-            }
-            complete = 0; /* its releaser is stuck or dead: retry at the next reap */
+            if (settle_wait(&t0)) goto again;
+            complete = 0; /* its releaser is stuck or dead (or the table is garbage): retry at the next reap */
             continue;
         }
         if (s != HL_SLOT_LIVE) continue;
@@ -922,6 +932,7 @@ static int reap_all_locked(Core *c, uint64_t *out, int outcap) {
         if (s != HL_PART_ALIVE && s != HL_PART_RECOVERING) continue; /* FREE, or unknown: check() reports it */
         if (part_lock_held(c, i)) continue; /* alive, or a live recoverer is on it */
         if (take_lock(c->fd, i) != 0) continue; /* lost the race for it */
+        __atomic_store_n(&c->rec_busy, i, __ATOMIC_SEQ_CST);
         pc = ld(&c->parts[i].ctl); /* re-read under the lock: a recovery may have just finished */
         s = HL_PCTL_STATE(pc);
         if (s == HL_PART_ALIVE || s == HL_PART_RECOVERING) {
@@ -935,6 +946,7 @@ static int reap_all_locked(Core *c, uint64_t *out, int outcap) {
                 if (n < outcap) out[n++] = ((uint64_t)HL_PCTL_INC(pc) << 8) | (uint64_t)i;
             }
         }
+        __atomic_store_n(&c->rec_busy, -1, __ATOMIC_SEQ_CST);
         drop_lock(c->fd, i);
     }
     return n;
@@ -1084,6 +1096,7 @@ static PyObject *Core_new(PyTypeObject *t, PyObject *a, PyObject *k) {
     if (!c) return NULL;
     c->fd = -1;
     c->me = -1;
+    c->rec_busy = -1;
     pthread_mutex_init(&c->wd_mu, NULL);
     pthread_mutex_init(&c->reap_mu, NULL);
     pthread_mutex_init(&c->defer_mu, NULL);
@@ -1893,7 +1906,9 @@ static PyObject *Core_participants(Core *c, PyObject *noargs) {
         label[32] = 0;
         memcpy(kind, p->kind, 16);
         kind[16] = 0;
-        int held = ((int)i == c->me) ? 1 : part_lock_held(c, (int)i);
+        int held = ((int)i == c->me || (int)i == __atomic_load_n(&c->rec_busy, __ATOMIC_SEQ_CST))
+                       ? 1
+                       : part_lock_held(c, (int)i);
         PyObject *t = Py_BuildValue("(IIIIIKKyyi)", i, HL_PCTL_INC(pc), HL_PCTL_STATE(pc), HL_PCTL_RECOVERER(pc),
                                     p->pid, (unsigned long long)p->start_time, (unsigned long long)p->joined_ns,
                                     label, kind, held);
@@ -1915,7 +1930,8 @@ static PyObject *Core_lock_held(Core *c, PyObject *arg) {
         PyErr_SetString(PyExc_IndexError, "participant index out of range");
         return NULL;
     }
-    return PyBool_FromLong(i == c->me ? 1 : part_lock_held(c, (int)i));
+    return PyBool_FromLong(i == c->me || i == __atomic_load_n(&c->rec_busy, __ATOMIC_SEQ_CST) ? 1
+                                                                                          : part_lock_held(c, (int)i));
 }
 
 static PyObject *Core_info(Core *c, PyObject *noargs) {

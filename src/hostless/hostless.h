@@ -537,6 +537,19 @@ HL_INLINE int hl_domain_validate(const void *base, hl_u64 size) {
     if (!hl_region_ok(h->trace_offset, h->trace_size, size)) return HL_E_CORRUPT;
     if (!hl_region_ok(h->heap_offset, h->heap_size, size)) return HL_E_CORRUPT;
     if (h->participants_offset < HL_HEADER_SIZE || h->fences_offset < HL_HEADER_SIZE) return HL_E_CORRUPT;
+    {
+        /* the regions must not overlap (each one was checked to lie inside the mapping above) */
+        hl_u64 off[5], len[5];
+        int i, j;
+        off[0] = h->participants_offset, len[0] = (hl_u64)h->participant_capacity * HL_PARTICIPANT_SIZE;
+        off[1] = h->fences_offset, len[1] = (hl_u64)h->fence_capacity * HL_FENCE_SIZE;
+        off[2] = h->queues_offset, len[2] = h->queues_size;
+        off[3] = h->trace_offset, len[3] = h->trace_size;
+        off[4] = h->heap_offset, len[4] = h->heap_size;
+        for (i = 0; i < 5; i++)
+            for (j = i + 1; j < 5; j++)
+                if (len[i] && len[j] && off[i] < off[j] + len[j] && off[j] < off[i] + len[i]) return HL_E_CORRUPT;
+    }
     return HL_OK;
 }
 
