@@ -1535,6 +1535,8 @@ def run(
                 poll()
                 now = time.monotonic()
                 for p in list(active):
+                    if kills_done >= kills:
+                        break  # exactly the kills asked for, even when two are due in one pass
                     if p.ready_at is not None and p.kill_at is None:
                         p.kill_at = p.ready_at + rnd.uniform(*kill_delay)
                     if p.kill_at is not None and now >= p.kill_at and not p.killed:
