@@ -1538,8 +1538,12 @@ static int do_signal(Core *c, uint64_t h, unsigned long long s) {
     struct hl_fence *f = slot(c, (uint32_t)idx);
     uint64_t z = 0;
     if (!cas(&f->word, &z, s)) {
-        hl_err(E_Already, "fence 0x%llx was already signaled with status %llu", (unsigned long long)h,
-               (unsigned long long)z);
+        if (!hl_status_valid(z))
+            hl_err(E_Corrupt, "fence 0x%llx holds an invalid completion word 0x%llx (written by a buggy or hostile "
+                   "participant)", (unsigned long long)h, (unsigned long long)z);
+        else
+            hl_err(E_Already, "fence 0x%llx was already signaled with status %llu", (unsigned long long)h,
+                   (unsigned long long)z);
         return -1;
     }
     hl_wake_fence(f);
