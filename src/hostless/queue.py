@@ -72,6 +72,19 @@ class Packet:
     def encode(self) -> bytes:
         """The 64 bytes of struct hl_packet (little-endian).  ValueError names
         a field that does not fit its width."""
+        try:
+            return _PKT.pack(
+                self.type,
+                self.flags,
+                self.kernel,
+                self.args,
+                self.signal,
+                self.signal_value,
+                *self.wait,
+                *self.wait_value,
+            )
+        except (struct.error, TypeError):
+            pass  # the fast path failed: find the field and say which (off the hot path)
         for name, v, bits in (
             ("type", self.type, 32),
             ("flags", self.flags, 32),
@@ -86,16 +99,7 @@ class Packet:
         for i in range(2):
             _check_field(f"wait[{i}]", self.wait[i], 64)
             _check_field(f"wait_value[{i}]", self.wait_value[i], 64)
-        return _PKT.pack(
-            self.type,
-            self.flags,
-            self.kernel,
-            self.args,
-            self.signal,
-            self.signal_value,
-            *self.wait,
-            *self.wait_value,
-        )
+        raise ValueError(f"cannot encode {self!r}")
 
     @classmethod
     def decode(cls, raw: bytes) -> Packet:
