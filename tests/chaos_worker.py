@@ -52,8 +52,11 @@ def main() -> int:
             tail += src.read()
             *lines, tail = tail.split("\n")
             for line in lines:
-                k, h = line.split()
-                pub.append((k, int(h)))
+                # a read racing an O_APPEND write may see the grown file before its bytes
+                # (NULs): such a line is garbled for this reader; skip it
+                parts = line.split()
+                if len(parts) == 2 and parts[0] in ("F", "T", "M") and parts[1].isdigit():
+                    pub.append((parts[0], int(parts[1])))
             del pub[:-300]
         r = rnd.random()
         try:
