@@ -74,7 +74,7 @@
  * it does not hold (propagation, sweeps, recovery) brackets them between two
  * reads of ctl (a seqlock) and drops them if the generation moved.  Freed
  * slots are reused round-robin (alloc_hint only advances), not at once.
- * docs/abi.md, section 4, states the protocol and its model.
+ * docs/abi.md states the protocol (section 4) and its model (section 11).
  *
  * ------------------------------------------------------------------------
  * Slot state machine (hl_fence.ctl, 64 bits, changed only by CAS):
