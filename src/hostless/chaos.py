@@ -1795,11 +1795,9 @@ def write_results(
     result: dict[str, Any], out_dir: str | os.PathLike[str] = "benchmarks/results"
 ) -> tuple[Path, Path]:
     """Write ``chaos-<host>-<date>.json`` and ``.md`` into ``out_dir``; returns both paths."""
-    from .bench import result_stem, write_json_md
+    from . import bench
 
-    d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    js, md = write_json_md(d / result_stem("chaos", result), result, report_markdown(result))
+    js, md = bench.write_results("chaos", result, report_markdown(result), out_dir)
     return Path(js), Path(md)
 
 

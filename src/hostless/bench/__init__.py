@@ -180,6 +180,16 @@ def write_json_md(path_stem: Any, result: dict[str, Any], markdown: str) -> tupl
     return js, md
 
 
+def write_results(kind: str, result: dict[str, Any], markdown: str, out_dir: Any) -> tuple[Any, Any]:
+    """Write ``<kind>-<host>-<date>.json`` and ``.md`` into ``out_dir`` (made if missing)."""
+    from pathlib import Path
+
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    js, md = write_json_md(d / result_stem(kind, result), result, markdown)
+    return Path(js), Path(md)
+
+
 def pin(cpu: int | None) -> bool:
     """Pin this process to ``cpu`` (None: leave it); True when pinned."""
     if cpu is None:
