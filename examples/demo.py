@@ -68,7 +68,7 @@ def main() -> int:
     t_start = time.monotonic()
     name = f"hostless-demo-{os.getpid()}"
     ctx = mp.get_context("spawn")
-    dom = hl.Domain.create(name, fences=4096, participants=8, label="host")
+    dom = hl.Domain.create(name, fences=4096, participants=8, label="host", unlink_on_close=True)
     procs: list[mp.process.BaseProcess] = []
     p: mp.process.BaseProcess
     conns: list[Connection] = []
@@ -150,11 +150,7 @@ def main() -> int:
             p.join(5)
         for c in conns:
             c.close()
-        dom.close()
-        try:
-            hl.Domain.unlink(name)
-        except FileNotFoundError:
-            pass
+        dom.close()  # unlink_on_close: the name goes with it
 
     # ----------------------------------------------------------------------- 4
     print("[4] hostless bench fences --quick")

@@ -121,7 +121,9 @@ def main() -> int:
         os.environ.setdefault(var, "1")  # each agent models one engine on one core
     ncpu = len(os.sched_getaffinity(0))
     # On a 2-CPU machine a host that spins while it waits takes a CPU from an agent: sleep at once.
-    dom = hl.Domain.create(name, heap="128M", trace="8M", label="host", spin=0.0 if ncpu < 3 else 50e-6)
+    dom = hl.Domain.create(
+        name, heap="128M", trace="8M", label="host", spin=0.0 if ncpu < 3 else 50e-6, unlink_on_close=True
+    )
     spawned: list[agents.Agent] = []
     try:
         cpu = agents.spawn(dom, "cpu", label="cpu (pre/post)")
@@ -197,11 +199,7 @@ def main() -> int:
             except Exception:
                 a.kill()
         problems = dom.check()
-        dom.close()
-        try:
-            hl.Domain.unlink(name)
-        except FileNotFoundError:
-            pass
+        dom.close()  # unlink_on_close: the name goes with it
     left = [f for f in os.listdir("/dev/shm") if f == name]
     print(f"dom.check(): {'clean' if not problems else problems}")
     print(f"done in {time.monotonic() - t_start:.1f} s; /dev/shm leftovers: {left or 'none'}")

@@ -5,7 +5,7 @@ programs then synchronize through one shared-memory domain::
 
     import hostless as hl
 
-    with hl.Domain.create("demo") as dom:
+    with hl.Domain.create("demo", unlink_on_close=True) as dom:
         f = dom.fence()
         ...            # hand f.handle to another process: dom.import_fence(handle)
         f.signal()

@@ -5,6 +5,8 @@
     hostless info NAME [--json]        participants, capacities, object counts, heap, epoch
     hostless check NAME                invariant violations (exit status 1 if any)
     hostless reap NAME                 recover dead participants, print their ids
+    hostless gc [--dry-run] [--min-age S] [--dir DIR]
+                                       remove domains no live participant uses
     hostless bench fences [--quick] [-o DIR] [-n N] [--no-write]
     hostless bench buffers [--quick] [-o DIR] [--max-size SIZE] [--no-write]
     hostless bench pipeline [--quick] [-o DIR] [-n N] [--no-pin] [--no-write]
@@ -290,6 +292,19 @@ def cmd_reap(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    from hostless.cleanup import gc
+
+    found = gc(args.dir, args.min_age, args.dry_run)
+    verb = {"removed": "removed", "stale": "would remove"}
+    gone = [d for d in found if d.state in verb]
+    for d in found:
+        what = verb.get(d.state, f"kept ({d.state})")
+        print(f"{what:<14} {d.path}  {_size(d.size)}, {d.age:.0f} s old: {d.reason}")
+    print(f"{len(gone)} of {len(found)} domain file(s) {'would be ' if args.dry_run else ''}removed")
+    return 0
+
+
 def cmd_bench_fences(args: argparse.Namespace) -> int:
     from hostless.bench import fences
 
@@ -437,6 +452,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("reap", help="recover dead participants now; print their ids")
     s.add_argument("name", help="domain name (/dev/shm/NAME)")
     s.set_defaults(func=cmd_reap)
+
+    s = sub.add_parser("gc", help="remove domain files that no live participant uses (see hostless.cleanup)")
+    s.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    s.add_argument("--min-age", type=float, default=1.0, metavar="S",
+                   help="leave files younger than S seconds alone (a creator may be starting; default 1)")
+    s.add_argument("--dir", default="/dev/shm", help="directory to scan (default /dev/shm)")
+    s.set_defaults(func=cmd_gc)
 
     b = sub.add_parser("bench", help="benchmarks (JSON + Markdown report)")
     bsub = b.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")

@@ -154,6 +154,7 @@ class Domain:
     _map: mmap.mmap | None
     _layouts: dict[Any, tuple[tuple[int, ...], Any, int, bytes, str]]
     _fd: int
+    _unlink_on_close: tuple[str, int, int] | None
     _index: int
     _incarnation: int
     _spin: float
@@ -187,6 +188,7 @@ class Domain:
             self._notifier = None
             self._map = None
             self._layouts = {}
+            self._unlink_on_close = None
             wd_ns = int(watchdog_interval * 1e9) if watchdog_interval else 0
             self._core.attach(fd, init, label.encode()[:31].decode(errors="ignore"), kind[:15], wd_ns)
         except BaseException:
@@ -220,6 +222,8 @@ class Domain:
         watchdog_interval: float = 0.02,
         label: str | None = None,
         kind: str = "cpu",
+        unlink_on_close: bool = False,
+        replace_stale: bool = False,
     ) -> Domain:
         """Create the domain ``/dev/shm/<name>`` and join it.
 
@@ -232,8 +236,18 @@ class Domain:
         ``watchdog_interval``: how often this participant checks the others'
         liveness and recovers the dead (0 disables; recovery then happens on
         :meth:`reap` and in other participants).
+        ``unlink_on_close``: :meth:`close` also removes the name (if it still
+        names this domain); processes that have the domain open keep using it.
+        A creator killed before it closes cannot remove it: see
+        ``replace_stale`` and ``hostless gc``.
+        ``replace_stale``: if the name exists but no participant of that domain
+        is alive (see :mod:`hostless.cleanup`), remove it and create a new
+        one.  A live domain, or a file that is not a hostless domain, is never
+        removed: FileExistsError says which it is.
 
-        Raises FileExistsError if the name exists, ValueError on bad sizes.
+        Raises FileExistsError if the name exists (and is not replaced),
+        ValueError on bad sizes, OutOfMemory when the domain is larger than the
+        free space of /dev/shm.
         """
         path = _path(name)
         if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
@@ -252,6 +266,9 @@ class Domain:
         if label is None:
             label = f"pid{os.getpid()}"
         _check_join_args(label, kind, watchdog_interval, spin)
+        _check_space(lay["total_size"])
+        if replace_stale:
+            _replace_stale(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
         try:
             os.fchmod(fd, mode)
@@ -261,10 +278,14 @@ class Domain:
             os.unlink(path)
             raise
         try:
-            return cls._attach(fd, name, init, label, kind, watchdog_interval, spin)  # consumes fd
+            st = os.fstat(fd)
+            self = cls._attach(fd, name, init, label, kind, watchdog_interval, spin)  # consumes fd
         except BaseException:
             os.unlink(path)
             raise
+        if unlink_on_close:
+            self._unlink_on_close = (path, st.st_dev, st.st_ino)
+        return self
 
     @classmethod
     def open(
@@ -345,7 +366,9 @@ class Domain:
 
         Drops every reference this participant holds (objects nobody else holds
         are freed, ACTIVE ones signaled CANCEL); ACTIVE fences and timelines it
-        owns are signaled OWNER_DIED.  Idempotent.
+        owns are signaled OWNER_DIED.  A domain created with
+        ``unlink_on_close=True`` also loses its name here, if the name still
+        refers to it.  Idempotent.
         """
         with self._lock:
             if self._closed:
@@ -353,6 +376,14 @@ class Domain:
             self._closed = True
         if self._notifier is not None:
             self._notifier.stop()
+        if self._unlink_on_close is not None:
+            path, dev, ino = self._unlink_on_close
+            try:
+                now = os.stat(path, follow_symlinks=False)
+                if (now.st_dev, now.st_ino) == (dev, ino):
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
         self._core.leave()
         if self._map is not None:
             try:
@@ -687,6 +718,41 @@ def _handle(handle: int) -> int:
     if not 0 < handle < (1 << 64):
         raise InvalidHandle(f"handle {handle} is out of the 64-bit range")
     return handle
+
+
+def _check_space(total: int) -> None:
+    """Refuse a domain larger than the free space of its file system: tmpfs
+    files are sparse, so the creation itself would succeed and the first
+    touch of a page past the free space would kill the process with SIGBUS."""
+    try:
+        vfs = os.statvfs(SHM_DIR)
+    except OSError:
+        return
+    free = vfs.f_bavail * vfs.f_frsize
+    if total > free:
+        raise OutOfMemory(
+            f"the domain needs {total / 2**30:.2f} GiB but {SHM_DIR} has {free / 2**30:.2f} GiB free: "
+            "ask for a smaller heap, queue area or trace ring"
+        )
+
+
+def _replace_stale(path: str) -> None:
+    """Remove ``path`` if it is a stale domain (create(replace_stale=True))."""
+    from .cleanup import MIN_AGE, remove_if_stale
+
+    deadline = time.monotonic() + 2 * MIN_AGE
+    while True:
+        try:
+            found = remove_if_stale(path)
+        except FileNotFoundError:
+            return
+        if found.state in ("removed", "gone"):
+            return
+        if found.state == "young" and time.monotonic() < deadline:
+            # a creator that is starting takes its lock within microseconds: give it MIN_AGE
+            time.sleep(min(0.05, max(0.001, MIN_AGE - found.age)))
+            continue
+        raise FileExistsError(f"{path} exists and was not replaced: {found.state} ({found.reason})")
 
 
 def _wait_ready(fd: int, timeout: float) -> None:

@@ -1,0 +1,186 @@
+"""Cleanup: finding and removing domains that no live process uses.
+
+A domain file outlives its processes: /dev/shm keeps it until someone unlinks
+it.  A creator can ask for the name to go with it
+(``Domain.create(..., unlink_on_close=True)``), but a creator killed with
+SIGKILL cannot.  This module tells a stale domain from a live one without
+joining it, and removes stale ones (``hostless gc``).
+
+Liveness is the participants' own liveness locks: every joined participant
+holds an OFD write lock on one byte at ``HL_LOCK_BASE + index`` of the domain
+file (see :mod:`hostless.recovery`), and the kernel drops it when the process
+dies.  A domain is *stale* when
+
+- its header is a hostless domain of this ABI (or it was never initialised:
+  its creator died between creating the file and writing the header),
+- no participant lock byte is held, and
+- the file is older than ``min_age`` seconds (a creator has just made it
+  ready, but has not taken its own lock yet, for a few microseconds).
+
+Removal takes every participant lock byte itself before it unlinks, so no
+process can join the domain between the check and the unlink: a process that
+tries in that instant sees a full domain (:class:`~hostless.DomainFull`), and
+one that opened the file just before keeps using its (now nameless) mapping,
+as after any ``unlink``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import struct
+import time
+from dataclasses import dataclass
+
+from ._abi import C
+
+__all__ = ["MIN_AGE", "DomainFile", "scan", "probe", "remove_if_stale", "gc"]
+
+MIN_AGE = 1.0
+"""Seconds a lock-less domain file must exist before it counts as stale."""
+
+_FLOCK = "hhqqi4x"  # struct flock on Linux x86-64 and AArch64: type, whence, start, len, pid
+
+
+@dataclass(frozen=True)
+class DomainFile:
+    """What :func:`probe` found at one path (read without joining)."""
+
+    path: str
+    size: int
+    age: float
+    """Seconds since the file's inode last changed (creation, resize)."""
+    state: str
+    """'live' (some participant lock is held), 'stale' (none is held and the
+    file is older than ``min_age``), 'young' (none is held, but the file is
+    newer than ``min_age``), 'foreign' (not a hostless domain of this ABI, or
+    owned by another user: never touched)."""
+    reason: str
+    """One line saying why: the holder's pid for 'live', what is wrong for 'foreign'."""
+
+
+def _lock_range(fd: int, cmd: int, ltype: int) -> tuple[int, int]:
+    """fcntl ``cmd`` (F_OFD_GETLK / F_OFD_SETLK) with ``ltype`` over every
+    participant lock byte; returns (l_type, l_pid) as the kernel left them."""
+    req = struct.pack(_FLOCK, ltype, os.SEEK_SET, int(C.LOCK_BASE), int(C.MAX_PARTICIPANTS), 0)
+    out = fcntl.fcntl(fd, cmd, req)
+    ltype_out, _wh, _start, _len, pid = struct.unpack(_FLOCK, out)
+    return ltype_out, pid
+
+
+def _classify(fd: int, path: str, min_age: float, uninitialised: bool) -> DomainFile:
+    st = os.fstat(fd)
+    age = max(0.0, time.time() - st.st_ctime)
+
+    def found(state: str, reason: str) -> DomainFile:
+        return DomainFile(path, st.st_size, age, state, reason)
+
+    if not stat.S_ISREG(st.st_mode):
+        return found("foreign", "not a regular file")
+    if st.st_uid != os.geteuid():
+        return found("foreign", f"owned by user {st.st_uid}")
+    hsize = int(C.HEADER_SIZE)
+    head = os.pread(fd, hsize, 0) if st.st_size >= hsize else b""
+    magic = int.from_bytes(head[0:8], "little") if head else 0
+    if head and magic not in (0, int(C.MAGIC)):
+        return found("foreign", f"not a hostless domain (magic {magic:#x})")
+    if magic != int(C.MAGIC) and not uninitialised:
+        return found("foreign", "no hostless header (an uninitialised domain looks the same: name it)")
+    vo = int(C.H_ABI_VERSION)
+    version = int.from_bytes(head[vo : vo + 4], "little") if head else 0
+    if magic == int(C.MAGIC) and version != int(C.ABI_VERSION):
+        return found("foreign", f"hostless ABI version {version}, this library speaks {int(C.ABI_VERSION)}")
+    ltype, pid = _lock_range(fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK)
+    if ltype != fcntl.F_UNLCK:
+        return found("live", f"participant lock held (pid {pid})" if pid > 0 else "participant lock held")
+    what = "initialised" if magic == int(C.MAGIC) else "never initialised"
+    if age < min_age:
+        return found("young", f"{what}, no participant, but only {age:.1f} s old")
+    return found("stale", f"{what}, no participant holds its liveness lock")
+
+
+def probe(path: str, min_age: float = MIN_AGE, uninitialised: bool = True) -> DomainFile:
+    """Classify the file at ``path`` without joining it (see :class:`DomainFile`).
+
+    Opens it without following a symbolic link (a link is 'foreign').  A file
+    without a hostless header (its creator died before writing it) counts as
+    a domain only with ``uninitialised`` (the default: the caller named the
+    file); otherwise it is 'foreign'.  Raises FileNotFoundError when it does
+    not exist.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno in (40, 6):  # ELOOP (a symbolic link), ENXIO
+            return DomainFile(path, 0, 0.0, "foreign", "a symbolic link or special file")
+        raise
+    try:
+        return _classify(fd, path, min_age, uninitialised)
+    finally:
+        os.close(fd)
+
+
+def remove_if_stale(path: str, min_age: float = MIN_AGE, uninitialised: bool = True) -> DomainFile:
+    """Unlink ``path`` if it is a stale domain; return what was found.
+
+    The check and the unlink happen while this call holds every participant
+    lock byte of the file, and only if ``path`` still names the file that was
+    checked: a live domain, a replaced file or a foreign file is never removed.
+    The returned state is 'removed' when the file was unlinked.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        found = _classify(fd, path, min_age, uninitialised)
+        if found.state != "stale":
+            return found
+        try:
+            _lock_range(fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
+        except OSError:  # someone joined after the check
+            return DomainFile(path, found.size, found.age, "live", "a participant joined during the check")
+        try:
+            st, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            return DomainFile(path, found.size, found.age, "gone", "removed by someone else")
+        if (st.st_dev, st.st_ino) != (now.st_dev, now.st_ino):
+            return DomainFile(path, found.size, found.age, "live", "the name now points to another file")
+        os.unlink(path)
+        return DomainFile(path, found.size, found.age, "removed", found.reason)
+    finally:
+        os.close(fd)  # drops the locks taken above
+
+
+def scan(directory: str = "/dev/shm", min_age: float = MIN_AGE) -> list[DomainFile]:
+    """Probe every regular file of ``directory`` that carries a hostless
+    header (files without one are never listed: an empty file may be anyone's),
+    skipping files that vanish meanwhile."""
+    out = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            d = probe(entry.path, min_age, uninitialised=False)
+        except (FileNotFoundError, PermissionError):
+            continue
+        if d.state != "foreign" or d.reason.startswith("hostless ABI"):  # other ABI versions are listed
+            out.append(d)
+    return out
+
+
+def gc(directory: str = "/dev/shm", min_age: float = MIN_AGE, dry_run: bool = False) -> list[DomainFile]:
+    """Remove every stale domain of ``directory`` (see the module docstring).
+
+    Returns one entry per hostless domain file seen, with state 'removed' for
+    those unlinked ('stale' for those that would be, with ``dry_run``).
+    Files of other users and files that are not hostless domains are left
+    alone and not listed.
+    """
+    out = []
+    for d in scan(directory, min_age):
+        if d.state == "stale" and not dry_run:
+            try:
+                d = remove_if_stale(d.path, min_age, uninitialised=False)
+            except FileNotFoundError:
+                continue
+        out.append(d)
+    return out
