@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from . import trace  # noqa: E402,I001  (hl.trace.span / hl.trace.instant)
 from .buffer import Buffer, PrivateBuffer
 from .domain import Domain, Participant, parse_size
 from .errors import (
@@ -66,6 +67,7 @@ __all__ = [
     "OutOfMemory",
     "parse_size",
     "abi_header_path",
+    "trace",
 ]
 
 

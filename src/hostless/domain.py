@@ -200,6 +200,10 @@ class Domain:
             info = self._core.info()
             self._index = int(info["me"])
             self._incarnation = int(info["incarnation"])
+            if self._core.trace_enabled():
+                from .trace import _join
+
+                _join(self, label, kind)  # the label outlives the participant slot
         except BaseException:
             self._core.leave()  # closes fd
             raise

@@ -1,17 +1,38 @@
-"""Trace export: the domain's trace ring as a Chrome / Perfetto JSON timeline.
+"""Traces: the domain's trace ring, your own spans in it, and its export as a
+Chrome / Perfetto JSON timeline.
 
 Every packet (enqueue, start, end) and every fence / timeline signal is
 recorded with a CLOCK_MONOTONIC timestamp in the trace ring (create the domain
-with ``trace="4M"``).  :func:`export` writes ``{"traceEvents": [...]}``: one
-track per participant (named from the participant table), a slice per packet
-run (async ``b``/``e`` events, since packets overlap across agents), instant
-events for enqueues and signals, and flow arrows from each enqueue to the
-start of the same packet on its consumer.  Open it in ui.perfetto.dev.
+with ``trace="4M"``).  Add your own with :func:`span` and :func:`instant`::
+
+    with hl.trace.span("detect"):      # a slice on this participant's track
+        boxes = detect(frame)
+    hl.trace.instant("dropped frame")
+
+:func:`export` writes ``{"traceEvents": [...]}``: one track per participant,
+named by its label (also after it left: every participant records its label in
+the ring when it joins), a slice per packet run named after its Graph stage
+(or its kernel), instant events for enqueues and signals, flow arrows from
+each enqueue to the start of the same packet on its consumer, and the user's
+spans and instants.  Open it in ui.perfetto.dev.
+
+Names travel in the ring as ``HL_EV_USER`` records (``a`` = :data:`USER_MAGIC`
+| a record type, ``b`` = the key, ``c``..``e`` = up to 24 bytes of UTF-8), so
+a trace exported by any process, after the namers left, is still readable.
+Like every event they are overwritten when the ring wraps: a ring too small
+for a run loses the names recorded at its start (tracks and slices then fall
+back to the participant table and to ``k<kernel id>``).  ``HL_EV_USER`` events
+whose ``a`` lacks the magic are left to their owners and exported as plain
+instants.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -19,7 +40,100 @@ import numpy as np
 from ._abi import C
 from .domain import Domain
 
-__all__ = ["events", "export", "to_chrome"]
+__all__ = ["events", "export", "to_chrome", "span", "instant", "name", "USER_MAGIC"]
+
+USER_MAGIC = 0x484C_0000_0000_0000
+"""High bits of ``a`` in the ``HL_EV_USER`` records this module writes ("HL")."""
+_JOIN, _NAME_KERNEL, _NAME_HANDLE, _SPAN_BEGIN, _SPAN_END, _INSTANT = 1, 2, 3, 4, 5, 6
+_NAME_BYTES = 24
+_EV_USER = int(C.EV_USER)
+_span_ids = itertools.count(1)
+_span_lock = threading.Lock()
+
+
+def _pack(text: str) -> tuple[int, int, int]:
+    raw = text.encode("utf-8")[:_NAME_BYTES]
+    while raw:  # do not cut a multi-byte character in half
+        try:
+            raw.decode("utf-8")
+            break
+        except UnicodeDecodeError:
+            raw = raw[:-1]
+    raw = raw.ljust(_NAME_BYTES, b"\0")
+    return (
+        int.from_bytes(raw[0:8], "little"),
+        int.from_bytes(raw[8:16], "little"),
+        int.from_bytes(raw[16:24], "little"),
+    )
+
+
+def _unpack(c: int, d: int, e: int) -> str:
+    raw = b"".join(x.to_bytes(8, "little") for x in (c, d, e))
+    return raw.rstrip(b"\0").decode("utf-8", errors="replace")
+
+
+def _emit(dom: Domain, kind: int, key: int, text: str) -> None:
+    if dom.closed or not dom.trace_enabled():
+        return
+    dom._core.trace(_EV_USER, USER_MAGIC | kind, key & (2**64 - 1), *_pack(text))
+
+
+def _traced_domain(dom: Domain | None) -> Domain | None:
+    if dom is not None:
+        return dom
+    from .domain import _live
+
+    traced = [d for d in list(_live) if not d.closed and d.trace_enabled()]
+    if len(traced) > 1:
+        raise ValueError(f"{len(traced)} traced domains are open in this process: pass dom=")
+    return traced[0] if traced else None
+
+
+def name(dom: Domain, handle: int, text: str) -> None:
+    """Record that the object ``handle`` (a fence, timeline or queue) is
+    called ``text``: packets signaling it are named so in the export.  The
+    :class:`~hostless.graph.Graph` names each stage's signal this way."""
+    _emit(dom, _NAME_HANDLE, handle, text)
+
+
+def name_kernel(dom: Domain, kernel: int, text: str) -> None:
+    """Record that kernel id ``kernel`` is called ``text`` (user kernels get
+    their ids at spawn; the built-in ones are named without a record)."""
+    _emit(dom, _NAME_KERNEL, kernel, text)
+
+
+def _join(dom: Domain, label: str, kind: str) -> None:
+    """Called by Domain when it joins: the label outlives the participant slot."""
+    _emit(dom, _JOIN, dom.participant_id, f"{label} ({kind})")
+
+
+@contextmanager
+def span(text: str, dom: Domain | None = None) -> Iterator[None]:
+    """A slice named ``text`` on this participant's track, from entering the
+    block to leaving it (also when it raises).  ``dom`` defaults to the one
+    traced domain this process has open; without any, nothing is recorded.
+    Spans nest; they may overlap across threads of one participant, and each
+    is matched by its own id.  Names longer than 24 bytes are cut."""
+    d = _traced_domain(dom)
+    if d is None:
+        yield
+        return
+    with _span_lock:
+        sid = next(_span_ids)
+    _emit(d, _SPAN_BEGIN, sid, text)
+    try:
+        yield
+    finally:
+        _emit(d, _SPAN_END, sid, text)
+
+
+def instant(text: str, dom: Domain | None = None, value: int = 0) -> None:
+    """An instant event named ``text`` (with an integer ``value``) on this
+    participant's track; ``dom`` as for :func:`span`."""
+    d = _traced_domain(dom)
+    if d is not None:
+        _emit(d, _INSTANT, value, text)
+
 
 _EV = np.dtype(
     {
@@ -60,65 +174,90 @@ def events(dom: Domain) -> list[dict[str, int]]:
     return out
 
 
+def _kernel_names() -> dict[int, str]:
+    from .kernels import CPU_KERNELS
+
+    return {kid: kname for kname, (kid, _fn) in CPU_KERNELS.items()}
+
+
 def to_chrome(dom: Domain, evs: list[dict[str, int]] | None = None) -> dict[str, Any]:
     """The Chrome trace-event JSON object for the domain's trace."""
     evs = events(dom) if evs is None else evs
-    names = {p.index: f"{p.label} ({p.kind}, pid {p.pid})" for p in dom.participants}
+    table = {p.index: f"{p.label} ({p.kind}, pid {p.pid})" for p in dom.participants}
+    kernels = _kernel_names()
+    handles: dict[int, str] = {}
+    joined: dict[int, list[str]] = {}  # participant index -> labels of those that joined there, in order
+    for e in evs:  # names first: a record may come after the events it names
+        if e["type"] == _EV_USER and e["a"] & ~0xFF == USER_MAGIC:
+            rec, text = e["a"] & 0xFF, _unpack(e["c"], e["d"], e["e"])
+            if rec == _NAME_KERNEL:
+                kernels[e["b"]] = text
+            elif rec == _NAME_HANDLE:
+                handles[e["b"]] = text
+            elif rec == _JOIN and text not in joined.setdefault(e["part"], []):
+                joined[e["part"]].append(text)
     out: list[dict[str, Any]] = []
-    for idx in sorted({e["part"] for e in evs}):
-        out.append(
-            {
-                "ph": "M",
-                "name": "thread_name",
-                "pid": 1,
-                "tid": idx,
-                "args": {"name": names.get(idx, f"participant {idx}")},
-            }
-        )
-    out.append({"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "hostless domain"}})
     t0 = evs[0]["ts"] if evs else 0
     # The core stamps an enqueue after it published the packet (and retook the
     # GIL), so a consumer can start it "before" its enqueue; the flow arrow
     # starts no later than the packet's start (the publish came before both).
     starts = {(e["a"], e["b"]): e["ts"] for e in evs if e["type"] == int(C.EV_START)}
+
+    begun: dict[str, str] = {}
+
+    def packet_name(signal: int, kernel: int) -> str:
+        return handles.get(signal) or kernels.get(kernel) or f"k{kernel}"
+
     for e in evs:
+        tid = e["part"]  # one track per participant slot; labels of every participant seen there
+        if e["type"] == _EV_USER and e["a"] & ~0xFF == USER_MAGIC and e["a"] & 0xFF == _JOIN:
+            continue
         ts = (e["ts"] - t0) / 1000.0
         kind = _NAMES.get(e["type"], "?")
-        base = {"pid": 1, "tid": e["part"], "ts": ts, "cat": kind}
+        base = {"pid": 1, "tid": tid, "ts": ts, "cat": kind}
         pid = f"{e['a']:#x}:{e['b']}"  # queue handle : packet index
         if kind == "enqueue":
+            args = {"queue": hex(e["a"]), "index": e["b"], "kernel": e["d"], "signal": hex(e["c"])}
             out.append(
-                {
-                    **base,
-                    "ph": "i",
-                    "s": "t",
-                    "name": f"enqueue k{e['d']}",
-                    "args": {"queue": hex(e["a"]), "index": e["b"]},
-                }
+                {**base, "ph": "i", "s": "t", "name": f"enqueue {packet_name(e['c'], e['d'])}", "args": args}
             )
             fts = (min(e["ts"], starts.get((e["a"], e["b"]), e["ts"])) - t0) / 1000.0
             out.append({**base, "ts": fts, "cat": "flow", "ph": "s", "name": "dispatch", "id": pid})
         elif kind == "start":
             args = {"queue": hex(e["a"]), "index": e["b"], "kernel": e["d"], "signal": hex(e["c"])}
-            out.append({**base, "cat": "packet", "ph": "b", "name": "packet", "id": pid, "args": args})
+            nm = begun[pid] = packet_name(e["c"], e["d"])
+            out.append({**base, "cat": "packet", "ph": "b", "name": nm, "id": pid, "args": args})
             out.append({**base, "cat": "flow", "ph": "f", "name": "dispatch", "id": pid, "bp": "e"})
         elif kind == "end":
+            nm = begun.pop(pid, "") or handles.get(e["c"]) or "packet"  # the end matches its start's name
             out.append(
-                {**base, "cat": "packet", "ph": "e", "name": "packet", "id": pid, "args": {"status": e["d"]}}
+                {**base, "cat": "packet", "ph": "e", "name": nm, "id": pid, "args": {"status": e["d"]}}
             )
         elif kind == "signal":
+            nm = handles.get(e["a"], "signal")
+            args = {"handle": hex(e["a"]), "value": e["b"]}
             out.append(
-                {
-                    **base,
-                    "ph": "i",
-                    "s": "t",
-                    "name": "signal",
-                    "args": {"handle": hex(e["a"]), "value": e["b"]},
-                }
+                {**base, "ph": "i", "s": "t", "name": nm if nm == "signal" else f"signal {nm}", "args": args}
             )
+        elif kind == "user" and e["a"] & ~0xFF == USER_MAGIC:
+            sub, text = e["a"] & 0xFF, _unpack(e["c"], e["d"], e["e"])
+            if sub in (_SPAN_BEGIN, _SPAN_END):
+                ph = "b" if sub == _SPAN_BEGIN else "e"
+                out.append({**base, "cat": "user", "ph": ph, "name": text, "id": f"span:{tid}:{e['b']}"})
+            elif sub == _INSTANT:
+                args = {"value": e["b"]}
+                out.append({**base, "cat": "user", "ph": "i", "s": "t", "name": text, "args": args})
+            # name records were used above
         else:
             out.append({**base, "ph": "i", "s": "t", "name": kind, "args": {"a": e["a"], "b": e["b"]}})
-    return {"traceEvents": out, "displayTimeUnit": "ns"}
+    meta: list[dict[str, Any]] = []
+    for idx in sorted({e["part"] for e in evs}):
+        # the join records name every participant that used the slot, also after it left; the
+        # participant table only the one there now (a join record may have been overwritten)
+        nm = " / ".join(joined.get(idx, [])) or table.get(idx, f"participant {idx}")
+        meta.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": idx, "args": {"name": nm}})
+    meta.append({"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "hostless domain"}})
+    return {"traceEvents": meta + out, "displayTimeUnit": "ns"}
 
 
 def export(dom: Domain, path: str) -> int:
