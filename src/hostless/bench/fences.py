@@ -60,6 +60,7 @@ from .harness import (
     Recorder,
     compile_c,
     core,
+    core_fence_kind,
     drop_domain,
     finish,
     new_domain,
@@ -358,7 +359,6 @@ def _c_pair(
 def _throughput(cfg: FenceBenchConfig) -> dict[str, Any]:
     """create + signal + release per second, from Python, on one core."""
     import hostless as hl
-    from hostless._abi import C
 
     with temp_domain("tput", fences=4096, participants=4) as dom:
         n = cfg.throughput_ops
@@ -373,7 +373,7 @@ def _throughput(cfg: FenceBenchConfig) -> dict[str, Any]:
                 f.release()
             return n / ((clock() - t0) / 1e9)
 
-        kind, success = int(C.KIND_FENCE), int(hl.Status.SUCCESS)
+        kind, success = core_fence_kind(), int(hl.Status.SUCCESS)
 
         def core_run() -> float:
             c = core(dom)

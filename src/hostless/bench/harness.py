@@ -18,7 +18,7 @@ What a benchmark needs before anything is reported, written once:
 
 The few places where a benchmark reaches below the public API (the bare C
 core calls, the agent loop run in-process) are here too, and only here:
-:func:`core`, :func:`is_held`, :func:`agent_loop`.
+:func:`core`, :func:`core_fence_kind`, :func:`is_held`, :func:`agent_loop`.
 """
 
 from __future__ import annotations
@@ -439,6 +439,13 @@ def core(dom: Any) -> Any:
     The one place the benchmarks reach into ``Domain``'s private ``_core``.
     """
     return cast(Any, dom)._core
+
+
+def core_fence_kind() -> int:
+    """The C core's object kind of a fence (the first argument of ``core(dom).create``)."""
+    from hostless._abi import C
+
+    return int(C.KIND_FENCE)
 
 
 def is_held(obj: Any) -> bool:
