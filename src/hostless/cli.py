@@ -29,7 +29,7 @@ import datetime as _dt
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -431,6 +431,25 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
+def _bench_parser(
+    bsub: Any, name: str, help: str, quick: str, no_pin: str, func: Callable[[argparse.Namespace], int]
+) -> argparse.ArgumentParser:
+    """A ``bench NAME`` parser with the options every benchmark has: --quick, -o, --no-pin, --no-write."""
+    p: argparse.ArgumentParser = bsub.add_parser(name, help=help)
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument(
+        "-o",
+        "--output",
+        default="benchmarks/results",
+        metavar="DIR",
+        help="output directory (default: %(default)s)",
+    )
+    p.add_argument("--no-pin", action="store_true", help=no_pin)
+    p.add_argument("--no-write", action="store_true", help="print the tables only")
+    p.set_defaults(func=func)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (``bench`` is a group: later ``bench buffers`` and ``bench pipeline`` join it)."""
     p = argparse.ArgumentParser(
@@ -462,17 +481,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks (JSON + Markdown report)")
     bsub = b.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
-    f = bsub.add_parser(
+    f = _bench_parser(
+        bsub,
         "fences",
-        help="cross-process signal->wake round trips vs C, NumPy and Pipe references; fence throughput",
-    )
-    f.add_argument("--quick", action="store_true", help="a small run (a few seconds)")
-    f.add_argument(
-        "-o",
-        "--output",
-        default="benchmarks/results",
-        metavar="DIR",
-        help="output directory (default: %(default)s)",
+        "cross-process signal->wake round trips vs C, NumPy and Pipe references; fence throughput",
+        "a small run (a few seconds)",
+        "do not pin the two processes to CPUs",
+        cmd_bench_fences,
     )
     f.add_argument("-n", "--round-trips", type=int, default=None, metavar="N", help="round trips per figure")
     f.add_argument(
@@ -481,43 +496,25 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument(
         "--rounds", type=int, default=None, metavar="R", help="interleaved rounds (default 4, --quick 1)"
     )
-    f.add_argument("--no-pin", action="store_true", help="do not pin the two processes to CPUs")
-    f.add_argument("--no-write", action="store_true", help="print the tables only")
-    f.set_defaults(func=cmd_bench_fences)
-    bb = bsub.add_parser(
+    bb = _bench_parser(
+        bsub,
         "buffers",
-        help="process-to-process buffer hand-off (zero-copy vs copy mode, shared_memory, pickle); allocator",
-    )
-    bb.add_argument("--quick", action="store_true", help="sizes up to 64 MiB, fewer repetitions (~10 s)")
-    bb.add_argument(
-        "-o",
-        "--output",
-        default="benchmarks/results",
-        metavar="DIR",
-        help="output directory (default: %(default)s)",
+        "process-to-process buffer hand-off (zero-copy vs copy mode, shared_memory, pickle); allocator",
+        "sizes up to 64 MiB, fewer repetitions (~10 s)",
+        "do not pin the two processes to CPUs",
+        cmd_bench_buffers,
     )
     bb.add_argument("--max-size", default=None, metavar="SIZE", help="largest size (default 1G, --quick 64M)")
-    bb.add_argument("--no-pin", action="store_true", help="do not pin the two processes to CPUs")
-    bb.add_argument("--no-write", action="store_true", help="print the tables only")
-    bb.set_defaults(func=cmd_bench_buffers)
-
-    bp = bsub.add_parser(
+    bp = _bench_parser(
+        bsub,
         "pipeline",
-        help="graphs in the four modes (host/direct x copy/shared), per-hop overhead, "
-        "multiprocessing and Ray peers",
-    )
-    bp.add_argument("--quick", action="store_true", help="a small run (well under a minute)")
-    bp.add_argument(
-        "-o",
-        "--output",
-        default="benchmarks/results",
-        metavar="DIR",
-        help="output directory (default: %(default)s)",
+        "graphs in the four modes (host/direct x copy/shared), per-hop overhead, "
+        "multiprocessing and Ray peers (their scripts: benchmarks/peers)",
+        "a small run (well under a minute)",
+        "do not pin the agents to CPUs",
+        cmd_bench_pipeline,
     )
     bp.add_argument("-n", "--frames", type=int, default=None, metavar="N", help="frames per latency figure")
-    bp.add_argument("--no-pin", action="store_true", help="do not pin the agents to CPUs")
-    bp.add_argument("--no-write", action="store_true", help="print the tables only")
-    bp.set_defaults(func=cmd_bench_pipeline)
 
     t = sub.add_parser("trace", help="export the domain's trace ring as Chrome / Perfetto JSON")
     t.add_argument("name", help="domain name (/dev/shm/NAME)")

@@ -1,4 +1,7 @@
-"""GPU benchmark (run on the GPU machine): ``python -m hostless.bench.gpu -o DIR``.
+"""GPU benchmark (run on the GPU machine): ``python benchmarks/gpu.py -o DIR``.
+
+Needs CuPy and cuda.bindings (``pip install hostless[cuda]``); it is a script of the
+repository, not part of the installed package.
 
 Measured in one run:
 
@@ -30,17 +33,19 @@ import numpy as np
 
 import hostless as hl
 from hostless import agents, ert, kernels
+from hostless.bench.harness import summarize
 from hostless.buffer import bytes_buffer
 from hostless.graph import Graph
 
 
 def _stats(xs: list[float]) -> dict[str, float]:
-    a = np.array(xs) * 1e6
+    """p50, p90, p99 and min in microseconds of durations in seconds (the harness's statistics)."""
+    st = summarize(np.array(xs) * 1e9)
     return {
-        "p50_us": float(np.percentile(a, 50)),
-        "p90_us": float(np.percentile(a, 90)),
-        "p99_us": float(np.percentile(a, 99)),
-        "min_us": float(a.min()),
+        "p50_us": st["p50"] / 1e3,
+        "p90_us": st["p90"] / 1e3,
+        "p99_us": st["p99"] / 1e3,
+        "min_us": st["min"] / 1e3,
         "n": len(xs),
     }
 
@@ -212,7 +217,7 @@ class _Skip(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hostless.bench.gpu")
+    ap = argparse.ArgumentParser(prog="python benchmarks/gpu.py")
     ap.add_argument("-o", "--out", default="benchmarks/results")
     ap.add_argument("-n", type=int, default=2000)
     ap.add_argument("--frames", type=int, default=30)
