@@ -430,13 +430,34 @@ def header_path() -> Path:
     return Path(C.__file__).with_name("hostless.h")
 
 
+def header_text(path: str | os.PathLike[str]) -> str:
+    """The text of the header at ``path`` with its local ``#include "..."`` files inlined (once each):
+    ``hostless.h`` is an umbrella over ``hostless_layout.h`` and the others, in its directory."""
+    seen: set[Path] = set()
+
+    def expand(p: Path) -> str:
+        p = p.resolve()
+        if p in seen:
+            return ""
+        seen.add(p)
+        text = p.read_text(encoding="utf-8")
+        return re.sub(
+            r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[^\n]*$',
+            lambda m: expand(p.with_name(m.group(1))),
+            text,
+            flags=re.M,
+        )
+
+    return expand(Path(path))
+
+
 @functools.cache
 def abi_layout(path: str | None = None) -> dict[str, Struct]:
     """The ABI structs by role (``header``, ``fence``, ``heap``, ``queue``, ``trace_event``, ...).
 
     Parsed from ``hostless.h`` and checked against every offset and size that ``hostless._core``
     exports: RuntimeError if they disagree."""
-    src = _strip_comments(Path(path or header_path()).read_text(encoding="utf-8"))
+    src = _strip_comments(header_text(path or header_path()))
     defs = _defines(src)
     cache: dict[str, Struct] = {}
     out = {role: _parse_struct(src, cname, defs, cache) for role, cname in STRUCTS.items()}
