@@ -374,6 +374,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 def cmd_chaos(args: argparse.Namespace) -> int:
     from hostless import chaos
+    from hostless._tooling import print_run
 
     if args.workers < 1 or args.seconds <= 0 or args.kills < 0 or args.fences < 16:
         print("hostless: need --workers >= 1, --seconds > 0, --kills >= 0, --fences >= 16", file=sys.stderr)
@@ -391,16 +392,16 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         shared=not args.no_shared,
         progress=print,
     )
-    for line in chaos.summary_lines(result):
-        print(line)
-    if not args.no_write:
-        paths = chaos.write_results(result, args.output)
-        print("wrote " + " and ".join(str(x) for x in paths))
+    print_run(
+        chaos.summary_lines(result),
+        None if args.no_write else lambda: chaos.write_results(result, args.output),
+    )
     return 0 if result["ok"] else 1
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from hostless import fuzz
+    from hostless._tooling import print_run
 
     if args.cases < 0 or args.truncate < 0 or args.innocents < 1 or args.deadline <= 0:
         print("hostless: need --cases, --truncate >= 0, --innocents >= 1, --deadline > 0", file=sys.stderr)
@@ -420,11 +421,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         force=fuzz.parse_set(args.set, args.toggle) if args.set else None,
         progress=None if args.quiet else print,
     )
-    for line in fuzz.summary_lines(result):
-        print(line)
-    if not args.no_write:
-        paths = fuzz.write_results(result, args.output)
-        print("wrote " + " and ".join(str(x) for x in paths))
+    print_run(
+        fuzz.summary_lines(result), None if args.no_write else lambda: fuzz.write_results(result, args.output)
+    )
     if args.findings and result["findings"]:
         with open(args.findings, "a", encoding="utf-8") as fh:
             fh.write(fuzz.findings_markdown(result))

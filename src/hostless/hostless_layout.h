@@ -1,0 +1,480 @@
+/*
+ * hostless_layout.h -- the shared-memory layout of a hostless domain: types
+ * and constants only (no code, no system call, no atomic).  Part of the
+ * hostless ABI; include "hostless.h" (the umbrella) unless a program needs
+ * nothing but the layout (a parser, a debugger, a code generator):
+ *
+ *   hostless_layout.h   this file: integer types, constants, struct layouts
+ *   hostless_atomic.h   atomics, the 16-byte word/ctl CAS, futex wake-ups
+ *   hostless_ops.h      return codes, validation (struct hl_dom), fences,
+ *                       timelines, buffers
+ *   hostless_queue.h    command queues: open, push
+ *
+ * Valid C11, C++11 and CUDA (nvcc and NVRTC: under NVRTC no system header is
+ * included).  docs/abi.md explains every part of it.
+ *
+ * ------------------------------------------------------------------------
+ * Layout (all offsets from the start of the mapping, all little-endian):
+ *
+ *   [0, 4096)            struct hl_header
+ *   participants_offset  participant_capacity x struct hl_participant (128 B)
+ *   fences_offset        fence_capacity x struct hl_fence (64 B, one cache line)
+ *   queues_offset        queues_size bytes (reserved for command queues)
+ *   trace_offset         trace_size bytes (reserved for the trace ring)
+ *   heap_offset          heap_size bytes (shared heap, page aligned)
+ *
+ * Every region starts on a 4096-byte boundary.  A reader must check magic,
+ * abi_version, header_size, the slot sizes and that every region lies inside
+ * total_size before it touches anything else, ONCE, and then use its private
+ * copy of the layout: hl_attach() does both (struct hl_dom, hostless_ops.h),
+ * and every operation takes that view, never the shared header.
+ *
+ * ------------------------------------------------------------------------
+ * The completion word.  Every fence and timeline completes through ONE
+ * naturally aligned 64-bit word, hl_fence.word, so that a device can signal
+ * with a single 64-bit store and wait with "word >= value":
+ *
+ *   binary fence:  0 = ACTIVE; nonzero = signaled, the word IS the status
+ *                  (HL_STATUS_SUCCESS, _ERROR, _CANCEL, _OWNER_DIED, or a
+ *                  custom code >= 64, all < 2^32).  A ">= 1" waiter wakes on
+ *                  every outcome, failures included.
+ *   timeline:      the value, always < HL_TIMELINE_FAILED (2^62).  A failed
+ *                  timeline holds HL_TIMELINE_FAILED | status: larger than
+ *                  every legal value, so every ">= v" waiter wakes, also with
+ *                  CUDA's cyclic GEQ ((int64)(word - v) >= 0) since the
+ *                  distance stays below 2^63.
+ *
+ * Memory ordering: a signal is a release store (or CAS) of the word; a wait
+ * is an acquire load of it.  Data written before a signal is visible to a
+ * waiter that observed the signal.
+ *
+ * Host sleepers: a waiter that stops spinning increments hl_fence.waiters and
+ * sleeps in FUTEX_WAIT (shared futex) with a bounded timeout (hl_header.
+ * poll_ns, at most HL_POLL_MAX_NS) on a 32-bit word that every host signal
+ * changes:
+ *   binary and merged fences: the LOW 32 BITS of the word (offset 0).  The
+ *     word goes once from 0 to a status whose low 32 bits are nonzero.
+ *   timelines: hl_fence.wake, a sequence that host signalers bump after
+ *     changing the word (a value may move by a multiple of 2^32, or fail with
+ *     a status equal to its low bits, leaving the word's low half unchanged).
+ * The waiter reads the futex word BEFORE re-reading the completion word; the
+ * signaler changes the completion word, then the futex word, then reads
+ * waiters: in seq_cst order no wake-up is lost (hl_wake_fence,
+ * hl_wake_timeline in hostless_atomic.h).  A device store wakes nobody, and is seen at the latest
+ * when the bounded sleep ends.
+ *
+ * ------------------------------------------------------------------------
+ * THE WRITE RULE.  A participant writes a slot's fields only
+ *   (a) while it holds a reference to that object (its bit in refs; during
+ *       recovery of a dead participant d, d's bit, which only d's one
+ *       recoverer may use: it holds d's liveness lock while it recovers), or
+ *   (b) while the slot is ALLOC or DYING by itself (nobody else may hold it), or
+ *   (c) with one atomic operation that checks the object's generation and
+ *       state in the same step: a CAS of aux or err of a merged slot (both
+ *       carry gen24 in their high half), or hl_cas_word_ctl(), a 16-byte
+ *       CAS over {word, ctl} (offsets 0 and 8; hostless_atomic.h), which
+ *       completes a merged fence only if it is still that LIVE object.
+ * Nobody else's object is ever touched, even by a stale participant that
+ * read a link or an owner long ago.  A reader of several fields of an object
+ * it does not hold (propagation, sweeps, recovery) brackets them between two
+ * reads of ctl (a seqlock) and drops them if the generation moved.  Freed
+ * slots are reused round-robin (alloc_hint only advances), not at once.
+ * docs/abi.md states the protocol (section 4) and its model (section 11).
+ *
+ * ------------------------------------------------------------------------
+ * Slot state machine (hl_fence.ctl, 64 bits, changed only by CAS):
+ *
+ *   ctl = gen[63:32] | kind[31:24] | pidx[15:8] | state[7:0]
+ *
+ *   FREE --alloc CAS (gen+1, pidx=allocator)--> ALLOC --init--> LIVE
+ *   LIVE --last reference dropped (pidx=releaser)--> DYING --finalize--> FREE
+ *
+ * References: hl_fence.refs is a bitmask of the participants that hold a
+ * reference (bit i = participant slot i; one bit per participant, a process
+ * counts its own handles locally).  A slot is freed when the bitmask drops to
+ * zero; an ACTIVE fence freed that way is first signaled CANCEL.
+ *
+ * Handles: handle = tag[63:56] | kind[55:48] | gen[47:24] | (index+1)[23:0]
+ * where tag is hl_header.tag (per-domain, nonzero), gen the low 24 bits of
+ * the slot generation.  0 is never a valid handle.
+ *
+ * Recovery: see docs/abi.md.  Every step is a single atomic operation, so a
+ * participant killed at any instruction leaves a state that another
+ * participant can finish or roll back; no lock exists in this layout.
+ */
+#ifndef HOSTLESS_LAYOUT_H
+#define HOSTLESS_LAYOUT_H
+
+/* ---- fixed-width integers: <stdint.h> on a host, built-in types under NVRTC ----
+ * HL_DEVICE_CODE is defined when compiling for a GPU (NVRTC, or nvcc's device
+ * pass): no system calls, CUDA intrinsics for the atomics. */
+#if defined(__CUDACC_RTC__)
+typedef unsigned long long hl_u64;
+typedef long long hl_i64;
+typedef unsigned int hl_u32;
+typedef unsigned short hl_u16;
+typedef unsigned char hl_u8;
+#define HL_DEVICE_CODE 1
+#else
+#include <stdint.h>
+#include <stddef.h>
+typedef uint64_t hl_u64;
+typedef int64_t hl_i64;
+typedef uint32_t hl_u32;
+typedef uint16_t hl_u16;
+typedef uint8_t hl_u8;
+#if defined(__CUDA_ARCH__)
+#define HL_DEVICE_CODE 1
+#endif
+#endif
+
+#define HL_MAGIC 0x3153534c54534f48ULL /* "HOSTLSS1" little-endian */
+#define HL_ABI_VERSION 2u /* 2: timeline wake sequence, write rule (see above) */
+#define HL_HEADER_SIZE 4096u
+#define HL_PAGE 4096u
+#define HL_CACHELINE 64u
+#define HL_MAX_PARTICIPANTS 64u
+#define HL_MAX_FENCES (1u << 24) /* index field of a handle is 24 bits */
+#define HL_PARTICIPANT_SIZE 128u
+#define HL_FENCE_SIZE 64u
+
+/* ---- statuses (binary fence word values; Synx numbering) ---- */
+#define HL_STATUS_ACTIVE 1u     /* reported for word == 0, never stored */
+#define HL_STATUS_SUCCESS 2u
+#define HL_STATUS_ERROR 3u
+#define HL_STATUS_CANCEL 4u
+#define HL_STATUS_OWNER_DIED 6u
+#define HL_STATUS_CUSTOM_MIN 64u /* custom codes: 64 .. 2^32-1 */
+
+#define HL_POLL_MIN_NS 1000ULL          /* bounds of hl_header.poll_ns, checked at attach */
+#define HL_POLL_MAX_NS 100000000ULL     /* 100 ms: the latest a sleeper sees a device store */
+
+#define HL_TIMELINE_FAILED (1ULL << 62)
+#define HL_TIMELINE_MAX (HL_TIMELINE_FAILED - 1)
+
+/* ---- slot states and kinds ---- */
+#define HL_SLOT_FREE 0u
+#define HL_SLOT_ALLOC 1u
+#define HL_SLOT_LIVE 2u
+#define HL_SLOT_DYING 3u
+
+#define HL_KIND_FENCE 1u
+#define HL_KIND_TIMELINE 2u
+#define HL_KIND_MERGED 3u
+#define HL_KIND_BUFFER 4u /* a heap block; see "buffers" below */
+#define HL_KIND_QUEUE 5u  /* a heap block holding a command queue; see "queues" below */
+
+#define HL_CTL(gen, kind, pidx, state) \
+    (((hl_u64)(gen) << 32) | ((hl_u64)((kind) & 0xffu) << 24) | ((hl_u64)((pidx) & 0xffu) << 8) | ((hl_u64)(state) & 0xffu))
+#define HL_CTL_STATE(c) ((hl_u32)((c) & 0xffu))
+#define HL_CTL_PIDX(c) ((hl_u32)(((c) >> 8) & 0xffu))
+#define HL_CTL_KIND(c) ((hl_u32)(((c) >> 24) & 0xffu))
+#define HL_CTL_GEN(c) ((hl_u32)((c) >> 32))
+
+#define HL_HANDLE(tag, kind, gen, index) \
+    (((hl_u64)((tag) & 0xffu) << 56) | ((hl_u64)((kind) & 0xffu) << 48) | ((hl_u64)((gen) & 0xffffffu) << 24) | \
+     ((hl_u64)(index) + 1u))
+#define HL_HANDLE_TAG(h) ((hl_u32)((h) >> 56))
+#define HL_HANDLE_KIND(h) ((hl_u32)(((h) >> 48) & 0xffu))
+#define HL_HANDLE_GEN(h) ((hl_u32)(((h) >> 24) & 0xffffffu))
+#define HL_HANDLE_INDEX(h) ((hl_i64)((h) & 0xffffffu) - 1)
+
+/* A link from a child fence to a merged (composite) parent:
+ * link = pos[62:56] | gen24[55:32] | (parent index + 1)[31:0]; 0 = none.
+ * pos is the child's bit in the parent's pending mask (aux[31:0]).
+ * Propagation clears that bit with a CAS that checks the parent's gen, so it
+ * is idempotent: recovery and sweeps may repeat it safely. */
+#define HL_LINK(pos, gen, index) \
+    ((((hl_u64)(pos) & 0x7fu) << 56) | (((hl_u64)(gen) & 0xffffffu) << 32) | ((hl_u64)(index) + 1u))
+#define HL_LINK_INDEX(l) ((hl_i64)((l) & 0xffffffffu) - 1)
+#define HL_LINK_GEN(l) ((hl_u32)(((l) >> 32) & 0xffffffu))
+#define HL_LINK_POS(l) ((hl_u32)(((l) >> 56) & 0x7fu))
+#define HL_MAX_PARENTS 2
+#define HL_MERGE_MAX_CHILDREN 32 /* per composite slot; larger merges build a tree */
+
+/* ---- participant slot states; ctl = incarnation[47:16] | recoverer[15:8] | state[7:0] ---- */
+#define HL_PART_FREE 0u
+#define HL_PART_ALIVE 1u
+#define HL_PART_RECOVERING 2u
+#define HL_PCTL(inc, rec, state) (((hl_u64)(inc) << 16) | ((hl_u64)((rec) & 0xffu) << 8) | ((hl_u64)(state) & 0xffu))
+#define HL_PCTL_STATE(c) ((hl_u32)((c) & 0xffu))
+#define HL_PCTL_RECOVERER(c) ((hl_u32)(((c) >> 8) & 0xffu))
+#define HL_PCTL_INC(c) ((hl_u32)(((c) >> 16) & 0xffffffffu))
+
+/* Owner field of a fence: (incarnation & 0xffffff) << 8 | (participant index + 1); 0 = none. */
+#define HL_OWNER(inc, idx) ((((hl_u32)(inc) & 0xffffffu) << 8) | ((hl_u32)(idx) + 1u))
+#define HL_OWNER_INDEX(o) ((int)((o) & 0xffu) - 1)
+#define HL_OWNER_INC(o) ((hl_u32)((o) >> 8))
+
+/* Byte offset (beyond any real data) of participant i's liveness lock: each
+ * live participant holds an OFD write lock on byte HL_LOCK_BASE + i of the
+ * domain file; the kernel drops it when the process dies. */
+#define HL_LOCK_BASE (1ULL << 40)
+
+/* ---- the header: page 0 of the domain ---- */
+struct hl_header {
+    hl_u64 magic;                 /*   0 HL_MAGIC */
+    hl_u32 abi_version;           /*   8 HL_ABI_VERSION */
+    hl_u32 header_size;           /*  12 HL_HEADER_SIZE */
+    hl_u64 total_size;            /*  16 size of the whole mapping */
+    hl_u32 participant_size;      /*  24 HL_PARTICIPANT_SIZE */
+    hl_u32 participant_capacity;  /*  28 <= HL_MAX_PARTICIPANTS */
+    hl_u32 fence_size;            /*  32 HL_FENCE_SIZE */
+    hl_u32 fence_capacity;        /*  36 <= HL_MAX_FENCES */
+    hl_u64 participants_offset;   /*  40 */
+    hl_u64 fences_offset;         /*  48 */
+    hl_u64 queues_offset;         /*  56 */
+    hl_u64 queues_size;           /*  64 */
+    hl_u64 trace_offset;          /*  72 */
+    hl_u64 trace_size;            /*  80 */
+    hl_u64 heap_offset;           /*  88 */
+    hl_u64 heap_size;             /*  96 */
+    hl_u32 tag;                   /* 104 handle tag, 1..255 */
+    hl_u32 flags;                 /* 108 reserved, 0 */
+    hl_u64 created_ns;            /* 112 CLOCK_REALTIME at creation */
+    hl_u64 poll_ns;               /* 120 longest host sleep before re-reading a word */
+    hl_u64 epoch;                 /* 128 bumped by every completed recovery */
+    hl_u32 alloc_hint;            /* 136 where fence allocation starts scanning */
+    hl_u32 ready;                 /* 140 1 once the creator finished initialising */
+    hl_u64 stats_recovered;       /* 144 participants recovered so far */
+    hl_u8 reserved[HL_HEADER_SIZE - 152];
+};
+
+struct hl_participant {
+    hl_u64 ctl;                   /*   0 HL_PCTL(incarnation, recoverer, state) */
+    hl_u32 pid;                   /*   8 OS process id */
+    hl_u32 flags;                 /*  12 reserved */
+    hl_u64 start_time;            /*  16 process start time (clock ticks since boot, /proc/pid/stat field 22) */
+    hl_u64 joined_ns;             /*  24 CLOCK_REALTIME when it joined */
+    char label[32];               /*  32 NUL-terminated label */
+    char kind[16];                /*  64 "cpu", "npu", "cuda", ... */
+    hl_u8 reserved[HL_PARTICIPANT_SIZE - 80];
+};
+
+struct hl_fence {
+    hl_u64 word;                  /*   0 completion word (see above); futex on its low 32 bits */
+    hl_u64 ctl;                   /*   8 HL_CTL(gen, kind, pidx, state) */
+    hl_u64 refs;                  /*  16 bitmask of participants holding a reference */
+    hl_u32 waiters;               /*  24 host threads asleep on the word */
+    hl_u32 owner;                 /*  28 HL_OWNER of the expected signaler, 0 = none */
+    hl_u64 aux;                   /*  32 timeline: last value before failure;
+                                             merged: gen24[55:32] | pending-children bitmask[31:0] */
+    hl_u64 parents[HL_MAX_PARENTS]; /* 40 HL_LINK(gen, index) of merged parents, 0 = none */
+    union {                       /*  56 */
+        hl_u64 err;               /*     merged: gen24[55:32] | first error status[31:0] */
+        hl_u32 wake;              /*     timeline: wake sequence, the futex of its sleepers */
+    };
+};
+
+/* ------------------------------------------------------------------------
+ * Buffers and the shared heap.
+ *
+ * The heap region (heap_offset, heap_size) starts with struct hl_heap, then
+ * the allocation bitmap (one bit per 64-byte granule of the data area), then
+ * the data area (page aligned).  A buffer is a fence-table slot of kind
+ * HL_KIND_BUFFER (so references, handles and recovery are the fences'):
+ *
+ *   word        offset of the buffer's data from the start of the data area
+ *   aux         nbytes requested
+ *   parents[0]  first granule of the block
+ *   parents[1]  number of granules of the block (0 = no block owned)
+ *   err         0
+ *
+ * The block starts with a struct hl_buffer_meta (dtype and shape, for
+ * importers); data follows at +128 bytes (64-byte aligned) for blocks under
+ * HL_LARGE_BUFFER, at +4096 (page aligned) for larger ones.
+ *
+ * The bitmap is derived state: it is changed only under hl_heap.lock, a
+ * participant-owned lock (value HL_OWNER of the holder).  A lock whose holder
+ * is dead is broken by CAS and the bitmap is rebuilt from the buffer slots
+ * (which are the truth), so a holder killed at any instruction loses nothing.
+ * Participants that only use the header never allocate.
+ */
+#define HL_GRANULE 64u
+#define HL_LARGE_BUFFER 65536u
+#define HL_BUFFER_META_SIZE 128u
+#define HL_BUFFER_MAX_DIMS 12
+#define HL_HEAP_MAGIC 0x5041454853534c48ULL /* "HLSSHEAP" */
+
+struct hl_heap {
+    hl_u64 magic;          /*  0 HL_HEAP_MAGIC */
+    hl_u64 lock;           /*  8 0 = free, else HL_OWNER of the holder */
+    hl_u64 bitmap_offset;  /* 16 from the start of the heap region */
+    hl_u64 granules;       /* 24 bits in the bitmap */
+    hl_u64 data_offset;    /* 32 from the start of the heap region, page aligned */
+    hl_u64 data_size;      /* 40 granules * HL_GRANULE */
+    hl_u64 used_granules;  /* 48 maintained under the lock */
+    hl_u64 hint;           /* 56 granule where the next search starts */
+    hl_u64 repairs;        /* 64 times the bitmap was rebuilt after a holder died */
+    hl_u64 allocs;         /* 72 allocations so far */
+    hl_u8 reserved[128 - 80];
+};
+
+struct hl_buffer_meta {
+    hl_u64 nbytes;         /*   0 */
+    hl_u32 ndim;           /*   8 0 = raw bytes */
+    hl_u32 itemsize;       /*  12 */
+    char dtype[16];        /*  16 NumPy dtype.str, NUL-terminated ("<f4", "|u1") */
+    hl_u64 shape[HL_BUFFER_MAX_DIMS]; /* 32 */
+};
+
+
+/* ------------------------------------------------------------------------
+ * Command queues.
+ *
+ * A queue is a heap block (slot kind HL_KIND_QUEUE, extent as for buffers)
+ * holding struct hl_queue, then `capacity` cell words, then `capacity`
+ * 64-byte packets.  One consumer (an agent), any number of producers (the
+ * host, other agents, GPU kernels, firmware).
+ *
+ * Cell word of packet slot i: seq[63:16] | producer[15:8] | state[7:0].
+ *   FREE(seq = w)      slot is free for the packet with write index w
+ *   RESERVED(w, p)     producer p (participant index, 255 = a device) is filling it
+ *   READY(w)           packet w is complete: the consumer may take it
+ *   SKIP(w)            recovery abandoned it (its producer died while filling)
+ * A producer reserves index w by CAS FREE(w) -> RESERVED(w, p) on cell w %
+ * capacity, then advances write_index by CAS (anyone may help), fills the
+ * packet (signal first), stores READY(w) with release order and bumps the
+ * doorbell.  The consumer takes packet read_index when READY or SKIP, copies
+ * it out, stores FREE(read_index + capacity) and advances read_index.  A full
+ * queue is never overwritten: a producer that finds RESERVED/READY of an
+ * older lap at w waits or gives up.
+ *
+ * Doorbell: producers store doorbell = w + 1 after READY; a sleeping
+ * consumer futex-waits on its low 32 bits with a bounded sleep, so a device
+ * store is seen within poll_ns.
+ */
+#define HL_QUEUE_MAGIC 0x455545555153534cULL /* "LSSQUEUE" */
+#define HL_PACKET_SIZE 64u
+#define HL_QUEUE_HEADER_SIZE 256u
+#define HL_QUEUE_WAS_BOUND 1u /* hl_queue.flags: a consumer bound it once (unbound again = it died) */
+
+#define HL_CELL_FREE 0u
+#define HL_CELL_RESERVED 1u
+#define HL_CELL_READY 2u
+#define HL_CELL_SKIP 3u
+#define HL_CELL(seq, producer, state) (((hl_u64)(seq) << 16) | ((hl_u64)((producer) & 0xffu) << 8) | (hl_u64)(state))
+#define HL_CELL_SEQ(c) ((c) >> 16)
+#define HL_CELL_PRODUCER(c) ((hl_u32)(((c) >> 8) & 0xffu))
+#define HL_CELL_STATE(c) ((hl_u32)((c) & 0xffu))
+#define HL_PRODUCER_DEVICE 255u
+
+/* packet types */
+#define HL_PKT_KERNEL 1u   /* run kernel `kernel` of the consumer with the argument block `args` */
+#define HL_PKT_ERT 2u      /* `args` is a buffer holding an XRT ERT command (npu agents) */
+#define HL_PKT_BARRIER 3u  /* only wait and signal */
+#define HL_PKT_STOP 4u     /* the consumer stops after this packet */
+
+struct hl_queue {
+    hl_u64 magic;            /*   0 HL_QUEUE_MAGIC */
+    hl_u32 capacity;         /*   8 packets, a power of two */
+    hl_u32 packet_size;      /*  12 HL_PACKET_SIZE */
+    hl_u32 consumer;         /*  16 HL_OWNER of the consumer, 0 = none yet */
+    hl_u32 flags;            /*  20 HL_QUEUE_WAS_BOUND once a consumer bound it */
+    hl_u64 cells_offset;     /*  24 from the start of the queue */
+    hl_u64 packets_offset;   /*  32 from the start of the queue */
+    hl_u8 pad0[64 - 40];
+    hl_u64 write_index;      /*  64 next index to reserve (own cache line) */
+    hl_u8 pad1[56];
+    hl_u64 read_index;       /* 128 next index the consumer takes */
+    hl_u32 space_waiters;    /* 136 producers asleep on read_index (full queue) */
+    hl_u32 pad2;
+    hl_u64 completed;        /* 144 packets the consumer finished (statistics) */
+    hl_u8 pad3[192 - 152];
+    hl_u64 doorbell;         /* 192 last write index + 1 published; futex on its low 32 bits */
+    hl_u32 doorbell_waiters; /* 200 consumers asleep on the doorbell */
+    hl_u32 pad4;
+    hl_u8 pad5[256 - 208];
+};
+
+/* One command packet (AQL-like, 64 bytes). */
+struct hl_packet {
+    hl_u16 type;             /*  0 HL_PKT_* */
+    hl_u16 flags;            /*  2 reserved, 0 */
+    hl_u32 kernel;           /*  4 kernel id in the consumer's registry / ERT CU index */
+    hl_u64 args;             /*  8 buffer handle of the argument block or ERT command, 0 = none */
+    hl_u64 signal;           /* 16 fence or timeline handle signaled on completion, 0 = none */
+    hl_u64 signal_value;     /* 24 timeline value to signal (ignored for fences) */
+    hl_u64 wait[2];          /* 32 fences / timelines to wait for before running, 0 = none */
+    hl_u64 wait_value[2];    /* 48 timeline values (ignored for fences) */
+};
+
+/* The argument block of a KERNEL packet (a heap buffer):
+ *   struct hl_kernarg, then u64 buffers[nbuffers] (heap handles),
+ *   u64 scalars[nscalars] (raw 64-bit values), then nfollow x
+ *   struct hl_follow (packets the consumer enqueues when this one completes
+ *   successfully: direct dispatch). */
+#define HL_KERNARG_MAGIC 0x4b41524bu /* "KRAK" */
+struct hl_kernarg {
+    hl_u32 magic;
+    hl_u16 nbuffers;
+    hl_u16 nscalars;
+    hl_u16 nfollow;
+    hl_u16 reserved0;
+    hl_u32 reserved1;
+};
+struct hl_follow {
+    hl_u64 queue;            /* queue handle */
+    struct hl_packet packet;
+};
+
+/* ------------------------------------------------------------------------
+ * Trace ring (trace_offset, trace_size): struct hl_trace then events.  A
+ * writer takes index i with fetch_add on `write`, fills event i % capacity and
+ * stores seq = i + 1 last; a reader keeps events whose seq matches. */
+#define HL_TRACE_MAGIC 0x4543415254534c48ULL /* "HLSTRACE" */
+struct hl_trace {
+    hl_u64 magic;
+    hl_u64 capacity;         /* events */
+    hl_u64 write;            /* events written so far */
+    hl_u8 pad[64 - 24];
+};
+struct hl_trace_event {
+    hl_u64 seq;              /* index + 1, stored last */
+    hl_u64 ts_ns;            /* CLOCK_MONOTONIC */
+    hl_u32 type;             /* HL_EV_* */
+    hl_u32 participant;      /* participant index */
+    hl_u64 a, b, c, d, e;    /* event arguments */
+};
+#define HL_EV_ENQUEUE 1u     /* a=queue, b=packet index, c=signal handle, d=kernel */
+#define HL_EV_START 2u       /* a=queue, b=packet index, c=signal handle, d=kernel */
+#define HL_EV_END 3u         /* a=queue, b=packet index, c=signal handle, d=status */
+#define HL_EV_SIGNAL 4u      /* a=handle, b=status or value */
+#define HL_EV_WAIT 5u        /* a=handle, b=threshold, c=start ns */
+#define HL_EV_USER 6u        /* free use */
+
+#if defined(__cplusplus) && __cplusplus >= 201103L
+static_assert(sizeof(struct hl_queue) == HL_QUEUE_HEADER_SIZE, "hl_queue size");
+static_assert(sizeof(struct hl_packet) == HL_PACKET_SIZE, "hl_packet size");
+static_assert(sizeof(struct hl_trace_event) == 64, "hl_trace_event size");
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(struct hl_queue) == HL_QUEUE_HEADER_SIZE, "hl_queue size");
+_Static_assert(sizeof(struct hl_packet) == HL_PACKET_SIZE, "hl_packet size");
+_Static_assert(sizeof(struct hl_trace_event) == 64, "hl_trace_event size");
+#endif
+
+#if defined(__cplusplus) && __cplusplus >= 201103L
+static_assert(sizeof(struct hl_heap) == 128, "hl_heap size");
+static_assert(sizeof(struct hl_buffer_meta) == HL_BUFFER_META_SIZE, "hl_buffer_meta size");
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(struct hl_heap) == 128, "hl_heap size");
+_Static_assert(sizeof(struct hl_buffer_meta) == HL_BUFFER_META_SIZE, "hl_buffer_meta size");
+#endif
+
+#if defined(__cplusplus) && __cplusplus >= 201103L
+static_assert(sizeof(struct hl_header) == HL_HEADER_SIZE, "hl_header size");
+static_assert(sizeof(struct hl_participant) == HL_PARTICIPANT_SIZE, "hl_participant size");
+static_assert(sizeof(struct hl_fence) == HL_FENCE_SIZE, "hl_fence size");
+#if !defined(HL_DEVICE_CODE)
+static_assert(offsetof(struct hl_fence, ctl) == 8 && offsetof(struct hl_fence, err) == 56 &&
+                  offsetof(struct hl_fence, wake) == 56, "hl_fence: word and ctl form one 16-byte unit");
+#endif
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(struct hl_header) == HL_HEADER_SIZE, "hl_header size");
+_Static_assert(sizeof(struct hl_participant) == HL_PARTICIPANT_SIZE, "hl_participant size");
+_Static_assert(sizeof(struct hl_fence) == HL_FENCE_SIZE, "hl_fence size");
+_Static_assert(offsetof(struct hl_fence, ctl) == 8 && offsetof(struct hl_fence, err) == 56 &&
+                   offsetof(struct hl_fence, wake) == 56, "hl_fence: word and ctl form one 16-byte unit");
+#endif
+
+#endif /* HOSTLESS_LAYOUT_H */
