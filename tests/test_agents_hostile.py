@@ -993,12 +993,12 @@ class _Recorder:
 def test_cuda_agent_checks_packets_before_any_stream_wait(env: Env) -> None:
     """The cuda agent's packet checks need no GPU: a bad packet fails with ERROR before any
     stream wait is enqueued (a synchronize behind a wait that never completes would wedge it)."""
-    from hostless.agents.worker import CudaAgent
+    from hostless.agents.cuda_agent import CudaLoop
 
     calls: list[str] = []
     q = env.keep(env.dom.queue(4))
-    ag = CudaAgent.__new__(CudaAgent)
-    super(CudaAgent, ag).__init__(env.dom, q, "cuda", {}, os.getppid(), WAIT_TIMEOUT, FOLLOW_TIMEOUT)
+    ag = CudaLoop.__new__(CudaLoop)
+    super(CudaLoop, ag).__init__(env.dom, q, "cuda", {}, os.getppid(), WAIT_TIMEOUT, FOLLOW_TIMEOUT)
     ag.peer = _Recorder(calls)  # type: ignore[assignment]
     ag.cp = _Recorder(calls, "cp")
     ag.kernels = {kernel_id("relu"): _Recorder(calls, "kernel")}

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from . import lowlevel
 from ._abi import C
 from .domain import Domain
 
@@ -42,7 +43,7 @@ _NAMES = {
 
 def events(dom: Domain) -> list[dict[str, int]]:
     """The valid events of the ring, oldest first (torn or overwritten ones are dropped)."""
-    v = dom._core.view()  # the layout validated at attach, never the shared header
+    v = lowlevel.layout(dom)  # the layout validated at attach, never the shared header
     off, cap = int(v["trace_offset"]), int(v["trace_capacity"])
     if not off or not cap:
         return []
