@@ -20,7 +20,7 @@ from ..domain import Domain
 from ..kernels import Kernel
 from ..queue import Queue
 from ..status import Status
-from ..wire import FO_PACKET, BadPacket, Packet, PacketType, decode_args, follow_offset
+from ..wire import FO_PACKET, BadPacket, Packet, PacketType, follow_offset
 from .loop import _EV_END, _EV_START, _SIGNALABLE, _WAITABLE, FAIL_BUDGET, AgentLoop, _debug, _kind
 
 __all__ = ["CudaLoop", "FLAG_STAGE_COPY"]
@@ -124,12 +124,7 @@ class CudaLoop(AgentLoop):
             bufs: list[Any] = []
             scalars: tuple[int, ...] = ()
             if pkt.type == PacketType.KERNEL:
-                fn = self.kernels.get(pkt.kernel)
-                if fn is None:
-                    raise BadPacket(f"unknown kernel {pkt.kernel}")
-                if not pkt.args:
-                    raise BadPacket("kernel packet without an argument block")
-                hs, scalars, follow = decode_args(self.cache.bytes_view(pkt.args))
+                fn, hs, scalars, follow = self.kernel_call(pkt)
                 bufs = [self.cache.get(h, (_KIND_BUFFER,)) for h in hs]
                 if not bufs:
                     raise BadPacket("kernel packet without buffers")

@@ -340,14 +340,22 @@ class AgentLoop:
                 return s  # a failed input fails this stage without running it
         return Status.SUCCESS
 
-    def run_kernel(self, pkt: Packet) -> list[tuple[int, bytes]]:
-        """KERNEL packet: run the kernel on its argument block; returns the follow-ups."""
+    def kernel_call(
+        self, pkt: Packet
+    ) -> tuple[Any, tuple[int, ...], tuple[int, ...], list[tuple[int, bytes]]]:
+        """(kernel, buffer handles, scalars, follow-ups) of a KERNEL packet; BadPacket for an
+        unknown kernel or a missing or malformed argument block."""
         fn = self.kernels.get(pkt.kernel)
         if fn is None:
             raise BadPacket(f"unknown kernel {pkt.kernel}")
         if not pkt.args:
             raise BadPacket("kernel packet without an argument block")
         bufs, scalars, follow = decode_args(self.cache.bytes_view(pkt.args))
+        return fn, bufs, scalars, follow
+
+    def run_kernel(self, pkt: Packet) -> list[tuple[int, bytes]]:
+        """KERNEL packet: run the kernel on its argument block; returns the follow-ups."""
+        fn, bufs, scalars, follow = self.kernel_call(pkt)
         view = self.cache.view
         fn([view(h) for h in bufs], scalars)
         return follow
