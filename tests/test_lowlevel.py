@@ -28,6 +28,7 @@ DOCUMENTED = [
     "queue_push_raw",
     "queue_view",
     "trace_emit",
+    "tracer",
 ]
 
 
@@ -95,8 +96,9 @@ def test_trace_emit_lands_in_the_ring(dom: hl.Domain) -> None:
     from hostless.trace import events
 
     lowlevel.trace_emit(dom, int(C.EV_USER), 1, 2, 3, 4, 5)
+    lowlevel.tracer(dom)(int(C.EV_USER), 6, 7, 8, 9, 10)
     ev = [e for e in events(dom) if e["type"] == int(C.EV_USER)]
-    assert [(e["a"], e["b"], e["c"], e["d"], e["e"]) for e in ev] == [(1, 2, 3, 4, 5)]
+    assert [(e["a"], e["b"], e["c"], e["d"], e["e"]) for e in ev] == [(1, 2, 3, 4, 5), (6, 7, 8, 9, 10)]
 
 
 def test_closed_domain_is_refused() -> None:

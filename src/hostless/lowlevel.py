@@ -17,6 +17,7 @@ closed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _core
@@ -41,6 +42,7 @@ __all__ = [
     "queue_push_raw",
     "queue_view",
     "trace_emit",
+    "tracer",
 ]
 
 NO_TIMEOUT = -1
@@ -123,14 +125,13 @@ def queue_push_raw(queue: Queue, raw: bytes, timeout_ns: int = NO_TIMEOUT) -> in
     """Enqueue the encoded packet ``raw`` (``PACKET_SIZE`` bytes); returns its write index.
     Waits up to ``timeout_ns`` for room (``NO_TIMEOUT``: forever), then QueueFull; the
     errors of :meth:`Queue.push` otherwise."""
-    return int(queue._core.queue_push(queue.handle, raw, timeout_ns))
+    return int(queue._core.queue_push(queue.handle, raw, timeout_ns))  # as Queue.push
 
 
 def queue_pop_raw(queue: Queue, timeout_ns: int = NO_TIMEOUT, spin_ns: int = 0) -> tuple[int, bytes] | None:
     """Consumer only: the next packet as (write index, raw bytes), polling ``spin_ns`` then
     sleeping on the doorbell; None when nothing came within ``timeout_ns``."""
-    r: tuple[int, bytes] | None = queue._core.queue_pop(queue.handle, timeout_ns, spin_ns)
-    return r
+    return queue.pop_raw(timeout_ns, spin_ns)
 
 
 def trace_emit(dom: Domain, event: int, a: int = 0, b: int = 0, c: int = 0, d: int = 0, e: int = 0) -> None:
@@ -138,6 +139,14 @@ def trace_emit(dom: Domain, event: int, a: int = 0, b: int = 0, c: int = 0, d: i
     trace ring, stamped with this participant and the trace clock; nothing when the domain
     has no trace ring.  Lock-free: a reader drops an event it sees half written."""
     dom._core.trace(event, a, b, c, d, e)
+
+
+def tracer(dom: Domain) -> Callable[[int, int, int, int, int, int], None]:
+    """:func:`trace_emit` bound to ``dom``, for inner loops: ``emit(event, a, b, c, d, e)``
+    (all six arguments given; valid while the domain is open)."""
+    dom._check_open()
+    emit: Callable[[int, int, int, int, int, int], None] = dom._core.trace
+    return emit
 
 
 def host_wake_fn() -> int:

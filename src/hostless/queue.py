@@ -55,7 +55,7 @@ class Queue(_core.Handle):
         were overwritten.
         """
         raw = packet.encode() if isinstance(packet, Packet) else packet
-        return lowlevel.queue_push_raw(self, raw, _timeout_ns(timeout))
+        return int(self._core.queue_push(self.handle, raw, _timeout_ns(timeout)))
 
     def bind(self) -> None:
         """Become the queue's consumer (it has none, or its consumer is dead)."""
@@ -65,7 +65,7 @@ class Queue(_core.Handle):
         """Take the next packet (consumer only): (index, packet), or None after ``timeout``."""
         if isinstance(spin, bool) or not isinstance(spin, (int, float)) or not spin >= 0:
             raise ValueError(f"spin must be seconds >= 0, got {spin!r}")
-        r = lowlevel.queue_pop_raw(self, _timeout_ns(timeout), int(spin * 1e9))
+        r = self.pop_raw(_timeout_ns(timeout), int(spin * 1e9))
         if r is None:
             return None
         return int(r[0]), Packet.decode(r[1])
@@ -73,7 +73,8 @@ class Queue(_core.Handle):
     def pop_raw(self, timeout_ns: int, spin_ns: int) -> tuple[int, bytes] | None:
         """As :meth:`pop` with the packet's raw bytes (for agents' inner loops; the same as
         :func:`hostless.lowlevel.queue_pop_raw`)."""
-        return lowlevel.queue_pop_raw(self, timeout_ns, spin_ns)
+        r: tuple[int, bytes] | None = self._core.queue_pop(self.handle, timeout_ns, spin_ns)
+        return r
 
     def completed(self) -> None:
         """Count one finished packet (consumer)."""

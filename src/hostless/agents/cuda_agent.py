@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import lowlevel
 from .._abi import C
 from ..domain import Domain
 from ..kernels import Kernel
@@ -109,7 +108,7 @@ class CudaLoop(AgentLoop):
         pushes) and return without synchronizing; a bad packet fails alone with ERROR."""
         cp, peer = self.cp, self.peer
         st = peer.stream
-        lowlevel.trace_emit(self.dom, _EV_START, self.queue.handle, idx, pkt.signal, pkt.kernel)
+        self.trace(_EV_START, self.queue.handle, idx, pkt.signal, pkt.kernel, 0)
         self._recycle()
         keep: list[Any] = []
         packets: list[Any] = []
@@ -181,7 +180,7 @@ class CudaLoop(AgentLoop):
             return
         # argument blocks of follow-ups and device temporaries live until the GPU passed them
         self.inflight.append((st.record(), packets + [_Keep(keep)]))
-        lowlevel.trace_emit(self.dom, _EV_END, self.queue.handle, idx, pkt.signal, 0, 1)
+        self.trace(_EV_END, self.queue.handle, idx, pkt.signal, 0, 1)
 
 
 class _Keep:

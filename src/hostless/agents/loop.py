@@ -217,6 +217,7 @@ class AgentLoop:
         self.hops: dict[int, int] = {}  # write index in our own queue -> hops of the follow-up chain
         self.failures = 0  # packets failed and follow-ups dropped (statistics)
         self.ert = ErtProcessor(self.cache.bytes_view, self.cache.view, self.kernels)
+        self.trace = lowlevel.tracer(dom)  # emit(event, a, b, c, d, e) into the domain's trace ring
 
     # ------------------------------------------------------------------
     def run(self) -> None:
@@ -224,7 +225,7 @@ class AgentLoop:
         q = self.queue
         idle = 0
         while self.running:
-            r = lowlevel.queue_pop_raw(q, 50_000_000, self.spin_ns)  # 50 ms bounded wait after the spin
+            r = q.pop_raw(50_000_000, self.spin_ns)  # 50 ms bounded wait after the spin
             if r is None:
                 idle += 1
                 if os.getppid() != self.parent:
@@ -267,7 +268,7 @@ class AgentLoop:
         """Run packet ``idx`` of the queue: check, wait, run, signal, push its follow-ups
         (``hops``: follow-up hops through the own queue that led to it).  Never raises
         for a bad packet: it fails alone with ERROR."""
-        lowlevel.trace_emit(self.dom, _EV_START, self.queue.handle, idx, pkt.signal, pkt.kernel)
+        self.trace(_EV_START, self.queue.handle, idx, pkt.signal, pkt.kernel, 0)
         follow: list[tuple[int, bytes]] = []
         try:
             self.check(pkt)
@@ -374,7 +375,7 @@ class AgentLoop:
     def finish(self, pkt: Packet, status: Status, idx: int) -> None:
         """Trace the end of the packet and signal it (never raises)."""
         try:
-            lowlevel.trace_emit(self.dom, _EV_END, self.queue.handle, idx, pkt.signal, int(status))
+            self.trace(_EV_END, self.queue.handle, idx, pkt.signal, int(status), 0)
         except Exception:  # (a closed domain while stopping)
             pass
         if not pkt.signal:
