@@ -232,23 +232,21 @@ class CudaPeer:
 
         For a fence use value 1 (released by every outcome, failures too).
         """
-        err = self.cu.cuStreamWaitValue64(
-            self._cu_stream(stream),
-            self.cu.CUdeviceptr(self.word_addr(obj)),
-            self.cu.cuuint64_t(value),
-            self.cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ,
-        )
-        self._check(err[0] if isinstance(err, tuple) else err, "cuStreamWaitValue64")
+        flag = self.cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+        self._word_op("cuStreamWaitValue64", obj, value, flag, stream)
 
     def write_value(self, obj: Any, value: int, stream: Any = None) -> None:
         """``cuStreamWriteValue64`` of ``value`` into the word of ``obj`` (a plain device store)."""
-        err = self.cu.cuStreamWriteValue64(
-            self._cu_stream(stream),
-            self.cu.CUdeviceptr(self.word_addr(obj)),
-            self.cu.cuuint64_t(value),
-            self.cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT,
+        flag = self.cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+        self._word_op("cuStreamWriteValue64", obj, value, flag, stream)
+
+    def _word_op(self, fn: str, obj: Any, value: int, flag: Any, stream: Any) -> None:
+        """Enqueue the 64-bit stream memory operation ``fn`` on the completion word of ``obj``."""
+        cu = self.cu
+        err = getattr(cu, fn)(
+            self._cu_stream(stream), cu.CUdeviceptr(self.word_addr(obj)), cu.cuuint64_t(value), flag
         )
-        self._check(err[0] if isinstance(err, tuple) else err, "cuStreamWriteValue64")
+        self._check(err[0] if isinstance(err, tuple) else err, fn)
 
     def signal(
         self, obj: Any, value: int = 0, gate: Any = None, stream: Any = None, wake: bool = True
