@@ -993,12 +993,12 @@ class _Recorder:
 def test_cuda_agent_checks_packets_before_any_stream_wait(env: Env) -> None:
     """The cuda agent's packet checks need no GPU: a bad packet fails with ERROR before any
     stream wait is enqueued (a synchronize behind a wait that never completes would wedge it)."""
-    from hostless.agents.worker import CudaAgent
+    from hostless.agents.cuda_agent import CudaLoop
 
     calls: list[str] = []
     q = env.keep(env.dom.queue(4))
-    ag = CudaAgent.__new__(CudaAgent)
-    super(CudaAgent, ag).__init__(env.dom, q, "cuda", {}, os.getppid(), WAIT_TIMEOUT, FOLLOW_TIMEOUT)
+    ag = CudaLoop.__new__(CudaLoop)
+    super(CudaLoop, ag).__init__(env.dom, q, "cuda", {}, os.getppid(), WAIT_TIMEOUT, FOLLOW_TIMEOUT)
     ag.peer = _Recorder(calls)  # type: ignore[assignment]
     ag.cp = _Recorder(calls, "cp")
     ag.kernels = {kernel_id("relu"): _Recorder(calls, "kernel")}
@@ -1035,3 +1035,46 @@ def test_cuda_agent_checks_packets_before_any_stream_wait(env: Env) -> None:
     ag.execute(0, hl.Packet(kernel=relu, args=env.block([x.handle, x.handle], follow=[fol]).handle))
     assert g.status is S.ERROR
     assert "peer.gate" in calls and "peer.enqueue" not in calls
+
+
+def test_cuda_agent_pushes_follow_ups_from_the_argument_block(env: Env) -> None:
+    """The cuda agent copies no follow-up: the GPU push reads the packet where it lies in the
+    argument block, and the agent holds the block until the stream has passed the push."""
+    from hostless import lowlevel, wire
+    from hostless.agents.cuda_agent import CudaLoop
+
+    calls: list[str] = []
+    pushed: list[tuple[int, hl.Buffer, int]] = []
+
+    class Event:
+        done = False
+
+    ev = Event()
+
+    class Peer(_Recorder):
+        def enqueue(self, q: Any, buf: hl.Buffer, gate: Any = None, offset: int = 0) -> Any:
+            pushed.append((q.handle, buf, offset))
+            return _Recorder(calls, "result")
+
+    peer = Peer(calls)
+    peer.stream = _Recorder(calls, "stream")  # type: ignore[attr-defined]
+    peer.stream.record = lambda: ev
+    q, q2 = env.keep(env.dom.queue(4)), env.keep(env.dom.queue(4))
+    ag = CudaLoop.__new__(CudaLoop)
+    super(CudaLoop, ag).__init__(env.dom, q, "cuda", {}, os.getppid(), WAIT_TIMEOUT, FOLLOW_TIMEOUT)
+    ag.peer, ag.cp = peer, _Recorder(calls, "cp")  # type: ignore[assignment]
+    ag.kernels = {kernel_id("relu"): _Recorder(calls, "kernel")}
+    ag.inflight, ag.warm = [], set()
+    x = env.buffer(np.zeros(8, np.float32))
+    fp = hl.Packet(type=hl.PacketType.BARRIER, signal=env.fence().handle)
+    block = env.block([x.handle, x.handle], [7], follow=[hl.Follow(q2.handle, fp)])
+    ag.execute(0, hl.Packet(kernel=kernel_id("relu"), args=block.handle))
+    ((qh, held, off),) = pushed
+    assert qh == q2.handle and held.handle == block.handle
+    assert off == wire.follow_offset(2, 1, 0) + wire.FO_PACKET
+    assert hl.Packet.decode(bytes(held.numpy()[off : off + wire.PACKET_SIZE])) == fp
+    assert lowlevel.is_held(held)  # until the stream passed the push
+    ev.done = True
+    ag._recycle()
+    assert not lowlevel.is_held(held) and ag.inflight == []
+    ag.cache.clear()

@@ -10,7 +10,16 @@ import numpy as np
 
 from . import _core as C
 
-__all__ = ["C", "HEADER_DTYPE", "PARTICIPANT_DTYPE", "FENCE_DTYPE", "owner_code", "split_participant_id"]
+__all__ = [
+    "C",
+    "HEADER_DTYPE",
+    "PARTICIPANT_DTYPE",
+    "FENCE_DTYPE",
+    "owner_code",
+    "split_participant_id",
+    "handle_kind",
+    "handle_index",
+]
 
 
 def _dtype(fields: list[tuple[str, int, Any]], size: int) -> np.dtype:
@@ -85,3 +94,13 @@ def owner_code(participant_id: int) -> int:
     """Participant id -> the owner field stored in a fence slot (HL_OWNER)."""
     idx, inc = split_participant_id(participant_id)
     return ((inc & 0xFFFFFF) << 8) | (idx + 1)
+
+
+def handle_kind(h: int) -> int:
+    """The kind (``KIND_*``) a 64-bit handle names (HL_HANDLE_KIND)."""
+    return (h >> 48) & 0xFF
+
+
+def handle_index(h: int) -> int:
+    """The slot index a 64-bit handle names, -1 for none (HL_HANDLE_INDEX)."""
+    return (h & 0xFFFFFF) - 1

@@ -77,10 +77,11 @@ def domain_info(dom: Any) -> dict[str, Any]:
     fragmentation, allocs, repairs; bytes) and ``buffers``, the number of
     live buffers; ``{"size": 0}`` for a domain without a heap.
     """
+    from hostless import lowlevel
     from hostless._abi import FENCE_DTYPE, C
 
     h = dom.header()
-    view = dom._core.view()  # the layout validated at attach: the shared header may have been rewritten
+    view = lowlevel.layout(dom)  # the layout validated at attach: the shared header may have been rewritten
     raw = dom.raw()
     fcap = int(view["fence_capacity"])
     table = np.frombuffer(raw, dtype=FENCE_DTYPE, count=fcap, offset=int(view["fences_offset"])).copy()

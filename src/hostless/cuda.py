@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ._abi import C
+from . import lowlevel
+from ._abi import C, handle_kind
 from .buffer import Buffer
 from .domain import Domain
 from .errors import HostlessError
@@ -177,8 +178,8 @@ class CudaPeer:
                 "(CAN_USE_64_BIT_STREAM_MEM_OPS = 0): device-side waits on completion words need them "
                 "(recent drivers enable them on Volta and later)"
             )
-        self.base = int(dom._core.address())
-        self.size = int(dom.header()["total_size"])
+        self.base = lowlevel.base_address(dom)
+        self.size = lowlevel.layout(dom)["size"]
         try:
             cp.cuda.runtime.hostRegister(self.base, self.size, 1 | 2)  # portable | mapped
         except cp.cuda.runtime.CUDARuntimeError as e:
@@ -196,9 +197,7 @@ class CudaPeer:
         self._k_gate = self.module.get_function("hl_gate")
         self._k_signal = self.module.get_function("hl_signal")
         self._k_commit = self.module.get_function("hl_commit")
-        from . import _core
-
-        self._wake_fn = cu.CUhostFn(_core.host_wake_fn())
+        self._wake_fn = cu.CUhostFn(lowlevel.host_wake_fn())
         self._closed = False
 
     # ------------------------------------------------------------ helpers
@@ -215,12 +214,7 @@ class CudaPeer:
 
     def word_addr(self, obj: Any) -> int:
         """Device address of the completion word of a fence or timeline."""
-        h = obj.handle if hasattr(obj, "handle") else int(obj)
-        idx = (h & 0xFFFFFF) - 1
-        hdr = self.dom.header()
-        if not 0 <= idx < int(hdr["fence_capacity"]):
-            raise ValueError(f"handle {h:#x} names no slot")
-        return self.dptr(int(hdr["fences_offset"]) + idx * int(C.FENCE_SIZE) + int(C.F_WORD))
+        return self.dptr(lowlevel.completion_word_offset(self.dom, obj))
 
     def _cu_stream(self, stream: Any) -> Any:
         return self.cu.CUstream(int((stream or self.stream).ptr))
@@ -238,23 +232,21 @@ class CudaPeer:
 
         For a fence use value 1 (released by every outcome, failures too).
         """
-        err = self.cu.cuStreamWaitValue64(
-            self._cu_stream(stream),
-            self.cu.CUdeviceptr(self.word_addr(obj)),
-            self.cu.cuuint64_t(value),
-            self.cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ,
-        )
-        self._check(err[0] if isinstance(err, tuple) else err, "cuStreamWaitValue64")
+        flag = self.cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+        self._word_op("cuStreamWaitValue64", obj, value, flag, stream)
 
     def write_value(self, obj: Any, value: int, stream: Any = None) -> None:
         """``cuStreamWriteValue64`` of ``value`` into the word of ``obj`` (a plain device store)."""
-        err = self.cu.cuStreamWriteValue64(
-            self._cu_stream(stream),
-            self.cu.CUdeviceptr(self.word_addr(obj)),
-            self.cu.cuuint64_t(value),
-            self.cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT,
+        flag = self.cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+        self._word_op("cuStreamWriteValue64", obj, value, flag, stream)
+
+    def _word_op(self, fn: str, obj: Any, value: int, flag: Any, stream: Any) -> None:
+        """Enqueue the 64-bit stream memory operation ``fn`` on the completion word of ``obj``."""
+        cu = self.cu
+        err = getattr(cu, fn)(
+            self._cu_stream(stream), cu.CUdeviceptr(self.word_addr(obj)), cu.cuuint64_t(value), flag
         )
-        self._check(err[0] if isinstance(err, tuple) else err, "cuStreamWriteValue64")
+        self._check(err[0] if isinstance(err, tuple) else err, fn)
 
     def signal(
         self, obj: Any, value: int = 0, gate: Any = None, stream: Any = None, wake: bool = True
@@ -262,7 +254,7 @@ class CudaPeer:
         """Signal ``obj`` from the GPU after the work queued on ``stream``: a fence SUCCESS
         (or the gate's failure), a timeline ``value`` (or failed with the gate's status)."""
         h = obj.handle if hasattr(obj, "handle") else int(obj)
-        kind = 2 if (h >> 48) & 0xFF == _KIND_TIMELINE else 1
+        kind = 2 if handle_kind(h) == _KIND_TIMELINE else 1
         st = stream or self.stream
         gp = 0 if gate is None else int(gate.data.ptr)
         self._k_signal(
@@ -289,7 +281,7 @@ class CudaPeer:
         kinds = cp.asarray(
             np.array(
                 [
-                    2 if ((o.handle if hasattr(o, "handle") else o) >> 48) & 0xFF == _KIND_TIMELINE else 1
+                    2 if handle_kind(o.handle if hasattr(o, "handle") else o) == _KIND_TIMELINE else 1
                     for o in inputs
                 ],
                 dtype=np.int32,
@@ -319,17 +311,21 @@ class CudaPeer:
         stream: Any = None,
         wake: bool = True,
         result: Any = None,
+        offset: int = 0,
     ) -> Any:
-        """After the work on ``stream``, push the packet held in ``packet_buf`` (64 bytes, in the
-        heap) into ``queue`` from the GPU and ring its doorbell.  Returns a device int with the
-        push's result (0 = pushed, 1 = skipped by the gate)."""
+        """After the work on ``stream``, push the packet that lies at byte ``offset`` of the
+        heap buffer ``packet_buf`` (a packet buffer, or the follow-up record of an argument
+        block) into ``queue`` from the GPU and ring its doorbell.  The GPU reads the packet
+        when the push runs: the buffer must stay allocated and unchanged until then.
+        Returns a device int with the push's result (0 = pushed, 1 = skipped by the gate).
+        ValueError when the packet does not lie 8-byte aligned inside the buffer."""
         cp = self.cp
-        if packet_buf.nbytes != int(C.PACKET_SIZE):
-            raise ValueError("a packet buffer is 64 bytes")
+        if offset < 0 or offset % 8 or offset + int(C.PACKET_SIZE) > packet_buf.nbytes:
+            raise ValueError(f"no packet at offset {offset} of a {packet_buf.nbytes}-byte buffer")
         res = cp.zeros(1, dtype=cp.int32) if result is None else result
         gp = np.uint64(0) if gate is None else gate
         st = stream or self.stream
-        qaddr, cells, packets, cap = self.dom._core.queue_view(queue.handle)  # validated on the host
+        qaddr, cells, packets, cap = lowlevel.queue_view(self.dom, queue)  # validated on the host
         self._k_enqueue(
             (1,),
             (1,),
@@ -338,15 +334,14 @@ class CudaPeer:
                 np.uint64(self.dptr(cells - self.base)),
                 np.uint64(self.dptr(packets - self.base)),
                 np.uint64(cap),
-                np.uint64(self.dptr(packet_buf.offset)),
+                np.uint64(self.dptr(packet_buf.offset + offset)),
                 gp,
                 res,
             ),
             stream=st,
         )
         if wake:
-            info = self.dom._core.queue_doorbell_addr(queue.handle)
-            self.host_wake(int(info), st)
+            self.host_wake(lowlevel.doorbell_address(self.dom, queue), st)
         return res
 
     def close(self) -> None:

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import mmap
 import os
-import re
 import secrets
 import stat
 import threading
-import time
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import _core
+from . import _core, inspection, shm
 from ._abi import HEADER_DTYPE, C, owner_code
 from .buffer import Buffer, ShapeLike, normalize_layout, pack_meta, pep3118, unpack_meta
 from .errors import (
@@ -36,6 +33,12 @@ from .errors import (
     OutOfMemory,
     QueueFull,
 )
+from .inspection import Participant
+from .shm import MAX_REGION as MAX_REGION
+from .shm import SHM_DIR, path_of
+from .shm import check_join_args as _check_join_args
+from .shm import parse_size as parse_size
+from .shm import wait_ready as _wait_ready
 from .status import Status
 
 if TYPE_CHECKING:
@@ -65,9 +68,8 @@ _KIND_TIMELINE = int(C.KIND_TIMELINE)
 _KIND_BUFFER = int(C.KIND_BUFFER)
 _KIND_QUEUE = int(C.KIND_QUEUE)
 
-SHM_DIR = "/dev/shm"
-_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 _live: weakref.WeakSet[Domain] = weakref.WeakSet()
+_path = path_of  # (hostless.fuzz imports it from here)
 
 
 def _after_fork_in_child() -> None:
@@ -79,62 +81,6 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _path(name: str) -> str:
-    name = name[1:] if name.startswith("/") else name
-    if not _NAME_RE.fullmatch(name) or name in (".", ".."):
-        raise ValueError(f"invalid domain name {name!r}: use 1-200 characters from [A-Za-z0-9._-]")
-    return os.path.join(SHM_DIR, name)
-
-
-def _check_join_args(label: object, kind: object, watchdog_interval: object, spin: object) -> None:
-    """Arguments of create/open/from_fd, checked before anything is joined."""
-    if not isinstance(label, str):
-        raise TypeError(f"label must be a str, got {type(label).__name__}")
-    if not isinstance(kind, str) or not kind:
-        raise ValueError("kind must be a non-empty string such as 'cpu'")
-    for what, v in (("watchdog_interval", watchdog_interval), ("spin", spin)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise TypeError(f"{what} must be a number of seconds, got {type(v).__name__}")
-        if not 0 <= v <= 3600:
-            raise ValueError(f"{what} must be in 0..3600 s (0 disables), got {v!r}")
-
-
-MAX_REGION = 1 << 46  # 64 TiB: larger heap/queue/trace sizes are refused, never wrapped
-
-
-def parse_size(size: int | str) -> int:
-    """``4096``, ``"64K"``, ``"256M"``, ``"8G"`` -> bytes."""
-    if isinstance(size, bool):
-        raise TypeError("size must be an int or a string such as '256M'")
-    if isinstance(size, int):
-        n = size
-    else:
-        m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(i?B)?\s*", str(size), re.IGNORECASE)
-        if not m:
-            raise ValueError(f"cannot parse size {size!r} (examples: 4096, '64K', '256M', '8G')")
-        mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
-        n = int(m.group(1)) * mult
-    if not 0 <= n <= MAX_REGION:
-        raise ValueError(f"size must be in 0..{MAX_REGION} bytes, got {size!r}")
-    return n
-
-
-@dataclass(frozen=True)
-class Participant:
-    """A participant of a domain as recorded in its participant table."""
-
-    id: int
-    """Domain-wide id: incarnation << 8 | slot index (unique over the domain's life)."""
-    index: int
-    pid: int
-    start_time: int
-    joined_ns: int
-    label: str
-    kind: str
-    state: str
-    """'alive', 'dead' (lock released, not recovered yet) or 'recovering'."""
 
 
 class Domain:
@@ -270,9 +216,9 @@ class Domain:
         if label is None:
             label = f"pid{os.getpid()}"
         _check_join_args(label, kind, watchdog_interval, spin)
-        _check_space(lay["total_size"])
+        shm.check_space(lay["total_size"])
         if replace_stale:
-            _replace_stale(path)
+            shm.replace_stale(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
         try:
             os.fchmod(fd, mode)
@@ -491,26 +437,7 @@ class Domain:
     @property
     def participants(self) -> list[Participant]:
         """Every non-free participant slot."""
-        self._check_open()
-        out = []
-        for idx, inc, state, _rec, pid, st, joined, label, kind, held in self._core.participants():
-            if state == C.PART_RECOVERING:
-                s = "recovering"
-            else:
-                s = "alive" if held else "dead"
-            out.append(
-                Participant(
-                    id=(inc << 8) | idx,
-                    index=idx,
-                    pid=pid,
-                    start_time=st,
-                    joined_ns=joined,
-                    label=label.decode(errors="replace"),
-                    kind=kind.decode(errors="replace"),
-                    state=s,
-                )
-            )
-        return out
+        return inspection.participants(self)
 
     # --------------------------------------------------------------- objects
     def _owner(self, owner: int | Participant | None) -> int:
@@ -694,16 +621,7 @@ class Domain:
         it over).  Exact when the domain is quiescent otherwise: operations in
         flight in other processes can show up as transient findings.
         """
-        from .recovery import check_tables
-
-        self._check_open()
-        deadline = time.monotonic() + settle
-        while time.monotonic() < deadline and any(
-            p[2] == int(C.PART_RECOVERING) and p[9] for p in self._core.participants()
-        ):
-            time.sleep(0.002)
-        heap = self._core.heap_snapshot()
-        return check_tables(bytes(self.raw()), self._core.lock_held, self._index, heap, self._core.view())
+        return inspection.check(self, settle)
 
     def notifier(self) -> Notifier:
         """The per-domain thread that completes asyncio waits and callbacks."""
@@ -722,56 +640,3 @@ def _handle(handle: int) -> int:
     if not 0 < handle < (1 << 64):
         raise InvalidHandle(f"handle {handle} is out of the 64-bit range")
     return handle
-
-
-def _check_space(total: int) -> None:
-    """Refuse a domain larger than the free space of its file system: tmpfs
-    files are sparse, so the creation itself would succeed and the first
-    touch of a page past the free space would kill the process with SIGBUS."""
-    try:
-        vfs = os.statvfs(SHM_DIR)
-    except OSError:
-        return
-    free = vfs.f_bavail * vfs.f_frsize
-    if total > free:
-        raise OutOfMemory(
-            f"the domain needs {total / 2**30:.2f} GiB but {SHM_DIR} has {free / 2**30:.2f} GiB free: "
-            "ask for a smaller heap, queue area or trace ring"
-        )
-
-
-def _replace_stale(path: str) -> None:
-    """Remove ``path`` if it is a stale domain (create(replace_stale=True))."""
-    from .cleanup import MIN_AGE, remove_if_stale
-
-    deadline = time.monotonic() + 2 * MIN_AGE
-    while True:
-        try:
-            found = remove_if_stale(path)
-        except FileNotFoundError:
-            return
-        if found.state in ("removed", "gone"):
-            return
-        if found.state == "young" and time.monotonic() < deadline:
-            # a creator that is starting takes its lock within microseconds: give it MIN_AGE
-            time.sleep(min(0.05, max(0.001, MIN_AGE - found.age)))
-            continue
-        raise FileExistsError(f"{path} exists and was not replaced: {found.state} ({found.reason})")
-
-
-def _wait_ready(fd: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    hsize = int(C.HEADER_SIZE)
-    while True:
-        st = os.fstat(fd)
-        if st.st_size >= hsize:
-            head = os.pread(fd, hsize, 0)
-            ready = int.from_bytes(head[int(C.H_READY) : int(C.H_READY) + 4], "little")
-            magic = int.from_bytes(head[0:8], "little")
-            if ready == 1:
-                return
-            if magic not in (0, int(C.MAGIC)):
-                raise CorruptDomain(f"not a hostless domain (magic {magic:#x})")
-        if time.monotonic() >= deadline:
-            raise CorruptDomain("domain is not initialised (its creator died or is still starting)")
-        time.sleep(0.001)

@@ -17,6 +17,7 @@ import enum
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "Opcode",
@@ -30,7 +31,15 @@ __all__ = [
     "cmd_chain",
     "has_cu_mask",
     "u64_args",
+    "cu_args",
+    "parse_cu_args",
+    "chain_handles",
+    "set_state",
     "CHAIN_HEADER_WORDS",
+    "CHAIN_SUBMIT_WORD",
+    "CHAIN_ERROR_WORD",
+    "NPU_FIXED_WORDS",
+    "MAX_BYTES",
 ]
 
 
@@ -69,6 +78,10 @@ class State(enum.IntEnum):
     NORESPONSE = 9
     SKERROR = 10
     SKCRASHED = 11
+
+
+MAX_BYTES = 4 + 4 * 0x7FF
+"""The longest command: a header's count is 11 bits."""
 
 
 def header(state: int, count: int, opcode: int, type_: int = CmdType.CU, custom: int = 0) -> int:
@@ -142,6 +155,12 @@ def start_npu(
 
 CHAIN_HEADER_WORDS = 6
 """Words of ``ert_cmd_chain_data`` before its handles: count, submit index, error index, reserved[3]."""
+CHAIN_SUBMIT_WORD = 2
+"""Word of a CMD_CHAIN command (header = word 0, count = word 1) the processor writes the submit index to."""
+CHAIN_ERROR_WORD = 3
+"""Word of a CMD_CHAIN command the processor writes the index of the failed command to."""
+NPU_FIXED_WORDS = 4
+"""START_NPU payload words before the kernel arguments: instruction address (2), size, property count."""
 
 
 def cmd_chain(handles: Sequence[int]) -> ErtCommand:
@@ -158,3 +177,46 @@ def u64_args(values: Sequence[int]) -> list[int]:
     for v in values:
         out += [v & 0xFFFFFFFF, (v >> 32) & 0xFFFFFFFF]
     return out
+
+
+def cu_args(buffers: Sequence[int], scalars: Sequence[int]) -> list[int]:
+    """The argument words of a START_CU / START_NPU command as hostless kernels take them:
+    the buffer count, the u64 buffer handles, then the u64 scalars (two words each)."""
+    return [len(buffers)] + u64_args(buffers) + u64_args(scalars)
+
+
+def parse_cu_args(cmd: ErtCommand) -> tuple[list[int], list[int]]:
+    """(buffer handles, scalars) of a START_CU / START_NPU command (the inverse of
+    :func:`cu_args`); ValueError when its words do not match their counts."""
+    if cmd.opcode == Opcode.START_NPU:
+        if len(cmd.payload) < NPU_FIXED_WORDS:
+            raise ValueError("START_NPU payload shorter than its fixed words")
+        args = cmd.payload[NPU_FIXED_WORDS:]
+    else:
+        args = cmd.payload
+    if not args:
+        raise ValueError("ERT command without arguments")
+    nbuf = args[0]
+    if nbuf > (len(args) - 1) // 2 or (len(args) - 1 - 2 * nbuf) % 2:
+        raise ValueError("ERT argument words do not match the buffer count")
+    hs = [args[1 + 2 * i] | (args[2 + 2 * i] << 32) for i in range(nbuf)]
+    rest = args[1 + 2 * nbuf :]
+    return hs, [rest[2 * i] | (rest[2 * i + 1] << 32) for i in range(len(rest) // 2)]
+
+
+def chain_handles(cmd: ErtCommand) -> list[int]:
+    """The u64 handles of the commands a CMD_CHAIN names; ValueError when its payload is
+    shorter than its fixed words or its command count."""
+    base = CHAIN_HEADER_WORDS
+    if len(cmd.payload) < base:
+        raise ValueError("CMD_CHAIN payload shorter than its fixed words")
+    n = cmd.payload[0]
+    if n > (len(cmd.payload) - base) // 2:
+        raise ValueError("CMD_CHAIN payload shorter than its command count")
+    return [cmd.payload[base + 2 * i] | (cmd.payload[base + 1 + 2 * i] << 32) for i in range(n)]
+
+
+def set_state(words: Any, state: int) -> None:
+    """Write ``state`` into the header word ``words[0]`` of a command (as the command
+    processor reports progress), keeping the header's other fields."""
+    words[0] = (int(words[0]) & ~0xF) | int(state)

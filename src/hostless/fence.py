@@ -24,7 +24,7 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from . import _core
-from ._abi import C
+from ._abi import C, handle_kind
 from .errors import DomainClosed, InvalidHandle
 from .status import Status, fence_status
 
@@ -68,7 +68,7 @@ class Fence(_core.Handle):
     @property
     def merged(self) -> bool:
         """True for a composite made by ``Domain.merge``."""
-        return (self.handle >> 48) & 0xFF == _KIND_MERGED
+        return handle_kind(self.handle) == _KIND_MERGED
 
     # ---------------------------------------------------------------- signal
     if TYPE_CHECKING:

@@ -19,7 +19,6 @@ constants and the outputs of earlier stages).
 
 from __future__ import annotations
 
-import struct
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,15 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from . import ert
+from . import ert, lowlevel
 from .agents import Agent
 from .buffer import Buffer, bytes_buffer
 from .domain import Domain
 from .errors import HostlessError
 from .kernels import CPU_KERNELS, CUDA_KERNEL_NAMES, NPU_CUS, f64
-from .queue import Follow, Kernargs, Packet, PacketType
 from .status import Status
 from .timeline import Timeline
+from .wire import Follow, Kernargs, Packet, PacketType
 
 __all__ = ["Graph", "CompiledGraph", "StageFailed", "Stage"]
 
@@ -130,10 +129,6 @@ def _scalar_word(x: float | int) -> int:
     return f64(x) if isinstance(x, float) else int(x) & 0xFFFFFFFFFFFFFFFF
 
 
-_KA_HEADER = 16
-_SIGNAL_VALUE_IN_FOLLOW = 8 + 24  # queue handle, then struct hl_packet.signal_value
-
-
 class _Slot:
     """The buffers and prepared packets of one frame in flight."""
 
@@ -142,7 +137,9 @@ class _Slot:
         self.stage_in: list[list[Buffer]] = []  # copy mode: private inputs per stage
         self.stage_out: list[Buffer] = []  # output buffer per stage
         self.packets: list[Packet] = []  # the packet of each stage (host) / first packet (direct)
-        self.patch: list[tuple[np.ndarray, int]] = []  # (u64 view, stage index) of follow-up signal values
+        # per argument block with follow-ups: its u64 view and the words of the follow-up
+        # packets' signal values (rewritten with the frame number before each submit)
+        self.patch: list[tuple[np.ndarray, np.ndarray]] = []
         self.owned: list[Any] = []
 
 
@@ -209,8 +206,7 @@ class CompiledGraph:
                 follow = list(nxt)
                 if self.data == "copy":
                     follow = self._copy_follows(sl, k, follow)
-            p, extra = self._packet(s, bufs, [_scalar_word(x) for x in s.scalars], k, follow)
-            sl.owned += extra
+            p = self._packet(sl, s, bufs, [_scalar_word(x) for x in s.scalars], k, follow)
             pk[k] = p
             nxt = [Follow(s.agent.queue.handle, p)]
         sl.packets = pk
@@ -225,20 +221,30 @@ class CompiledGraph:
             for pos, name in enumerate(g.stages[j].inputs):
                 if name == g.stages[k].output:
                     dst = sl.stage_in[j][pos]
-                    p, extra = self._raw_packet(
-                        g.stages[k].agent, "copy", [src.handle, dst.handle], [], 0, 0, out
+                    p = self._raw_packet(
+                        sl, g.stages[k].agent, "copy", [src.handle, dst.handle], [], 0, 0, out
                     )
-                    sl.owned += extra
                     out = [Follow(g.stages[k].agent.queue.handle, p)]
         return out
 
     def _packet(
-        self, s: Stage, bufs: list[int], scalars: list[int], k: int, follow: list[Follow]
-    ) -> tuple[Packet, list[Any]]:
-        return self._raw_packet(s.agent, s.kernel, bufs, scalars, self.timelines[k].handle, 0, follow)
+        self, sl: _Slot, s: Stage, bufs: list[int], scalars: list[int], k: int, follow: list[Follow]
+    ) -> Packet:
+        return self._raw_packet(sl, s.agent, s.kernel, bufs, scalars, self.timelines[k].handle, 0, follow)
+
+    def _args(self, sl: _Slot, ka: Kernargs) -> int:
+        """An argument block of the slot: its buffer (owned by the slot) and the words of its
+        follow-ups' signal values to patch per frame.  Returns the buffer's handle."""
+        b = ka.to_buffer(self.dom)
+        sl.owned.append(b)
+        words = [off // 8 for off in ka.signal_value_offsets()]
+        if words:
+            sl.patch.append((b.numpy().view(np.uint8).view("<u8"), np.array(words, dtype=np.intp)))
+        return b.handle
 
     def _raw_packet(
         self,
+        sl: _Slot,
         agent: Agent,
         kernel: str,
         bufs: list[int],
@@ -246,43 +252,27 @@ class CompiledGraph:
         signal: int,
         value: int,
         follow: list[Follow],
-    ) -> tuple[Packet, list[Any]]:
-        owned: list[Any] = []
+    ) -> Packet:
+        """The packet of one kernel on ``agent``; the buffers it needs (argument block, ERT
+        command) are owned by the slot."""
         if agent.kind == "npu":
             cu = NPU_CUS[kernel][0]
-            words = [len(bufs)] + ert.u64_args(bufs) + ert.u64_args(scalars)
-            cmd = ert.start_cu(cu, words).encode()
-            cb = bytes_buffer(self.dom, cmd)
-            owned.append(cb)
-            ka = Kernargs(buffers=[cb.handle], follow=follow).to_buffer(self.dom)
-            owned.append(ka)
-            return Packet(
-                type=PacketType.ERT, kernel=cu, args=ka.handle, signal=signal, signal_value=value
-            ), owned
+            cb = bytes_buffer(self.dom, ert.start_cu(cu, ert.cu_args(bufs, scalars)).encode())
+            sl.owned.append(cb)
+            ka = self._args(sl, Kernargs(buffers=[cb.handle], follow=follow))
+            return Packet(type=PacketType.ERT, kernel=cu, args=ka, signal=signal, signal_value=value)
         kid = agent.user_kernels.get(kernel) or CPU_KERNELS[kernel][0]
-        ka = Kernargs(buffers=bufs, scalars=scalars, follow=follow).to_buffer(self.dom)
-        owned.append(ka)
+        ka = self._args(sl, Kernargs(buffers=bufs, scalars=scalars, follow=follow))
         flags = 1 if (agent.kind == "cuda" and self.data == "copy") else 0  # stage through device memory
-        return Packet(kernel=kid, args=ka.handle, signal=signal, signal_value=value, flags=flags), owned
+        return Packet(kernel=kid, args=ka, signal=signal, signal_value=value, flags=flags)
 
     # ------------------------------------------------------------- running
     def _set_frame_values(self, sl: _Slot, value: int) -> None:
         """Write the frame number into every prepared packet of the slot (follow-ups included)."""
         for p in sl.packets:
             p.signal_value = value
-        for b in sl.owned:
-            raw = b.numpy().view(np.uint8)
-            if raw.size < _KA_HEADER:
-                continue
-            magic, nb, ns, nf = struct.unpack_from("<IHHH", raw)
-            if magic != 0x4B41524B:
-                continue
-            base = _KA_HEADER + 8 * (nb + ns)
-            for j in range(nf):
-                off = base + 72 * j + _SIGNAL_VALUE_IN_FOLLOW
-                sig = int(raw[base + 72 * j + 8 + 16 : base + 72 * j + 8 + 24].view("<u8")[0])
-                if sig:
-                    raw[off : off + 8].view("<u8")[0] = value
+        for words, at in sl.patch:  # the words found at compile time: no block is parsed here
+            words[at] = value
 
     def _write_inputs(self, sl: _Slot, inputs: Mapping[str, np.ndarray]) -> None:
         g = self.g
@@ -396,11 +386,11 @@ class CompiledGraph:
             for b in (
                 list(sl.tensors.values()) + [x for xs in sl.stage_in for x in xs] + sl.stage_out + sl.owned
             ):
-                if id(b) not in seen and b._held:
+                if id(b) not in seen and lowlevel.is_held(b):
                     seen.add(id(b))
                     b.release()
         for b in self.consts.values():
-            if b._held:
+            if lowlevel.is_held(b):
                 b.release()
         for t in self.timelines:
             t.release()

@@ -21,6 +21,7 @@ import os
 import socket
 from typing import Any, cast
 
+from . import lowlevel
 from .buffer import ShapeLike, _Views, normalize_layout, pep3118
 from .errors import DomainClosed, InvalidHandle
 
@@ -153,7 +154,7 @@ def export_buffer(buf: Any) -> tuple[int, int, int]:
 
     if not isinstance(buf, Buffer):
         raise TypeError("export_buffer() takes a hostless.Buffer")
-    if not buf._held:
+    if not lowlevel.is_held(buf):
         raise InvalidHandle(f"buffer {buf.handle:#x} was released")
     dom = buf._dom
     if dom._closed:

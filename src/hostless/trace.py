@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from . import lowlevel
 from ._abi import C
 from .domain import Domain
 
@@ -75,7 +76,7 @@ def _unpack(c: int, d: int, e: int) -> str:
 def _emit(dom: Domain, kind: int, key: int, text: str) -> None:
     if dom.closed or not dom.trace_enabled():
         return
-    dom._core.trace(_EV_USER, USER_MAGIC | kind, key & (2**64 - 1), *_pack(text))
+    lowlevel.trace_emit(dom, _EV_USER, USER_MAGIC | kind, key & (2**64 - 1), *_pack(text))
 
 
 def _traced_domain(dom: Domain | None) -> Domain | None:
@@ -156,7 +157,7 @@ _NAMES = {
 
 def events(dom: Domain) -> list[dict[str, int]]:
     """The valid events of the ring, oldest first (torn or overwritten ones are dropped)."""
-    v = dom._core.view()  # the layout validated at attach, never the shared header
+    v = lowlevel.layout(dom)  # the layout validated at attach, never the shared header
     off, cap = int(v["trace_offset"]), int(v["trace_capacity"])
     if not off or not cap:
         return []

@@ -12,7 +12,12 @@ timeline is failed with ERROR) and goes on with the next packet; it never
 exits on one and never wedges: input waits are bounded by ``wait_timeout``,
 follow-up pushes by ``follow_timeout`` (never waiting on the agent's own
 queue), and a follow-up chain through the agent's own queue is cut after 64
-hops.  The full rule is in :mod:`hostless.agents.worker`.
+hops.  The full rule is in :mod:`hostless.agents.loop`.
+
+Modules: :mod:`~hostless.agents.worker` (the agent process's entry point),
+:mod:`~hostless.agents.loop` (the consumer loop), :mod:`~hostless.agents.npu`
+(the ERT command processor) and :mod:`~hostless.agents.cuda_agent` (the
+GPU's loop).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import sys
 import time
 from typing import Any
 
+from .. import lowlevel
 from ..domain import Domain
 from ..errors import HostlessError
 from ..kernels import USER_KERNEL_BASE
@@ -57,7 +63,7 @@ class Agent:
             except subprocess.TimeoutExpired:
                 self.kill()
         self.proc.wait()
-        if self.queue._held and not self.dom.closed:
+        if lowlevel.is_held(self.queue) and not self.dom.closed:
             self.queue.release()
 
     def kill(self) -> None:
@@ -101,7 +107,7 @@ def spawn(
     (seconds, default 10) bounds the pushes of one packet's follow-ups into
     other consumers' queues (a push into the agent's own queue never waits);
     a follow-up that cannot be pushed is dropped and its signal fails with
-    ERROR.  See :mod:`hostless.agents.worker` for the full rule on bad packets.
+    ERROR.  See :mod:`hostless.agents.loop` for the full rule on bad packets.
 
     ``user_kernels`` maps names to ``"module:function"`` kernels (taking
     ``(buffers, scalars)``) the agent imports; their ids are in

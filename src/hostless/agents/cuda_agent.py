@@ -1,0 +1,193 @@
+"""The cuda agent's loop: each packet becomes stream work on one GPU.
+
+It follows the rule of :mod:`hostless.agents.loop` for bad packets, checking
+everything before it enqueues any stream wait (so it never synchronizes
+behind a wait that may never complete); its waits and follow-up pushes then
+run on the GPU (:class:`hostless.cuda.CudaPeer`).  A follow-up packet is
+never copied: the GPU pushes it from where it lies in the argument block (a
+producer prepares the block once and patches it per use, as
+:class:`hostless.graph.CompiledGraph` does), and the agent holds a
+reference to the block until the stream has passed the push.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._abi import C
+from ..domain import Domain
+from ..kernels import Kernel
+from ..queue import Queue
+from ..status import Status
+from ..wire import FO_PACKET, BadPacket, Packet, PacketType, follow_offset
+from .loop import _EV_END, _EV_START, _SIGNALABLE, _WAITABLE, FAIL_BUDGET, AgentLoop, _debug, _kind
+
+__all__ = ["CudaLoop", "FLAG_STAGE_COPY"]
+
+_KIND_TIMELINE = int(C.KIND_TIMELINE)
+_KIND_BUFFER = int(C.KIND_BUFFER)
+_KIND_QUEUE = int(C.KIND_QUEUE)
+
+FLAG_STAGE_COPY = 1  # packet flag: stage the inputs through device memory (copy mode)
+
+
+class CudaLoop(AgentLoop):
+    """A GPU agent: each packet becomes stream work, and the host thread moves on.
+
+    Waits are ``cuStreamWaitValue64`` on the GPU, the kernel runs on CuPy arrays
+    (zero-copy views of the heap, or device copies in copy mode), the output is
+    committed and the signal stored by the GPU only when every input succeeded,
+    and follow-up packets are pushed into their queues by a device-side enqueue
+    kernel.  This process never synchronizes the stream in the loop.
+    """
+
+    def __init__(
+        self,
+        dom: Domain,
+        queue: Queue,
+        user: dict[int, Kernel],
+        parent: int,
+        device: int,
+        wait_timeout: float | None = 60.0,
+        follow_timeout: float = 10.0,
+    ) -> None:
+        super().__init__(dom, queue, "cuda", user, parent, wait_timeout, follow_timeout)
+        from ..cuda import CudaPeer
+        from ..kernels import _cuda_table
+
+        self.peer = CudaPeer(dom, device)
+        self.cp = self.peer.cp
+        self.kernels = dict(_cuda_table())
+        self.kernels.update(user)
+        self.inflight: list[tuple[Any, list[Any]]] = []  # (event, objects to keep until it completes)
+        # (kernel, layouts) already run once: CuPy compiles and CUDA loads modules
+        # on first use, and that must never happen behind a pending stream wait
+        # (module loading can wait for the device, which the wait holds: deadlock)
+        self.warm: set[Any] = set()
+
+    def _recycle(self) -> None:
+        """Release what the stream work that has completed kept alive."""
+        keep = []
+        for ev, objs in self.inflight:
+            if ev.done:
+                for o in objs:
+                    o.release()
+            else:
+                keep.append((ev, objs))
+        self.inflight = keep
+
+    def _wait_inputs_on_gpu(self, pkt: Packet) -> Any:
+        """Stream waits on the packet's inputs, then the gate over their words
+        (handles and values were checked by :meth:`check`)."""
+        waits = []
+        for h, v in zip(pkt.wait, pkt.wait_value, strict=True):
+            if h:
+                o = self.cache.get(h, _WAITABLE)
+                self.peer.wait(o, v if _kind(h) == _KIND_TIMELINE else 1)
+                waits.append(o)
+        return self.peer.gate(waits)
+
+    def _resolve_follow(self, follow: list[tuple[int, bytes]]) -> list[tuple[Any, int]]:
+        """(queue, index of the follow-up in the block) of each follow-up; one whose queue
+        handle is bad is dropped now and its signal (and those nested in it) fails with
+        ERROR, as on the host path."""
+        out = []
+        budget = [FAIL_BUDGET]
+        for j, (qh, raw) in enumerate(follow):
+            try:
+                out.append((self.cache.get(qh, (_KIND_QUEUE,)), j))
+            except BadPacket as e:
+                _debug(f"agent cuda: follow-up into {qh:#x} dropped: {e!r}")
+                fp = Packet.decode(raw)
+                self.fail_signal(fp.signal, fp.signal_value, Status.ERROR)
+                self.fail_downstream(fp, Status.ERROR, budget)
+        return out
+
+    def execute(self, idx: int, pkt: Packet, hops: int = 0) -> None:
+        """Turn packet ``idx`` into stream work (waits, kernel, commit, signal, follow-up
+        pushes) and return without synchronizing; a bad packet fails alone with ERROR."""
+        cp, peer = self.cp, self.peer
+        st = peer.stream
+        self.trace(_EV_START, self.queue.handle, idx, pkt.signal, pkt.kernel, 0)
+        self._recycle()
+        keep: list[Any] = []
+        packets: list[Any] = []
+        queued = False  # stream waits were enqueued: never synchronize behind them
+        block: Any = None  # the argument block, held while the GPU reads follow-ups from it
+        at: list[int] = []  # offset of each follow-up's packet in the block
+        try:
+            # everything that can be checked is checked before the first stream wait
+            self.check(pkt)
+            follow: list[tuple[int, bytes]] = []
+            fn: Any = None
+            bufs: list[Any] = []
+            scalars: tuple[int, ...] = ()
+            if pkt.type == PacketType.KERNEL:
+                fn, hs, scalars, follow = self.kernel_call(pkt)
+                bufs = [self.cache.get(h, (_KIND_BUFFER,)) for h in hs]
+                if not bufs:
+                    raise BadPacket("kernel packet without buffers")
+                sig = (pkt.kernel, pkt.flags, tuple((b.dtype.str, b.shape) for b in bufs), scalars)
+                if sig not in self.warm:
+                    # first run of this signature: without pending waits (the
+                    # result goes to a scratch buffer that is never committed)
+                    st.synchronize()
+                    with st:
+                        tmp = cp.empty(bufs[-1].shape, bufs[-1].dtype)
+                        fn([cp.asarray(b.numpy()) for b in bufs[:-1]], scalars, tmp)
+                        fn([peer.array(b) for b in bufs[:-1]], scalars, tmp)
+                    st.synchronize()
+                    self.warm.add(sig)
+            elif pkt.type != PacketType.BARRIER:
+                raise BadPacket(f"the cuda agent does not run packets of type {pkt.type}")
+            targets = self._resolve_follow(follow)
+            if targets:  # the GPU reads the follow-ups in the block: hold it until the stream passed them
+                block = self.dom.import_buffer(pkt.args)
+                packets.append(block)
+                at = [follow_offset(len(bufs), len(scalars), j) + FO_PACKET for j in range(len(follow))]
+            queued = True
+            gate = self._wait_inputs_on_gpu(pkt)
+            if pkt.type == PacketType.KERNEL:
+                with st:
+                    if pkt.flags & FLAG_STAGE_COPY:  # copy mode: explicit host -> device copies
+                        ins = []
+                        for b in bufs[:-1]:
+                            d = cp.empty(b.shape, b.dtype)
+                            d.set(b.numpy(), stream=st)
+                            ins.append(d)
+                    else:  # shared mode: the GPU reads the heap in place
+                        ins = [peer.array(b) for b in bufs[:-1]]
+                    out = bufs[-1]
+                    scratch = cp.empty(out.shape, out.dtype)
+                    fn(ins, scalars, scratch)
+                    peer.commit(out, scratch, gate)
+                keep += [scratch, *ins]
+            if pkt.signal:
+                peer.signal(self.cache.get(pkt.signal, _SIGNALABLE), pkt.signal_value, gate)
+            for q, j in targets:
+                keep.append(peer.enqueue(q, block, gate, offset=at[j]))
+            keep.append(gate)
+        except Exception as e:
+            _debug(f"agent cuda: packet {idx} failed: {e!r}")
+            if queued:  # the temporaries live until the stream passed them
+                self.inflight.append((st.record(), packets + [_Keep(keep)]))
+            else:
+                st.synchronize()
+                for pb in packets:
+                    pb.release()
+            self.finish(pkt, Status.ERROR, idx)
+            self.fail_downstream(pkt, Status.ERROR, [FAIL_BUDGET])
+            return
+        # argument blocks of follow-ups and device temporaries live until the GPU passed them
+        self.inflight.append((st.record(), packets + [_Keep(keep)]))
+        self.trace(_EV_END, self.queue.handle, idx, pkt.signal, 0, 1)
+
+
+class _Keep:
+    """Holds device temporaries until their stream work completed."""
+
+    def __init__(self, objs: list[Any]) -> None:
+        self.objs = objs
+
+    def release(self) -> None:
+        self.objs = []

@@ -1,0 +1,126 @@
+"""A domain's file: its name under /dev/shm, the sizes and join arguments a
+creator passes, and waiting for a creator that is still initialising it.
+
+Checked before anything is created or joined, so that a bad argument never
+leaves a half-made file behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+from ._abi import C
+from .errors import CorruptDomain, OutOfMemory
+
+__all__ = [
+    "SHM_DIR",
+    "MAX_REGION",
+    "path_of",
+    "check_join_args",
+    "parse_size",
+    "wait_ready",
+    "check_space",
+    "replace_stale",
+]
+
+SHM_DIR = "/dev/shm"
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+
+def path_of(name: str) -> str:
+    """``/dev/shm/<name>`` for a valid domain name (ValueError otherwise; a leading / is dropped)."""
+    name = name[1:] if name.startswith("/") else name
+    if not _NAME_RE.fullmatch(name) or name in (".", ".."):
+        raise ValueError(f"invalid domain name {name!r}: use 1-200 characters from [A-Za-z0-9._-]")
+    return os.path.join(SHM_DIR, name)
+
+
+def check_join_args(label: object, kind: object, watchdog_interval: object, spin: object) -> None:
+    """Arguments of create/open/from_fd, checked before anything is joined."""
+    if not isinstance(label, str):
+        raise TypeError(f"label must be a str, got {type(label).__name__}")
+    if not isinstance(kind, str) or not kind:
+        raise ValueError("kind must be a non-empty string such as 'cpu'")
+    for what, v in (("watchdog_interval", watchdog_interval), ("spin", spin)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{what} must be a number of seconds, got {type(v).__name__}")
+        if not 0 <= v <= 3600:
+            raise ValueError(f"{what} must be in 0..3600 s (0 disables), got {v!r}")
+
+
+MAX_REGION = 1 << 46  # 64 TiB: larger heap/queue/trace sizes are refused, never wrapped
+
+
+def parse_size(size: int | str) -> int:
+    """``4096``, ``"64K"``, ``"256M"``, ``"8G"`` -> bytes."""
+    if isinstance(size, bool):
+        raise TypeError("size must be an int or a string such as '256M'")
+    if isinstance(size, int):
+        n = size
+    else:
+        m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(i?B)?\s*", str(size), re.IGNORECASE)
+        if not m:
+            raise ValueError(f"cannot parse size {size!r} (examples: 4096, '64K', '256M', '8G')")
+        mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
+        n = int(m.group(1)) * mult
+    if not 0 <= n <= MAX_REGION:
+        raise ValueError(f"size must be in 0..{MAX_REGION} bytes, got {size!r}")
+    return n
+
+
+def wait_ready(fd: int, timeout: float) -> None:
+    """Return once the domain file behind ``fd`` is initialised; CorruptDomain when it is not
+    a domain, or still not ready after ``timeout`` seconds (its creator died or is slow)."""
+    deadline = time.monotonic() + timeout
+    hsize = int(C.HEADER_SIZE)
+    while True:
+        st = os.fstat(fd)
+        if st.st_size >= hsize:
+            head = os.pread(fd, hsize, 0)
+            ready = int.from_bytes(head[int(C.H_READY) : int(C.H_READY) + 4], "little")
+            magic = int.from_bytes(head[0:8], "little")
+            if ready == 1:
+                return
+            if magic not in (0, int(C.MAGIC)):
+                raise CorruptDomain(f"not a hostless domain (magic {magic:#x})")
+        if time.monotonic() >= deadline:
+            raise CorruptDomain("domain is not initialised (its creator died or is still starting)")
+        time.sleep(0.001)
+
+
+def check_space(total: int) -> None:
+    """Refuse a domain larger than the free space of its file system: tmpfs
+    files are sparse, so the creation itself would succeed and the first
+    touch of a page past the free space would kill the process with SIGBUS."""
+    try:
+        vfs = os.statvfs(SHM_DIR)
+    except OSError:
+        return
+    free = vfs.f_bavail * vfs.f_frsize
+    if total > free:
+        raise OutOfMemory(
+            f"the domain needs {total / 2**30:.2f} GiB but {SHM_DIR} has {free / 2**30:.2f} GiB free: "
+            "ask for a smaller heap, queue area or trace ring"
+        )
+
+
+def replace_stale(path: str) -> None:
+    """Remove ``path`` if it is a stale domain (``Domain.create(replace_stale=True)``);
+    FileExistsError, saying why, when it is live or not a hostless domain."""
+    from .cleanup import MIN_AGE, remove_if_stale
+
+    deadline = time.monotonic() + 2 * MIN_AGE
+    while True:
+        try:
+            found = remove_if_stale(path)
+        except FileNotFoundError:
+            return
+        if found.state in ("removed", "gone"):
+            return
+        if found.state == "young" and time.monotonic() < deadline:
+            # a creator that is starting takes its lock within microseconds: give it MIN_AGE
+            time.sleep(min(0.05, max(0.001, MIN_AGE - found.age)))
+            continue
+        raise FileExistsError(f"{path} exists and was not replaced: {found.state} ({found.reason})")

@@ -1,0 +1,321 @@
+"""The wire formats: the bytes that producers and consumers of a queue exchange.
+
+One home for each byte layout every participant (host, agent, GPU kernel,
+firmware) reads or writes:
+
+* the command packet, ``struct hl_packet`` (:class:`Packet`);
+* the argument block of a KERNEL or ERT packet, ``struct hl_kernarg``
+  (magic ``0x4B41524B``) followed by ``u64 buffers[nbuffers]``,
+  ``u64 scalars[nscalars]`` and ``nfollow`` x ``struct hl_follow``
+  (:class:`Kernargs`, :func:`decode_args`, :func:`encode_args`);
+* the follow-up record, ``struct hl_follow``: a queue handle, then a packet
+  the consumer enqueues when the current one succeeds (:class:`Follow`);
+* the XRT ERT command layouts, whose one home is :mod:`hostless.ert`
+  (re-exported here: :class:`ErtCommand`, :func:`ert_header`, ...).
+
+Every offset and size comes from the C extension, which computes it with
+``offsetof`` / ``sizeof`` from ``hostless.h``.  Four figures of the argument
+block are not exported by this build of the extension yet (the offsets of
+``struct hl_kernarg``, its size, and the packet's ``flags``); they are read
+from the extension when it exports them (``KA_*``, ``KERNARG_SIZE``,
+``FOLLOW_SIZE``, ``FO_*``, ``PK_FLAGS``) and fall back to the header's
+values otherwise, and :func:`_check` proves at import that every layout
+here agrees with the exported sizes.
+
+Decoding never reads past the bytes it is given: every count is checked
+against the room left, by subtraction.  A malformed packet, block or
+command raises :class:`BadPacket` (a ``ValueError``).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._abi import C
+from .ert import ErtCommand
+from .ert import header as ert_header
+from .ert import parse_header as ert_parse_header
+
+if TYPE_CHECKING:
+    from .buffer import Buffer
+
+__all__ = [
+    "BadPacket",
+    "PacketType",
+    "Packet",
+    "Follow",
+    "Kernargs",
+    "PACKET_SIZE",
+    "KERNARG_SIZE",
+    "FOLLOW_SIZE",
+    "PK_SIGNAL",
+    "PK_SIGNAL_VALUE",
+    "FO_PACKET",
+    "decode_args",
+    "encode_args",
+    "follow_offset",
+    "ErtCommand",
+    "ert_header",
+    "ert_parse_header",
+]
+
+
+class BadPacket(ValueError):
+    """A malformed packet, argument block or command (a consumer finishes it with ERROR)."""
+
+
+def _exported(name: str, header_value: int) -> int:
+    """The extension's export ``name``, or the header's value while it exports none."""
+    return int(getattr(C, name, header_value))
+
+
+# ------------------------------------------------------------------ packet
+PACKET_SIZE = int(C.PACKET_SIZE)
+PK_TYPE = int(C.PK_TYPE)
+PK_FLAGS = _exported("PK_FLAGS", PK_TYPE + 2)  # u16 type, then u16 flags
+PK_KERNEL = int(C.PK_KERNEL)
+PK_ARGS = int(C.PK_ARGS)
+PK_SIGNAL = int(C.PK_SIGNAL)
+PK_SIGNAL_VALUE = int(C.PK_SIGNAL_VALUE)
+PK_WAIT = int(C.PK_WAIT)
+PK_WAIT_VALUE = int(C.PK_WAIT_VALUE)
+
+# -------------------------------------------------- argument block, follow-up
+KERNARG_MAGIC = int(C.KERNARG_MAGIC)
+KA_MAGIC = _exported("KA_MAGIC", 0)
+KA_NBUFFERS = _exported("KA_NBUFFERS", 4)
+KA_NSCALARS = _exported("KA_NSCALARS", 6)
+KA_NFOLLOW = _exported("KA_NFOLLOW", 8)
+KERNARG_SIZE = _exported("KERNARG_SIZE", 16)
+FO_QUEUE = _exported("FO_QUEUE", 0)
+FO_PACKET = _exported("FO_PACKET", 8)
+FOLLOW_SIZE = _exported("FOLLOW_SIZE", FO_PACKET + PACKET_SIZE)
+_WORD = 8  # buffers and scalars are u64
+
+
+def _struct(fields: Sequence[tuple[int, str]], size: int) -> struct.Struct:
+    """A little-endian struct with each (offset, format) at its offset, padded to ``size``;
+    the fields must be given in offset order (the order :meth:`struct.Struct.pack` takes)."""
+    fmt, pos = "<", 0
+    for off, f in fields:
+        if off < pos:
+            raise ImportError(f"hostless.wire: field at {off} overlaps the one before (ABI mismatch)")
+        fmt += f"{off - pos}x" if off > pos else ""
+        fmt += f
+        pos = off + struct.calcsize("<" + f)
+    if pos > size:
+        raise ImportError(f"hostless.wire: fields run to {pos}, past the size {size} (ABI mismatch)")
+    return struct.Struct(fmt + (f"{size - pos}x" if size > pos else ""))
+
+
+_PKT = _struct(
+    [
+        (PK_TYPE, "H"),
+        (PK_FLAGS, "H"),
+        (PK_KERNEL, "I"),
+        (PK_ARGS, "Q"),
+        (PK_SIGNAL, "Q"),
+        (PK_SIGNAL_VALUE, "Q"),
+        (PK_WAIT, "2Q"),
+        (PK_WAIT_VALUE, "2Q"),
+    ],
+    PACKET_SIZE,
+)
+_KA = _struct([(KA_MAGIC, "I"), (KA_NBUFFERS, "H"), (KA_NSCALARS, "H"), (KA_NFOLLOW, "H")], KERNARG_SIZE)
+_U64 = struct.Struct("<Q")
+
+
+def _check() -> None:
+    """The layouts agree with the exported sizes (an extension of another ABI fails the import)."""
+    if _PKT.size != PACKET_SIZE or FOLLOW_SIZE < FO_PACKET + PACKET_SIZE or FO_QUEUE + 8 > FO_PACKET:
+        raise ImportError("hostless.wire: packet or follow-up layout disagrees with the extension")
+    if KERNARG_SIZE % _WORD or FOLLOW_SIZE % _WORD or FO_PACKET % _WORD:
+        raise ImportError("hostless.wire: argument block records are not 8-byte aligned")
+
+
+_check()
+
+
+class PacketType:
+    """``struct hl_packet.type``."""
+
+    KERNEL = int(C.PKT_KERNEL)
+    ERT = int(C.PKT_ERT)
+    BARRIER = int(C.PKT_BARRIER)
+    STOP = int(C.PKT_STOP)
+
+
+def _check_field(name: str, v: object, bits: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < (1 << bits):
+        raise ValueError(f"packet field {name} must be an int in 0..2**{bits}-1, got {v!r}")
+
+
+@dataclass
+class Packet:
+    """One command packet (struct hl_packet)."""
+
+    type: int = PacketType.KERNEL
+    kernel: int = 0
+    args: int = 0
+    signal: int = 0
+    signal_value: int = 0
+    wait: tuple[int, int] = (0, 0)
+    wait_value: tuple[int, int] = (0, 0)
+    flags: int = 0
+
+    def encode(self) -> bytes:
+        """The ``PACKET_SIZE`` bytes of struct hl_packet (little-endian).  ValueError names
+        a field that does not fit its width."""
+        try:
+            return _PKT.pack(
+                self.type,
+                self.flags,
+                self.kernel,
+                self.args,
+                self.signal,
+                self.signal_value,
+                *self.wait,
+                *self.wait_value,
+            )
+        except (struct.error, TypeError):
+            pass  # the fast path failed: find the field and say which (off the hot path)
+        for name, v, bits in (
+            ("type", self.type, 16),
+            ("flags", self.flags, 16),
+            ("kernel", self.kernel, 32),
+            ("args", self.args, 64),
+            ("signal", self.signal, 64),
+            ("signal_value", self.signal_value, 64),
+        ):
+            _check_field(name, v, bits)
+        if len(self.wait) != 2 or len(self.wait_value) != 2:
+            raise ValueError("wait and wait_value are pairs (two handles, two values; 0 = none)")
+        for i in range(2):
+            _check_field(f"wait[{i}]", self.wait[i], 64)
+            _check_field(f"wait_value[{i}]", self.wait_value[i], 64)
+        raise ValueError(f"cannot encode {self!r}")
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> Packet:
+        """The packet in ``raw``, exactly ``PACKET_SIZE`` bytes (struct.error otherwise)."""
+        t, fl, k, a, s, sv, w0, w1, v0, v1 = _PKT.unpack(raw)
+        return cls(
+            type=t, kernel=k, args=a, signal=s, signal_value=sv, wait=(w0, w1), wait_value=(v0, v1), flags=fl
+        )
+
+
+@dataclass
+class Follow:
+    """A packet the consumer enqueues into ``queue`` when the current one succeeds (struct hl_follow)."""
+
+    queue: int
+    packet: Packet
+
+
+def follow_offset(nbuffers: int, nscalars: int, j: int) -> int:
+    """Byte offset, in an argument block with these counts, of follow-up record ``j``
+    (its packet starts ``FO_PACKET`` bytes further)."""
+    return KERNARG_SIZE + _WORD * (nbuffers + nscalars) + FOLLOW_SIZE * j
+
+
+def encode_args(buffers: Sequence[int], scalars: Sequence[int], follow: Sequence[tuple[int, bytes]]) -> bytes:
+    """The bytes of an argument block: buffer handles, scalars (taken modulo 2**64) and
+    follow-ups as (queue handle, encoded packet).  ValueError when a count exceeds 65535."""
+    if max(len(buffers), len(scalars), len(follow)) > 0xFFFF:
+        raise ValueError("an argument block holds at most 65535 buffers, scalars and follow-ups each")
+    out = bytearray(follow_offset(len(buffers), len(scalars), len(follow)))
+    _KA.pack_into(out, 0, KERNARG_MAGIC, len(buffers), len(scalars), len(follow))
+    struct.pack_into(f"<{len(buffers)}Q", out, KERNARG_SIZE, *buffers)
+    struct.pack_into(
+        f"<{len(scalars)}Q",
+        out,
+        KERNARG_SIZE + _WORD * len(buffers),
+        *[s & 0xFFFFFFFFFFFFFFFF for s in scalars],
+    )
+    for j, (q, raw) in enumerate(follow):
+        o = follow_offset(len(buffers), len(scalars), j)
+        _U64.pack_into(out, o + FO_QUEUE, q)
+        out[o + FO_PACKET : o + FO_PACKET + PACKET_SIZE] = raw
+    return bytes(out)
+
+
+def decode_args(block: Any) -> tuple[tuple[int, ...], tuple[int, ...], list[tuple[int, bytes]]]:
+    """(buffers, scalars, [(queue, raw packet)]) of an argument block, without copying it.
+
+    ``block`` is bytes, a memoryview or a NumPy array (read as bytes, whatever
+    its dtype and shape).  BadPacket when it is shorter than its header, has a
+    bad magic, or claims more entries than it has room for (every count is
+    checked by subtraction before anything past the header is read)."""
+    if isinstance(block, np.ndarray):
+        raw: Any = block if block.ndim == 1 and block.dtype == np.uint8 else block.reshape(-1).view(np.uint8)
+        n = int(raw.shape[0])
+    else:
+        raw, n = block, len(block)
+    if n < KERNARG_SIZE:
+        raise BadPacket("argument block shorter than its header")
+    magic, nb, ns, nf = _KA.unpack_from(raw)
+    if magic != KERNARG_MAGIC:
+        raise BadPacket(f"argument block has a bad magic {magic:#x}")
+    left = n - KERNARG_SIZE
+    if nb > left // _WORD:
+        raise BadPacket(f"argument block claims {nb} buffers, has room for {left // _WORD}")
+    left -= _WORD * nb
+    if ns > left // _WORD:
+        raise BadPacket(f"argument block claims {ns} scalars, has room for {left // _WORD}")
+    left -= _WORD * ns
+    if nf > left // FOLLOW_SIZE:
+        raise BadPacket(f"argument block claims {nf} follow-ups, has room for {left // FOLLOW_SIZE}")
+    bufs = struct.unpack_from(f"<{nb}Q", raw, KERNARG_SIZE)
+    scal = struct.unpack_from(f"<{ns}Q", raw, KERNARG_SIZE + _WORD * nb)
+    follow = []
+    for j in range(nf):
+        o = follow_offset(nb, ns, j)
+        follow.append(
+            (_U64.unpack_from(raw, o + FO_QUEUE)[0], bytes(raw[o + FO_PACKET : o + FO_PACKET + PACKET_SIZE]))
+        )
+    return bufs, scal, follow
+
+
+@dataclass
+class Kernargs:
+    """The argument block of a KERNEL or ERT packet (struct hl_kernarg and what follows)."""
+
+    buffers: list[int] = field(default_factory=list)
+    scalars: list[int] = field(default_factory=list)
+    follow: list[Follow] = field(default_factory=list)
+
+    def nbytes(self) -> int:
+        """Size of the encoded block."""
+        return follow_offset(len(self.buffers), len(self.scalars), len(self.follow))
+
+    def encode(self) -> bytes:
+        """The bytes of the block (see :func:`encode_args`)."""
+        return encode_args(self.buffers, self.scalars, [(f.queue, f.packet.encode()) for f in self.follow])
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> Kernargs:
+        """Parse an argument block; ValueError (:class:`BadPacket`) when it is malformed
+        (never reads past ``raw``)."""
+        bufs, scal, follow = decode_args(bytes(raw))
+        return cls(list(bufs), list(scal), [Follow(q, Packet.decode(p)) for q, p in follow])
+
+    def signal_value_offsets(self) -> list[int]:
+        """Byte offsets, in the encoded block, of the ``signal_value`` of each follow-up
+        packet that has a signal (what a producer rewrites per use of a prepared block)."""
+        nb, ns = len(self.buffers), len(self.scalars)
+        return [
+            follow_offset(nb, ns, j) + FO_PACKET + PK_SIGNAL_VALUE
+            for j, f in enumerate(self.follow)
+            if f.packet.signal
+        ]
+
+    def to_buffer(self, dom: Any) -> Buffer:
+        """A heap buffer of ``dom`` holding the encoded block (the caller releases it)."""
+        from .buffer import bytes_buffer
+
+        return bytes_buffer(dom, self.encode())
