@@ -21,10 +21,8 @@ from ..domain import Domain
 from ..kernels import Kernel, load_user_kernel
 from .loop import AgentLoop
 
-__all__ = ["main", "Agent"]
+__all__ = ["main"]
 
-Agent = AgentLoop
-"""The former name of :class:`~hostless.agents.loop.AgentLoop` (kept for callers not yet moved)."""
 
 
 def _set_pdeathsig() -> None:

@@ -450,15 +450,17 @@ def core_fence_kind() -> int:
 
 def is_held(obj: Any) -> bool:
     """Whether a fence, timeline or buffer object still holds its reference."""
-    return bool(getattr(obj, "_held", False))
+    from hostless import lowlevel
+
+    return lowlevel.is_held(obj)
 
 
 def agent_loop(dom: Any, queue: Any, kind: str) -> Any:
     """An agent of ``kind`` on ``queue`` run in this process (its ``execute`` is the per-packet
     work of the agent's loop): the one place the benchmarks use the agents' internals."""
-    from hostless.agents.worker import Agent
+    from hostless.agents.loop import AgentLoop
 
-    return Agent(dom, queue, kind, {}, os.getppid())
+    return AgentLoop(dom, queue, kind, {}, os.getppid())
 
 
 # --------------------------------------------------------------------------- where it ran

@@ -417,7 +417,7 @@ def report_markdown(result: dict[str, Any], plot_file: str | None = None) -> str
         "- Ray: `ray.dag` two-actor echo compiled with `experimental_compile()`, in a child interpreter "
         "(`benchmarks/peers/ray_echo.py`); the multiprocessing chains run from "
         "`benchmarks/peers/mp_chain.py`.",
-        "- agent floor: `hostless.agents.worker.Agent.execute` run in the benchmark process on a packet it "
+        "- agent floor: `hostless.agents.loop.AgentLoop.execute` run in the benchmark process on a packet it "
         "pushed and popped itself: the Python work of a hop without any cross-process wake-up.",
         "",
         "Reproduce: `hostless bench pipeline` (see benchmarks/README.md).",
