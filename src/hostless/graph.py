@@ -20,7 +20,7 @@ constants and the outputs of earlier stages).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from .buffer import Buffer, bytes_buffer
 from .domain import Domain
 from .errors import HostlessError
 from .kernels import CPU_KERNELS, CUDA_KERNEL_NAMES, NPU_CUS, f64
+from .stagefn import describe
 from .status import Status
 from .timeline import Timeline
 from .wire import Follow, Kernargs, Packet, PacketType
@@ -51,7 +52,9 @@ class StageFailed(HostlessError):
 class Stage:
     name: str
     agent: Agent
-    kernel: str
+    kernel: str | Callable[..., Any]
+    """A built-in kernel's name, a user kernel's name (``spawn(user_kernels=...)``)
+    or a plain Python function (:mod:`hostless.stagefn`)."""
     inputs: list[str]
     output: str
     shape: tuple[int, ...]
@@ -84,17 +87,31 @@ class Graph:
         self,
         name: str,
         agent: Agent,
-        kernel: str,
+        kernel: str | Callable[..., Any],
         inputs: Sequence[str],
         output: tuple[str, Sequence[int], Any],
-        scalars: Sequence[float | int] = (),
+        scalars: Sequence[Any] = (),
     ) -> Graph:
-        """Add a stage running ``kernel`` on ``agent``: inputs by name, output (name, shape, dtype)."""
-        table: Any = NPU_CUS if agent.kind == "npu" else CPU_KERNELS
-        if agent.kind == "cuda":
-            table = CUDA_KERNEL_NAMES
-        if kernel not in table and kernel not in agent.user_kernels:
-            raise KeyError(f"{agent.kind} agent has no kernel {kernel!r}; known: {sorted(table)}")
+        """Add a stage running ``kernel`` on ``agent``: inputs by name, output (name, shape, dtype).
+
+        ``kernel`` is the name of a built-in kernel of the agent's kind (see
+        :mod:`hostless.kernels`), of a user kernel given to ``spawn``, or a
+        plain Python function run by a cpu agent, called as
+        ``kernel(*inputs, *scalars)`` and returning the output (the contract
+        is in :mod:`hostless.stagefn`)."""
+        if callable(kernel):
+            if agent.kind != "cpu":
+                raise TypeError(f"stage {name!r}: Python functions run on cpu agents, not {agent.kind}")
+            describe(kernel, scalars)  # refuses lambdas, nested functions, scalars JSON cannot carry
+        else:
+            table: Any = NPU_CUS if agent.kind == "npu" else CPU_KERNELS
+            if agent.kind == "cuda":
+                table = CUDA_KERNEL_NAMES
+            if kernel not in table and kernel not in agent.user_kernels:
+                raise KeyError(f"{agent.kind} agent has no kernel {kernel!r}; known: {sorted(table)}")
+            for x in scalars:
+                if isinstance(x, bool) or not isinstance(x, (int, float)):
+                    raise TypeError(f"stage {name!r}: built-in kernels take int or float scalars, got {x!r}")
         known = set(self.inputs) | set(self.constants) | {s.output for s in self.stages}
         for i in inputs:
             if i not in known:
@@ -150,6 +167,12 @@ class CompiledGraph:
         self.g, self.dispatch, self.data, self.inflight = g, dispatch, data, inflight
         dom = g.dom
         self.dom = dom
+        # Python stage functions: loaded into their agents once, here (ImportError etc. surface now)
+        self.kids: dict[int, int] = {
+            k: s.agent.load_function(s.kernel, s.scalars)
+            for k, s in enumerate(g.stages)
+            if callable(s.kernel)
+        }
         self.timelines: list[Timeline] = [dom.timeline(owner=s.agent.id) for s in g.stages]
         self.frame = 0
         self.consts: dict[str, Buffer] = {}
@@ -206,7 +229,10 @@ class CompiledGraph:
                 follow = list(nxt)
                 if self.data == "copy":
                     follow = self._copy_follows(sl, k, follow)
-            p = self._packet(sl, s, bufs, [_scalar_word(x) for x in s.scalars], k, follow)
+            words = (
+                [] if callable(s.kernel) else [_scalar_word(x) for x in s.scalars]
+            )  # functions: bound at load
+            p = self._packet(sl, s, bufs, words, k, follow)
             pk[k] = p
             nxt = [Follow(s.agent.queue.handle, p)]
         sl.packets = pk
@@ -230,7 +256,8 @@ class CompiledGraph:
     def _packet(
         self, sl: _Slot, s: Stage, bufs: list[int], scalars: list[int], k: int, follow: list[Follow]
     ) -> Packet:
-        return self._raw_packet(sl, s.agent, s.kernel, bufs, scalars, self.timelines[k].handle, 0, follow)
+        kernel = self.kids[k] if callable(s.kernel) else s.kernel
+        return self._raw_packet(sl, s.agent, kernel, bufs, scalars, self.timelines[k].handle, 0, follow)
 
     def _args(self, sl: _Slot, ka: Kernargs) -> int:
         """An argument block of the slot: its buffer (owned by the slot) and the words of its
@@ -246,7 +273,7 @@ class CompiledGraph:
         self,
         sl: _Slot,
         agent: Agent,
-        kernel: str,
+        kernel: str | int,
         bufs: list[int],
         scalars: list[int],
         signal: int,
@@ -254,14 +281,18 @@ class CompiledGraph:
         follow: list[Follow],
     ) -> Packet:
         """The packet of one kernel on ``agent``; the buffers it needs (argument block, ERT
-        command) are owned by the slot."""
+        command) are owned by the slot.  ``kernel``: a name, or the id of a loaded function."""
         if agent.kind == "npu":
+            assert isinstance(kernel, str)
             cu = NPU_CUS[kernel][0]
             cb = bytes_buffer(self.dom, ert.start_cu(cu, ert.cu_args(bufs, scalars)).encode())
             sl.owned.append(cb)
             ka = self._args(sl, Kernargs(buffers=[cb.handle], follow=follow))
             return Packet(type=PacketType.ERT, kernel=cu, args=ka, signal=signal, signal_value=value)
-        kid = agent.user_kernels.get(kernel) or CPU_KERNELS[kernel][0]
+        if isinstance(kernel, int):
+            kid = kernel
+        else:
+            kid = agent.user_kernels.get(kernel) or CPU_KERNELS[kernel][0]
         ka = self._args(sl, Kernargs(buffers=bufs, scalars=scalars, follow=follow))
         flags = 1 if (agent.kind == "cuda" and self.data == "copy") else 0  # stage through device memory
         return Packet(kernel=kid, args=ka, signal=signal, signal_value=value, flags=flags)

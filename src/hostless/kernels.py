@@ -157,6 +157,11 @@ NPU_CUS: dict[str, tuple[int, Kernel]] = {
 }
 
 USER_KERNEL_BASE = 1000
+LOAD_KERNEL = 999
+"""Kernel id of the request that makes a cpu agent import a stage function
+(:mod:`hostless.stagefn`); its argument block's one buffer holds the request."""
+FUNCTION_KERNEL_BASE = 1 << 20
+"""Ids from here on are stage functions loaded after spawn (``Agent.load_function``)."""
 
 
 def kernel_id(name: str) -> int:

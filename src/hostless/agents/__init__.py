@@ -22,18 +22,24 @@ GPU's loop).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from .. import lowlevel
 from ..domain import Domain
 from ..errors import HostlessError
-from ..kernels import USER_KERNEL_BASE
+from ..kernels import FUNCTION_KERNEL_BASE, LOAD_KERNEL, USER_KERNEL_BASE
 from ..queue import Packet, PacketType, Queue
+from ..status import Status
+from ..wire import Kernargs
 
 __all__ = ["Agent", "spawn"]
 
@@ -46,6 +52,49 @@ class Agent:
         self.id = pid
         """The agent's participant id (use it as the owner of the fences it signals)."""
         self.user_kernels: dict[str, int] = {}
+        self._functions: dict[str, int] = {}  # stagefn request (JSON) -> kernel id
+
+    def load_function(self, fn: Any, scalars: Sequence[Any] = (), timeout: float = 30.0) -> int:
+        """Make the agent import ``fn`` (a plain Python function, see
+        :mod:`hostless.stagefn`) bound to ``scalars``; returns the kernel id
+        its packets use.  Loaded once per (function, scalars): a second call
+        returns the same id.  HostlessError with the agent's own error
+        (ImportError and its traceback) when it cannot load it; TypeError when
+        ``fn`` cannot be imported by name at all."""
+        from ..stagefn import describe
+
+        if self.kind != "cpu":
+            raise TypeError(f"Python stage functions run on cpu agents, not on {self.kind} agents")
+        desc = describe(fn, scalars)
+        key = json.dumps(desc, sort_keys=True)
+        if key in self._functions:
+            return self._functions[key]
+        kid = FUNCTION_KERNEL_BASE + len(self._functions)
+        request = json.dumps({**desc, "id": kid}).encode()
+        dom = self.dom
+        req = dom.buffer((max(8192, len(request) + 1),), "u1")
+        done = dom.fence()
+        try:
+            req.numpy()[: len(request)] = np.frombuffer(request, np.uint8)
+            args = Kernargs(buffers=[req.handle]).to_buffer(dom)
+            try:
+                self.queue.push(
+                    Packet(kernel=LOAD_KERNEL, args=args.handle, signal=done.handle), timeout=timeout
+                )
+                st = done.wait(timeout)
+            finally:
+                args.release()
+            if st != Status.SUCCESS:
+                reply = bytes(req.numpy()).split(b"\0", 1)[0]
+                why = reply[2:].decode("utf-8", "replace") if reply.startswith(b"!E") else st.name
+                raise HostlessError(
+                    f"{self.kind} agent {self.id} could not load {desc['module']}:{desc['qualname']}: {why}"
+                )
+        finally:
+            req.release()
+            done.release()
+        self._functions[key] = kid
+        return kid
 
     @property
     def alive(self) -> bool:

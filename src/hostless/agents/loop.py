@@ -60,6 +60,7 @@ Hostile packets (the rule every agent follows):
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -68,11 +69,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import lowlevel
+from .. import lowlevel, stagefn
 from .._abi import C, handle_kind
 from ..domain import Domain
 from ..errors import HostlessError
-from ..kernels import CPU_KERNELS, NPU_CUS, Kernel
+from ..kernels import CPU_KERNELS, FUNCTION_KERNEL_BASE, LOAD_KERNEL, NPU_CUS, Kernel
 from ..queue import Queue
 from ..status import Status
 from ..wire import BadPacket, Packet, PacketType, decode_args
@@ -354,8 +355,37 @@ class AgentLoop:
         bufs, scalars, follow = decode_args(self.cache.bytes_view(pkt.args))
         return fn, bufs, scalars, follow
 
+    def load_function(self, pkt: Packet) -> None:
+        """A LOAD_KERNEL request (:mod:`hostless.stagefn`): import the function its buffer
+        describes and register it under the requested id.  On failure the buffer is
+        rewritten with the error (``!E`` then the text of :func:`~hostless.stagefn.format_error`,
+        NUL-terminated) and the packet fails."""
+        if self.kind != "cpu":
+            raise BadPacket(f"{self.kind} agents do not run Python stage functions")
+        if not pkt.args:
+            raise BadPacket("load request without an argument block")
+        bufs, _s, _f = decode_args(self.cache.bytes_view(pkt.args))
+        if len(bufs) != 1:
+            raise BadPacket("a load request has one buffer")
+        raw = self.cache.bytes_view(bufs[0])
+        try:
+            req = json.loads(bytes(raw).split(b"\0", 1)[0])
+            kid = int(req["id"])
+            if kid < FUNCTION_KERNEL_BASE:
+                raise ValueError(f"stage function id {kid} is below {FUNCTION_KERNEL_BASE}")
+            what = f"stage function {req['module']}:{req['qualname']}"
+            self.kernels[kid] = stagefn.bind(stagefn.load(req), req.get("scalars", []), what)
+        except Exception as e:
+            reply = (b"!E" + stagefn.format_error(e, max(0, len(raw) - 8)).encode())[: len(raw) - 1]
+            raw[: len(reply)] = np.frombuffer(reply, np.uint8)
+            raw[len(reply)] = 0
+            raise
+
     def run_kernel(self, pkt: Packet) -> list[tuple[int, bytes]]:
         """KERNEL packet: run the kernel on its argument block; returns the follow-ups."""
+        if pkt.kernel == LOAD_KERNEL:
+            self.load_function(pkt)
+            return []
         fn, bufs, scalars, follow = self.kernel_call(pkt)
         view = self.cache.view
         fn([view(h) for h in bufs], scalars)

@@ -1,0 +1,179 @@
+"""Plain Python functions as Graph stages (hostless.stagefn): found by name
+without PYTHONPATH, called with arrays and Python scalars, returning their
+output, in all four modes; and the errors when they cannot be."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hostless as hl
+from hostless import agents
+from hostless.graph import Graph, StageFailed
+
+X = np.arange(64, dtype=np.float32).reshape(8, 8)
+
+
+# ---- the stage functions (module level: the agent imports them by name)
+def scaled(x: np.ndarray, factor: float, tag: str) -> np.ndarray:
+    assert isinstance(factor, float) and tag == "grad", (factor, tag)  # Python types, not words
+    return x * factor
+
+
+def plus(a: np.ndarray, b: np.ndarray, offset: int) -> np.ndarray:
+    assert isinstance(offset, int)
+    return a + b + offset
+
+
+def in_place(x: np.ndarray, out: np.ndarray) -> None:
+    np.negative(x, out=out)
+
+
+def raises(x: np.ndarray) -> np.ndarray:
+    raise ValueError(f"bad frame with sum {float(x.sum())}")
+
+
+def wrong_shape(x: np.ndarray) -> np.ndarray:
+    return x[:2]
+
+
+def to_float(x: np.ndarray) -> np.ndarray:
+    return x + 0.5
+
+
+def forgets_to_return(x: np.ndarray) -> None:
+    x.sum()
+
+
+@pytest.fixture(scope="module")
+def dom() -> Iterator[hl.Domain]:
+    name = f"hltest-sf-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    with hl.Domain.create(name, heap="32M", label="host", unlink_on_close=True) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def cpu(dom: hl.Domain) -> Iterator[agents.Agent]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    old = os.environ.copy()
+    os.environ.clear()
+    os.environ.update(env)  # no PYTHONPATH: the package passes the path along
+    try:
+        a = agents.spawn(dom, "cpu", label="cpu-fn")
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    yield a
+    a.stop()
+
+
+@pytest.mark.parametrize("dispatch", ["host", "direct"])
+@pytest.mark.parametrize("data", ["shared", "copy"])
+def test_functions_in_every_mode(dom: hl.Domain, cpu: agents.Agent, dispatch: str, data: str) -> None:
+    g = (
+        Graph(dom)
+        .input("x", (8, 8), "f4")
+        .stage("grad", cpu, scaled, ["x"], ("g", (8, 8), "f4"), scalars=[0.5, "grad"])
+        .stage("sum", cpu, plus, ["x", "g"], ("s", (8, 8), "f4"), scalars=[3])
+        .stage("neg", cpu, in_place, ["s"], ("n", (8, 8), "f4"))
+    )
+    with g.compile(dispatch=dispatch, data=data) as cg:
+        for k in range(3):
+            out = cg.run({"x": X + k})["n"]
+            np.testing.assert_allclose(out, -((X + k) + (X + k) * 0.5 + 3))
+
+
+def test_a_function_is_loaded_once_per_scalars(cpu: agents.Agent) -> None:
+    a = cpu.load_function(scaled, [2.0, "grad"])
+    assert cpu.load_function(scaled, [2.0, "grad"]) == a
+    assert cpu.load_function(scaled, [3.0, "grad"]) != a
+
+
+@pytest.mark.parametrize(
+    ("fn", "why"),
+    [
+        (raises, "stage 'bad' failed with ERROR"),
+        (wrong_shape, "stage 'bad' failed with ERROR"),
+        (to_float, "stage 'bad' failed with ERROR"),  # float into an int output: same_kind refuses
+        (forgets_to_return, "stage 'bad' failed with ERROR"),
+    ],
+)
+def test_a_failing_function_fails_its_stage(dom: hl.Domain, cpu: agents.Agent, fn: Any, why: str) -> None:
+    g = Graph(dom).input("x", (8, 8), "i4").stage("bad", cpu, fn, ["x"], ("y", (8, 8), "i4"))
+    with g.compile() as cg, pytest.raises(StageFailed, match=why):
+        cg.run({"x": X.astype(np.int32)})
+    # the agent goes on serving
+    g2 = Graph(dom).input("x", (8, 8), "f4").stage("ok", cpu, in_place, ["x"], ("y", (8, 8), "f4"))
+    with g2.compile() as cg:
+        np.testing.assert_array_equal(cg.run({"x": X})["y"], -X)
+
+
+def test_functions_that_cannot_be_imported_are_refused_when_added(dom: hl.Domain, cpu: agents.Agent) -> None:
+    g = Graph(dom).input("x", (8, 8), "f4")
+    with pytest.raises(TypeError, match="lambda or a nested function"):
+        g.stage("l", cpu, lambda x: x, ["x"], ("y", (8, 8), "f4"))
+
+    def local(x: np.ndarray) -> np.ndarray:
+        return x
+
+    with pytest.raises(TypeError, match="lambda or a nested function"):
+        g.stage("l", cpu, local, ["x"], ("y", (8, 8), "f4"))
+    with pytest.raises(TypeError, match="JSON"):
+        g.stage("l", cpu, scaled, ["x"], ("y", (8, 8), "f4"), scalars=[object()])
+    with pytest.raises(TypeError, match="int or float scalars"):
+        g.stage("l", cpu, "scale", ["x"], ("y", (8, 8), "f4"), scalars=["2"])
+
+
+def test_an_import_error_in_the_agent_is_shown(dom: hl.Domain, cpu: agents.Agent, tmp_path: Path) -> None:
+    mod = tmp_path / f"hl_vanishing_{uuid.uuid4().hex[:8]}.py"
+    mod.write_text("def f(x):\n    return x\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        m = __import__(mod.stem)
+        mod.unlink()  # the agent will not find it
+        g = Graph(dom).input("x", (8, 8), "f4").stage("gone", cpu, m.f, ["x"], ("y", (8, 8), "f4"))
+        with pytest.raises(hl.HostlessError, match=r"could not load .*ModuleNotFoundError: No module named"):
+            g.compile()
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_a_function_of_the_main_script(tmp_path: Path) -> None:
+    """A function defined in the script that was run (``__main__``): the agent loads the
+    script under another name, so its guarded main block does not run there."""
+    script = tmp_path / "my_pipeline.py"
+    name = f"hltest-main-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    script.write_text(
+        textwrap.dedent(f"""
+        import numpy as np
+        import hostless as hl
+        from hostless import agents
+        from hostless.graph import Graph
+
+        def brighten(frame, amount):
+            return np.minimum(frame.astype(np.int32) + amount, 255).astype(np.uint8)
+
+        if __name__ == "__main__":
+            with hl.Domain.create({name!r}, heap="16M", unlink_on_close=True) as dom:
+                cpu = agents.spawn(dom, "cpu")
+                g = (Graph(dom).input("frame", (4, 4), "u1")
+                     .stage("brighten", cpu, brighten, ["frame"], ("out", (4, 4), "u1"), scalars=[100]))
+                with g.compile() as cg:
+                    print(int(cg.run({{"frame": np.full((4, 4), 200, np.uint8)}})["out"][0, 0]))
+                cpu.stop()
+        """)
+    )
+    r = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "255"
