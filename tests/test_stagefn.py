@@ -177,3 +177,36 @@ def test_a_function_of_the_main_script(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "255"
+
+
+def test_run_refuses_unknown_inputs_and_casts_that_change_values(dom: hl.Domain, cpu: agents.Agent) -> None:
+    g = Graph(dom).input("frame", (4, 4), "u1").stage("c", cpu, "copy", ["frame"], ("y", (4, 4), "u1"))
+    with g.compile() as cg:
+        with pytest.raises(KeyError, match=r"unknown graph input\(s\) \['fram'\]"):
+            cg.run({"frame": np.zeros((4, 4), np.uint8), "fram": np.zeros((4, 4), np.uint8)})
+        with pytest.raises(TypeError, match="300.0 into uint8 gives 44"):
+            cg.run({"frame": np.full((4, 4), 300.0)})
+        with pytest.raises(ValueError, match="values 0..300 that do not fit its dtype uint8"):
+            cg.run({"frame": np.arange(16).reshape(4, 4) * 20})
+        # integers that fit are fine, whatever their dtype (a Python list arrives as int64)
+        out = cg.run({"frame": [[1, 2, 3, 4]] * 4})["y"]
+        assert out.dtype == np.uint8 and out[0].tolist() == [1, 2, 3, 4]
+
+
+def test_owner_errors_name_the_participant(dom: hl.Domain) -> None:
+    r = subprocess.run(
+        [sys.executable, "-c", f"import hostless as hl; print(hl.Domain.open({dom.name!r}).participant_id)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    gone = int(r.stdout)
+    with pytest.raises(ValueError, match=f"owner participant {gone} is not alive: it has left"):
+        dom.fence(owner=gone)
+
+
+def test_an_agent_that_cannot_start_shows_why(dom: hl.Domain) -> None:
+    with pytest.raises(
+        hl.HostlessError, match=r"(?s)failed to start.*ModuleNotFoundError.*no_such_module_hl"
+    ):
+        agents.spawn(dom, "cpu", user_kernels={"k": "no_such_module_hl:f"})

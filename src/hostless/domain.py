@@ -449,6 +449,21 @@ class Domain:
             raise TypeError("owner must be a participant id (int) or a Participant")
         return owner_code(owner)
 
+    def _owner_error(self, owner: int | Participant | None, e: ValueError) -> ValueError:
+        """The core's "owner participant N is not alive", naming who N was and is."""
+        if owner is None or "not alive" not in str(e):
+            return e
+        pid = owner.id if isinstance(owner, Participant) else int(owner)
+        table = {p.index: p for p in self.participants}
+        p = table.get(pid & 0xFF)
+        if p is not None and p.id == pid:
+            who = f"{p.label!r} ({p.kind}, pid {p.pid}) is {p.state}"
+        elif p is not None:
+            who = f"it has left; its slot holds {p.label!r} ({p.kind}, pid {p.pid}, participant {p.id})"
+        else:
+            who = "it has left, or never joined"
+        return ValueError(f"owner participant {pid} is not alive: {who}")
+
     def fence(self, owner: int | Participant | None = None) -> Fence:
         """Create an ACTIVE fence and take a reference to it.
 
@@ -457,7 +472,10 @@ class Domain:
         Raises DomainFull when the fence table is full.
         """
         self._check_open()
-        f: Fence = self._core.new(Fence, self, _KIND_FENCE, self._owner(owner) if owner is not None else 0)
+        try:
+            f: Fence = self._core.new(Fence, self, _KIND_FENCE, self._owner(owner) if owner is not None else 0)
+        except ValueError as e:
+            raise self._owner_error(owner, e) from None
         return f
 
     def import_fence(self, handle: int) -> Fence:
@@ -517,7 +535,10 @@ class Domain:
             raise TypeError("initial must be an int")
         if not 0 <= initial <= int(C.TIMELINE_MAX):
             raise ValueError(f"initial must be in 0..2**62-1, got {initial}")
-        t: Timeline = self._core.new(Timeline, self, _KIND_TIMELINE, self._owner(owner))
+        try:
+            t: Timeline = self._core.new(Timeline, self, _KIND_TIMELINE, self._owner(owner))
+        except ValueError as e:
+            raise self._owner_error(owner, e) from None
         if initial:
             t.signal(initial)
         return t

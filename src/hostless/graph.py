@@ -142,6 +142,26 @@ class Graph:
         return CompiledGraph(self, dispatch, data, inflight if dispatch == "direct" else 1)
 
 
+def _check_cast(name: str, arr: np.ndarray, dt: np.dtype) -> None:
+    """Refuse an input that would change value when written into the graph's dtype: a
+    float into an integer input (300.0 into uint8 would become 44), integers out of
+    range, complex into real.  Float to a narrower float rounds, as expected."""
+    if arr.dtype == dt or np.can_cast(arr.dtype, dt, "safe") or not arr.size:
+        return
+    if dt.kind == "f" and arr.dtype.kind in "fiub":
+        return  # rounding to the nearest float is not a change of meaning
+    if arr.dtype.kind in "iub" and dt.kind in "iub":
+        info = np.iinfo(dt) if dt.kind != "b" else None
+        lo, hi = arr.min(), arr.max()
+        if info is not None and info.min <= lo and hi <= info.max:
+            return
+        raise ValueError(f"input {name!r} has values {lo}..{hi} that do not fit its dtype {dt}")
+    raise TypeError(
+        f"input {name!r} is {arr.dtype}, the graph's input is {dt}: convert it yourself "
+        f"(the cast would change values, e.g. 300.0 into uint8 gives 44)"
+    )
+
+
 def _scalar_word(x: float | int) -> int:
     return f64(x) if isinstance(x, float) else int(x) & 0xFFFFFFFFFFFFFFFF
 
@@ -307,12 +327,16 @@ class CompiledGraph:
 
     def _write_inputs(self, sl: _Slot, inputs: Mapping[str, np.ndarray]) -> None:
         g = self.g
-        for name, (shp, _dt) in g.inputs.items():
+        unknown = sorted(set(inputs) - set(g.inputs))
+        if unknown:
+            raise KeyError(f"unknown graph input(s) {unknown}; the graph's inputs are {sorted(g.inputs)}")
+        for name, (shp, dt) in g.inputs.items():
             if name not in inputs:
                 raise KeyError(f"missing graph input {name!r}")
             arr = np.asarray(inputs[name])
             if arr.shape != shp:
                 raise ValueError(f"input {name!r} must have shape {shp}, got {arr.shape}")
+            _check_cast(name, arr, dt)
             if self.data == "shared":
                 sl.tensors[name].numpy()[...] = arr
             else:

@@ -22,11 +22,13 @@ GPU's loop).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -132,6 +134,32 @@ class Agent:
         return f"<hostless.Agent {self.kind} id={self.id} pid={self.proc.pid} {state}>"
 
 
+class _Tail:
+    def __init__(self) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=40)
+        self.done = threading.Event()
+
+
+def _forward_stderr(stream: Any) -> _Tail:
+    """Copy an agent's stderr to ours as it comes (a thread), keeping its last lines for
+    the error of an agent that could not start."""
+    tail = _Tail()
+
+    def run() -> None:
+        try:
+            for ln in stream:
+                tail.lines.append(ln)
+                try:
+                    sys.stderr.write(ln)
+                except (OSError, ValueError):
+                    pass
+        finally:
+            tail.done.set()
+
+    threading.Thread(target=run, name="hostless-agent-stderr", daemon=True).start()
+    return tail
+
+
 def spawn(
     dom: Domain,
     kind: str = "cpu",
@@ -210,8 +238,9 @@ def spawn(
     for i, (name, spec) in enumerate(sorted((user_kernels or {}).items())):
         ids[name] = USER_KERNEL_BASE + i
         cmd += ["--user", f"{USER_KERNEL_BASE + i}={spec}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, close_fds=True)
-    assert proc.stdout is not None
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, close_fds=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    tail = _forward_stderr(proc.stderr)
     deadline = time.monotonic() + timeout
     line = ""
     while time.monotonic() < deadline:
@@ -221,7 +250,12 @@ def spawn(
     if not line.strip():
         proc.kill()
         proc.wait()
-        raise HostlessError(f"{kind} agent failed to start (exit code {proc.returncode})")
+        tail.done.wait(2.0)
+        said = "".join(tail.lines).rstrip()
+        raise HostlessError(
+            f"{kind} agent failed to start (exit code {proc.returncode})"
+            + (f"; its error output:\n{said}" if said else "")
+        )
     a = Agent(dom, kind, q, proc, int(line))
     a.user_kernels = ids
     return a
