@@ -473,7 +473,8 @@ class Domain:
         """
         self._check_open()
         try:
-            f: Fence = self._core.new(Fence, self, _KIND_FENCE, self._owner(owner) if owner is not None else 0)
+            code = self._owner(owner) if owner is not None else 0
+            f: Fence = self._core.new(Fence, self, _KIND_FENCE, code)
         except ValueError as e:
             raise self._owner_error(owner, e) from None
         return f
