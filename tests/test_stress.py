@@ -92,10 +92,12 @@ def test_reported_loop_three_processes() -> None:
 
 
 def test_kill_stress() -> None:
-    r = chaos.run(workers=3, kills=60, seconds=40.0, fences=256)
+    # 60 kills take ~18 s on a quiet 2-core machine; the run ends at 60 kills, and the time
+    # limit only bounds a machine so loaded that kills come slowly (41 in 40 s were seen at a
+    # load average of 21: too little time, not a protocol problem)
+    r = chaos.run(workers=3, kills=60, seconds=150.0, fences=256)
     print(_explain(r))
     _assert_clean(r)
-    # 60 kills take ~18 s on a 2-core machine; a heavily loaded one may get fewer within 40 s
     assert r["kills"] >= 45, _explain(r)
     sh = r["shared"]
     assert sh["waits"] > 0 and sh["statuses"].get("OWNER_DIED", 0) > 0, sh
