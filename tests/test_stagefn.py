@@ -210,3 +210,35 @@ def test_an_agent_that_cannot_start_shows_why(dom: hl.Domain) -> None:
         hl.HostlessError, match=r"(?s)failed to start.*ModuleNotFoundError.*no_such_module_hl"
     ):
         agents.spawn(dom, "cpu", user_kernels={"k": "no_such_module_hl:f"})
+
+
+@pytest.mark.parametrize(
+    ("kernel", "inputs", "out", "scalars", "why"),
+    [
+        (
+            "gemm",
+            ["a", "a"],
+            ((4, 4), "f4"),
+            [],
+            r"gemm: shapes \(4, 8\) @ \(4, 8\) -> \(4, 4\) do not match",
+        ),
+        ("relu", ["a"], ((8, 4), "f4"), [], r"the output must have the input's shape \(4, 8\)"),
+        ("scale", ["a"], ((4, 8), "f4"), [], "scale takes one scalar, got 0"),
+        ("copy", ["a"], ((4, 4), "f4"), [], "copy: 128 bytes into an output of 64"),
+        ("add", ["a", "a"], ((4, 9), "f4"), [], "does not broadcast"),
+        ("normalize", ["a"], ((4, 8), "u1"), [0.0, 1.0], "must be a float array"),
+    ],
+)
+def test_builtin_stage_shapes_are_checked_when_added(
+    dom: hl.Domain, cpu: agents.Agent, kernel: str, inputs: list[str], out: Any, scalars: list[Any], why: str
+) -> None:
+    g = Graph(dom).input("a", (4, 8), "f4").constant("k", np.ones((3, 3), np.float32))
+    with pytest.raises(ValueError, match=f"stage 's': .*{why}"):
+        g.stage("s", cpu, kernel, inputs, ("y", *out), scalars=scalars)
+
+
+def test_conv2d_output_shape_is_checked(dom: hl.Domain, cpu: agents.Agent) -> None:
+    g = Graph(dom).input("a", (4, 8), "f4").constant("k", np.ones((3, 3), np.float32))
+    with pytest.raises(ValueError, match=r"conv2d: the output must be \(2, 6\), got \(4, 8\)"):
+        g.stage("s", cpu, "conv2d", ["a", "k"], ("y", (4, 8), "f4"))
+    g.stage("s", cpu, "conv2d", ["a", "k"], ("y", (2, 6), "f4"))

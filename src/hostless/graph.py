@@ -31,7 +31,7 @@ from .agents import Agent
 from .buffer import Buffer, bytes_buffer
 from .domain import Domain
 from .errors import HostlessError
-from .kernels import CPU_KERNELS, CUDA_KERNEL_NAMES, NPU_CUS, f64
+from .kernels import CPU_KERNELS, CUDA_KERNEL_NAMES, NPU_CUS, check_stage, f64
 from .stagefn import describe
 from .status import Status
 from .timeline import Timeline
@@ -119,11 +119,26 @@ class Graph:
                     f"stage {name!r}: input {i!r} is not a graph input, constant or earlier output"
                 )
         oname, oshape, odtype = output
+        if isinstance(kernel, str) and kernel not in agent.user_kernels:
+            ins = [self._shape_of(i) for i in inputs]
+            try:  # what the kernel would refuse at run time, refused now
+                check_stage(kernel, ins, (tuple(oshape), np.dtype(odtype)), len(scalars))
+            except ValueError as e:
+                raise ValueError(f"stage {name!r}: {e}") from None
         self._fresh(oname)
         self.stages.append(
             Stage(name, agent, kernel, list(inputs), oname, tuple(oshape), np.dtype(odtype), list(scalars))
         )
         return self
+
+    def _shape_of(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
+        """Shape and dtype of a graph input, constant or stage output."""
+        if name in self.inputs:
+            return self.inputs[name]
+        if name in self.constants:
+            return tuple(self.constants[name].shape), self.constants[name].dtype
+        s = next(s for s in self.stages if s.output == name)
+        return s.shape, s.dtype
 
     def _fresh(self, name: str) -> None:
         if name in self.inputs or name in self.constants or any(s.output == name for s in self.stages):
@@ -207,13 +222,7 @@ class CompiledGraph:
 
     # ------------------------------------------------------------ building
     def _shape_of(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
-        g = self.g
-        if name in g.inputs:
-            return g.inputs[name]
-        if name in g.constants:
-            return g.constants[name].shape, g.constants[name].dtype
-        s = next(s for s in g.stages if s.output == name)
-        return s.shape, s.dtype
+        return self.g._shape_of(name)
 
     def _build_slot(self) -> _Slot:
         dom, g = self.dom, self.g

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["CPU_KERNELS", "NPU_CUS", "kernel_id", "cu_index", "f64", "as_f64", "Kernel"]
+__all__ = ["CPU_KERNELS", "NPU_CUS", "kernel_id", "cu_index", "f64", "as_f64", "Kernel", "check_stage"]
 
 Kernel = Callable[[Sequence[np.ndarray], Sequence[int]], None]
 
@@ -51,6 +51,7 @@ def _work(name: str, *dims: int) -> None:
 
 
 def k_copy(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    """copy(src) -> dst: the bytes of ``src`` into ``dst`` (same byte size; any dtypes). No scalars."""
     _need(b, 2, "copy")
     src, dst = b[0].reshape(-1).view(np.uint8), b[1].reshape(-1).view(np.uint8)
     if src.nbytes != dst.nbytes:
@@ -59,11 +60,13 @@ def k_copy(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
 
 
 def k_add(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    """add(a, b) -> out: ``a + b`` (NumPy broadcasting to the output's shape). No scalars."""
     _need(b, 3, "add")
     np.add(b[0], b[1], out=b[2])
 
 
 def k_scale(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    """scale(x) -> out: ``x * factor``; one scalar, ``factor`` (a float; an int is read as one)."""
     _need(b, 2, "scale")
     if len(s) != 1:
         raise ValueError("scale takes one scalar (f64)")
@@ -71,11 +74,13 @@ def k_scale(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
 
 
 def k_relu(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    """relu(x) -> out: ``max(x, 0)`` elementwise. No scalars."""
     _need(b, 2, "relu")
     np.maximum(b[0], 0, out=b[1])
 
 
 def k_gemm(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    """gemm(a, w) -> out: the matrix product of (m, k) and (k, n) into (m, n). No scalars."""
     _need(b, 3, "gemm")
     a, w, out = b
     if a.ndim != 2 or w.ndim != 2 or a.shape[1] != w.shape[0] or out.shape != (a.shape[0], w.shape[1]):
@@ -85,11 +90,13 @@ def k_gemm(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
 
 
 def k_sum(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    """sum(x) -> out: the sum of every element of ``x`` into ``out``'s first element. No scalars."""
     _need(b, 2, "sum")
     b[1].reshape(-1)[0] = b[0].sum()
 
 
 def k_softmax(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
+    """softmax(x) -> out: softmax over the last axis, computed in float32. No scalars."""
     _need(b, 2, "softmax")
     x = b[0].astype(np.float32, copy=False)
     m = x.max(axis=-1, keepdims=True)
@@ -98,7 +105,8 @@ def k_softmax(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
 
 
 def k_conv2d(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
-    """Valid 2-D correlation of an (H, W) image with a (kh, kw) kernel."""
+    """conv2d(image, kernel) -> out: valid 2-D correlation of an (H, W) image with a
+    (kh, kw) kernel into (H - kh + 1, W - kw + 1). No scalars."""
     _need(b, 3, "conv2d")
     img, ker, out = b
     if img.ndim != 2 or ker.ndim != 2:
@@ -113,7 +121,8 @@ def k_conv2d(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
 
 
 def k_normalize(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
-    """(x - mean) / std into a float output: a camera preprocess step."""
+    """normalize(x) -> out: ``(x - mean) / std`` into a float output (a camera preprocess
+    step).  Scalars: ``mean`` (default 0.0) and ``std`` (default 1.0, not zero), floats."""
     _need(b, 2, "normalize")
     mean = as_f64(s[0]) if len(s) > 0 else 0.0
     std = as_f64(s[1]) if len(s) > 1 else 1.0
@@ -124,7 +133,7 @@ def k_normalize(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
 
 
 def k_int8_gemm(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
-    """int8 x int8 -> int32 GEMM (NPU CU 0)."""
+    """int8_gemm(a, w) -> out: int8 (m, k) x int8 (k, n) -> int32 (m, n) (NPU CU 0). No scalars."""
     _need(b, 3, "int8_gemm")
     a, w, out = b
     if a.dtype != np.int8 or w.dtype != np.int8 or out.dtype != np.int32:
@@ -155,6 +164,70 @@ NPU_CUS: dict[str, tuple[int, Kernel]] = {
     "conv2d": (4, k_conv2d),
     "copy": (5, k_copy),
 }
+
+Shape = tuple[int, ...]
+
+
+def check_stage(
+    kernel: str, ins: Sequence[tuple[Shape, np.dtype]], out: tuple[Shape, np.dtype], nscalars: int
+) -> None:
+    """ValueError, saying why, when built-in ``kernel`` (a cpu kernel, NPU CU or CUDA kernel
+    of that name) cannot run on inputs and an output of these shapes and dtypes with
+    ``nscalars`` scalars: what the kernel itself would refuse at run time, found before."""
+    shapes = [sh for sh, _ in ins]
+    oshape, odt = out
+    n_in = {
+        "copy": 1,
+        "add": 2,
+        "scale": 1,
+        "relu": 1,
+        "gemm": 2,
+        "sum": 1,
+        "softmax": 1,
+        "conv2d": 2,
+        "normalize": 1,
+        "int8_gemm": 2,
+    }.get(kernel)
+    if n_in is None:
+        return  # a user kernel: its own business
+    if len(ins) != n_in:
+        raise ValueError(f"{kernel} takes {n_in} input(s), got {len(ins)}")
+    max_scalars = {"scale": 1, "normalize": 2}.get(kernel, 0)
+    if nscalars > max_scalars or (kernel == "scale" and nscalars != 1):
+        takes = "one scalar" if kernel == "scale" else f"at most {max_scalars} scalar(s)"
+        raise ValueError(f"{kernel} takes {takes}, got {nscalars}")
+    if kernel == "copy":
+        nb = int(np.prod(shapes[0])) * ins[0][1].itemsize
+        if nb != int(np.prod(oshape)) * odt.itemsize:
+            raise ValueError(f"copy: {nb} bytes into an output of {int(np.prod(oshape)) * odt.itemsize}")
+    elif kernel == "add":
+        try:
+            b = np.broadcast_shapes(shapes[0], shapes[1], oshape)
+        except ValueError:
+            b = None
+        if b != oshape:
+            raise ValueError(f"add: {shapes[0]} + {shapes[1]} does not broadcast to the output {oshape}")
+    elif kernel in ("scale", "relu", "softmax", "normalize"):
+        if shapes[0] != oshape:
+            raise ValueError(f"{kernel}: the output must have the input's shape {shapes[0]}, got {oshape}")
+        if kernel == "normalize" and odt.kind != "f":
+            raise ValueError(f"normalize: the output must be a float array, got {odt}")
+    elif kernel in ("gemm", "int8_gemm"):
+        a, w = shapes
+        if len(a) != 2 or len(w) != 2 or a[1] != w[0] or oshape != (a[0], w[1]):
+            raise ValueError(f"{kernel}: shapes {a} @ {w} -> {oshape} do not match")
+        if kernel == "int8_gemm" and (ins[0][1] != np.int8 or ins[1][1] != np.int8 or odt != np.int32):
+            raise ValueError("int8_gemm takes int8 inputs and an int32 output")
+    elif kernel == "conv2d":
+        img, ker = shapes
+        if len(img) != 2 or len(ker) != 2:
+            raise ValueError("conv2d takes a 2-D image and a 2-D kernel")
+        want = (img[0] - ker[0] + 1, img[1] - ker[1] + 1)
+        if want[0] < 1 or want[1] < 1 or oshape != want:
+            raise ValueError(f"conv2d: the output must be {want}, got {oshape}")
+    elif kernel == "sum" and int(np.prod(oshape)) < 1:
+        raise ValueError("sum: the output needs at least one element")
+
 
 USER_KERNEL_BASE = 1000
 LOAD_KERNEL = 999
