@@ -26,32 +26,15 @@ from . import _core
 from ._abi import HEADER_DTYPE, C, owner_code
 from .buffer import Buffer, ShapeLike, normalize_layout, pack_meta, pep3118, unpack_meta
 from .errors import (
-    AlreadySignaled,
     CorruptDomain,
     DomainClosed,
-    DomainFull,
-    HostlessError,
     InvalidHandle,
-    InvalidOperation,
-    OutOfMemory,
-    QueueFull,
 )
 from .status import Status
 
 if TYPE_CHECKING:
     from ._aio import Notifier
 
-_core.set_exceptions(
-    HostlessError,
-    CorruptDomain,
-    DomainFull,
-    InvalidHandle,
-    AlreadySignaled,
-    InvalidOperation,
-    OutOfMemory,
-    QueueFull,
-    DomainClosed,
-)
 _core.set_status(Status, {int(m): m for m in Status})
 
 from .fence import Fence  # noqa: E402
