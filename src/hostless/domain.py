@@ -477,7 +477,8 @@ class Domain:
         one); if the owner dies before signaling, recovery signals OWNER_DIED.
         Raises DomainFull when the fence table is full.
         """
-        self._check_open()
+        if self._closed:  # _check_open(), inlined: this is the hot path of create+signal+release
+            raise DomainClosed("domain is closed")
         f: Fence = self._core.new(Fence, self, _KIND_FENCE, self._owner(owner) if owner is not None else 0)
         return f
 

@@ -38,6 +38,7 @@ typedef struct {
     Py_ssize_t bb_shape[HL_BUFFER_MAX_DIMS];
     char bb_fmt[16]; /* PEP 3118 format of one item */
     PyObject *weakreflist;
+    PyObject *inner; /* _inner: the tree nodes a merged root keeps (released with it), or NULL */
 } Handle;
 
 extern PyTypeObject CoreType;

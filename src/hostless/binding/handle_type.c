@@ -6,6 +6,8 @@
  */
 #include "binding.h"
 
+#include <structmember.h>
+
 static PyObject *StatusCls, *StatusMap;
 
 /* the members for the words 0..7 (ACTIVE, SUCCESS, ERROR, CANCEL, OWNER_DIED), looked up once */
@@ -88,6 +90,7 @@ Handle *hlpy_handle_make(PyTypeObject *cls, Core *c, PyObject *dom, uint64_t h) 
     return o;
 }
 
+/* Drop the reference (the __exit__ of a `with` block and the start of release()). */
 static PyObject *Handle_release(Handle *o, PyObject *noargs) {
     if (!o->held) {
         hle_fail(HL_E_HANDLE, "object 0x%llx was already released", (unsigned long long)o->handle);
@@ -101,6 +104,41 @@ static PyObject *Handle_release(Handle *o, PyObject *noargs) {
         if (r) return hlpy_raise(r);
     }
     Py_RETURN_NONE;
+}
+
+/* release(): drop the reference, then release the inner nodes of a merged
+ * tree (Domain.merge of more than 32 fences keeps them in _inner). */
+static PyObject *Handle_release_all(Handle *o, PyObject *noargs) {
+    PyObject *inner = o->held ? o->inner : NULL;
+    Py_XINCREF(inner);
+    PyObject *r = Handle_release(o, NULL);
+    if (!r || !inner) {
+        Py_XDECREF(inner);
+        return r;
+    }
+    int t = PyObject_IsTrue(inner);
+    if (t <= 0) {
+        Py_DECREF(inner);
+        if (t < 0) Py_CLEAR(r);
+        return r;
+    }
+    Py_CLEAR(o->inner);
+    PyObject *it = PyObject_GetIter(inner);
+    Py_DECREF(inner);
+    if (!it) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    PyObject *node;
+    while ((node = PyIter_Next(it))) {
+        PyObject *x = PyObject_CallMethod(node, "release", NULL);
+        Py_DECREF(node);
+        if (!x) break;
+        Py_DECREF(x);
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) Py_CLEAR(r);
+    return r;
 }
 
 static int parse_timeout(PyObject *t, long long *ns) {
@@ -378,6 +416,7 @@ static PyObject *Handle_set_window(Handle *b, PyObject *args) {
 }
 
 static int Handle_traverse(Handle *b, visitproc visit, void *arg) {
+    Py_VISIT(b->inner);
     Py_VISIT(b->bb_map);
     Py_VISIT(b->dom);
     Py_VISIT((PyObject *)b->core);
@@ -385,6 +424,7 @@ static int Handle_traverse(Handle *b, visitproc visit, void *arg) {
 }
 
 static int Handle_clear(Handle *b) {
+    Py_CLEAR(b->inner);
     Py_CLEAR(b->bb_map);
     Py_CLEAR(b->dom);
     Py_CLEAR(b->core);
@@ -440,8 +480,9 @@ static PyObject *Handle_exit(Handle *o, PyObject *args) {
 }
 
 static PyMethodDef Handle_methods[] = {
-    {"release", (PyCFunction)Handle_release, METH_NOARGS,
-     "Drop this reference (InvalidHandle if already released)."},
+    {"release", (PyCFunction)Handle_release_all, METH_NOARGS,
+     "Drop this reference.  Raises InvalidHandle when released twice.\n\nWhen it was the last reference in "
+     "the domain and a fence is still ACTIVE, the fence is signaled CANCEL."},
     {"__enter__", (PyCFunction)Handle_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Handle_exit, METH_VARARGS, "Release the reference if still held."},
     {"_fence_signal", (PyCFunction)(void (*)(void))Handle_fence_signal, METH_FASTCALL | METH_KEYWORDS, NULL},
@@ -450,6 +491,11 @@ static PyMethodDef Handle_methods[] = {
     {"_timeline_wait", (PyCFunction)(void (*)(void))Handle_timeline_wait, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"_set_window", (PyCFunction)Handle_set_window, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Handle_members[] = {
+    {"_inner", T_OBJECT, offsetof(Handle, inner), 0, NULL}, /* None when unset: no AttributeError to catch */
+    {NULL, 0, 0, 0, NULL},
 };
 
 PyTypeObject HandleType = {
@@ -464,6 +510,7 @@ PyTypeObject HandleType = {
     .tp_as_buffer = &Handle_as_buffer,
     .tp_methods = Handle_methods,
     .tp_getset = Handle_getset,
+    .tp_members = Handle_members,
     .tp_weaklistoffset = offsetof(Handle, weakreflist),
 };
 
