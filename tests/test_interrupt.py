@@ -90,3 +90,45 @@ def test_sigint_ends_a_blocking_wait(domain_name: str, mode: str) -> None:
         if mode.startswith("fence"):
             assert isinstance(obj, hl.Fence)
             assert obj.status is hl.Status.ACTIVE  # nothing was signaled by the interrupt
+
+
+HANDLER_CLOSES = """
+import signal, sys
+import hostless as hl
+d = hl.Domain.open(sys.argv[1], label="closer", watchdog_interval=0)
+f = d.import_fence(int(sys.argv[2]))
+mine = d.fence()  # owned by this participant: OWNER_DIED when it leaves
+print(mine.handle, flush=True)
+signal.signal(signal.SIGUSR1, lambda *a: d.close())
+try:
+    f.wait()
+except hl.DomainClosed as e:
+    print("closed", e, flush=True)
+"""
+
+
+def test_signal_handler_closing_the_domain_during_a_wait(domain_name: str) -> None:
+    """A Python signal handler now runs inside a blocking wait: one that closes
+    the domain makes the wait raise DomainClosed (its leave() does not wait
+    for the interrupted wait itself), and the participant leaves cleanly."""
+    with hl.Domain.create(domain_name, watchdog_interval=0) as d:
+        f = d.fence()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HANDLER_CLOSES, domain_name, str(f.handle)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            theirs = d.import_fence(int(read_line(proc)))
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGUSR1)
+            assert read_line(proc) == "closed the domain was closed during the wait"
+            assert proc.wait(20) == 0
+        finally:
+            kill_child(proc)
+        assert theirs.wait(5) is hl.Status.OWNER_DIED  # its clean leave failed what it owned
+        assert f.status is hl.Status.ACTIVE
+        assert d.participants and len(d.participants) == 1
+        theirs.release()
+        assert d.check() == []

@@ -284,7 +284,8 @@ int hle_leave(hle_ctx *c) {
     void *tok = hle_unlock(c);
     /* threads of this process inside GIL-free loops notice `closing` within
      * one bounded sleep; the mapping must outlive them */
-    while (__atomic_load_n(&c->busy, __ATOMIC_SEQ_CST)) {
+    int mine = hle_tls_hook_ctx == c ? hle_tls_hook_depth : 0; /* called from a signal handler inside our wait */
+    while (__atomic_load_n(&c->busy, __ATOMIC_SEQ_CST) > mine) {
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
     }

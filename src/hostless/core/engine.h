@@ -15,11 +15,15 @@
  * exception, the heap lock, is broken and its bitmap rebuilt when its holder
  * is dead.
  *
- * The write rule (checked by tests/protocol_model.py): a participant writes a
- * slot's fields only (a) while it holds a reference bit on that object, (b)
- * while the slot is ALLOC in its own name, or (c) with one atomic step that
- * carries the generation (the 16-byte {word, ctl} CAS of a merge completion,
- * the generation-tagged aux / err CASes).
+ * The write rule (hostless.h, "THE WRITE RULE"; explored by
+ * tests/protocol_model.py): a participant writes a slot's fields only
+ *   (a) while it holds a reference to that object (its bit in refs; during
+ *       recovery of a dead participant d, d's bit, which only d's one
+ *       recoverer may use: it holds d's liveness lock while it recovers), or
+ *   (b) while the slot is ALLOC or DYING by itself (nobody else may hold it), or
+ *   (c) with one atomic operation that checks the object's generation and
+ *       state in the same step (the generation-tagged aux / err CASes of a
+ *       merged slot, hl_cas_word_ctl's 16-byte CAS over {word, ctl}).
  *
  * Error convention: functions that can fail return HL_OK or a negative code
  * (hostless.h's HL_E_* and the engine codes of hostless_engine.h) and put the
@@ -329,6 +333,11 @@ struct hle_waiter {
     int interruptible;    /* hooks.interrupted is called every slice */
 };
 int hle_wait_loop(hle_ctx *c, struct hle_waiter *w, void **token);
+/* The context whose interrupt hook this thread is running, and how many
+ * waits of it are inside the hook (leave() from a signal handler does not
+ * wait for them: they bail out after the hook). */
+extern __thread hle_ctx *hle_tls_hook_ctx;
+extern __thread int hle_tls_hook_depth;
 /* Is the calling thread interruptible (the hooks say so; called locked)? */
 int hle_interruptible(hle_ctx *c);
 /* Wait for any of n (<= 127) objects' words to reach their thresholds or for

@@ -25,6 +25,9 @@ struct hl_futex_waitv {
 #define HL_FUTEX2_SIZE_U32 0x02
 #define HL_FUTEX2_PRIVATE 128
 
+__thread hle_ctx *hle_tls_hook_ctx;
+__thread int hle_tls_hook_depth;
+
 int hle_interruptible(hle_ctx *c) {
     return c->hooks.interrupted && (!c->hooks.interruptible || c->hooks.interruptible());
 }
@@ -47,7 +50,18 @@ int hle_wait_loop(hle_ctx *c, struct hle_waiter *w, void **token) {
         if (t >= deadline) return HL_E_TIMEOUT;
         if (w->interruptible && t - last >= HLE_INTR_SLICE_NS) {
             last = t;
-            if (c->hooks.interrupted(token)) return HL_E_INTR;
+            /* the hook may run Python signal handlers: one that closes this
+             * domain must not wait for this (busy) thread in leave() */
+            hle_ctx *prev = hle_tls_hook_ctx;
+            int prev_depth = hle_tls_hook_depth;
+            if (prev != c) hle_tls_hook_depth = 0;
+            hle_tls_hook_ctx = c;
+            hle_tls_hook_depth++;
+            int stop = c->hooks.interrupted(token);
+            hle_tls_hook_ctx = prev;
+            hle_tls_hook_depth = prev_depth;
+            if (stop) return HL_E_INTR;
+            if (CLOSING(c)) return HL_E_CLOSED; /* closed by a handler: the mapping may be gone */
         }
         if (spin > 0 && t - t0 < spin) {
             /* polling: give the CPU away now and then, so that a consumer spinning
