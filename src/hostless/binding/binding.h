@@ -68,6 +68,10 @@ PyObject *Core_adopt(Core *c, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Core_wrap(Core *c, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Core_new_buffer(Core *c, PyObject *const *args, Py_ssize_t nargs);
 
+/* buffer_export.c: Handle's buffer protocol and _set_window */
+extern PyBufferProcs hlpy_handle_as_buffer;
+PyObject *hlpy_handle_set_window(Handle *b, PyObject *args);
+
 /* abi_table.c: add the ABI constants to module m; -1 on error. */
 int hlpy_add_abi_constants(PyObject *m);
 
