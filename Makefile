@@ -3,9 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-SOURCES := $(wildcard src/hostless/*.py src/hostless/*/*.py src/hostless/*.c src/hostless/*.h src/hostless/*/*.c) pyproject.toml setup.py
+SOURCES := $(wildcard src/hostless/*.py src/hostless/*/*.py src/hostless/*.c src/hostless/*.h src/hostless/*/*.c src/hostless/*/*.h) pyproject.toml setup.py
 
-.PHONY: demo test lint bench clean venv sanitize
+.PHONY: demo test lint bench clean venv sanitize lib
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,25 @@ lint: venv
 
 bench: venv
 	$(VENV)/bin/hostless bench fences
+
+# `make lib`: the engine alone (src/hostless/core, no Python) as a static
+# library for C programs: link with -Lbuild -lhostless -lpthread and include
+# core/hostless_engine.h (with -Isrc/hostless -Isrc/hostless/core).
+ENGINE_SRC := $(wildcard src/hostless/core/*.c)
+ENGINE_HDR := $(wildcard src/hostless/core/*.h) $(wildcard src/hostless/*.h)
+ENGINE_OBJ := $(patsubst src/hostless/core/%.c,build/engine/%.o,$(ENGINE_SRC))
+ENGINE_CFLAGS := -O2 -std=gnu11 -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
+                 -Isrc/hostless -Isrc/hostless/core
+
+build/engine/%.o: src/hostless/core/%.c $(ENGINE_HDR)
+	@mkdir -p build/engine
+	$(CC) $(ENGINE_CFLAGS) -c $< -o $@
+
+build/libhostless.a: $(ENGINE_OBJ)
+	rm -f $@
+	$(AR) rcs $@ $^
+
+lib: build/libhostless.a
 
 # `make sanitize`: the C core under AddressSanitizer + UndefinedBehaviorSanitizer (NOT part of
 # `make test`: it takes minutes).  Needs only Python, gcc (with its libasan/libubsan) and make.

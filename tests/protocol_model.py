@@ -1,4 +1,4 @@
-"""Explicit-state model checker of the fence-table protocol of ``_core.c``.
+"""Explicit-state model checker of the fence-table protocol of the C engine (``src/hostless/core/``).
 
 Pure Python, standard library only.  ``python tests/protocol_model.py`` runs
 every scenario against both protocol variants and prints, for each, the number
@@ -101,7 +101,7 @@ first specified: seqlock reads in propagate, CAS2 completion of merged
 fences, the pending mask set before publication, links and aux cleared before
 FREE, alloc_hint only advancing, timeline sleepers on a wake sequence,
 recovery under the dead participant's liveness lock with pinning; drop_ref and
-import unchanged.  ``NEW`` is what src/hostless/_core.c implements: DRAFT plus
+import unchanged.  ``NEW`` is what src/hostless/core/ implements: DRAFT plus
 the two changes this model asked for (see the traces of recovery-stale-write
 and recovery-vs-import): drop_ref reads refs between two reads of ctl and
 retries if ctl moved; a recovery that finds the slot DYING by someone else, or
@@ -130,7 +130,7 @@ from typing import Any, NamedTuple, cast
 
 OLD = "OLD"  # ABI version 1, the landed code
 DRAFT = "DRAFT"  # the write rule as first specified (two bugs, found by this model)
-NEW = "NEW"  # DRAFT plus the model's two fixes: what _core.c implements
+NEW = "NEW"  # DRAFT plus the model's two fixes: what src/hostless/core/ implements
 VARIANTS = (OLD, NEW)
 ALL_VARIANTS = (OLD, DRAFT, NEW)
 

@@ -936,7 +936,7 @@ def test_killed_participant_buffers_reclaimed(hdom: hl.Domain) -> None:
 LOCK_CHILD = """
 d = hl.Domain.open(sys.argv[1], label="lock-holder", watchdog_interval=0)
 b = d.buffer(int(sys.argv[2]))
-d._core.heap_lock_forever()
+hl._core.testing.heap_lock_forever(d._core)
 print("locked", flush=True)
 os.kill(os.getpid(), 9)
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -210,3 +211,161 @@ def test_header_compiles(tmp_path: Path, compiler: str, flags: list[str]) -> Non
     )
     assert r.returncode == 0, r.stderr
     assert subprocess.run([str(out)]).returncode == 0
+
+
+# ---------------------------------------------------------------------------
+# A C program linked only against the engine library (libhostless.a, built
+# here from src/hostless/core/*.c with gcc) joins a Python-created domain,
+# creates a fence that Python waits on and signals it, waits on a fence that
+# Python signals, and recovers a dead Python participant.
+
+ENGINE_PROGRAM = r"""
+#include "hostless_engine.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void expect(const char *word) {
+    char line[64];
+    if (!fgets(line, sizeof line, stdin) || strncmp(line, word, strlen(word)) != 0) {
+        fprintf(stderr, "expected %s\n", word);
+        exit(5);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    unsigned long long pyfence = strtoull(argv[2], NULL, 0);
+    hle_ctx *c = hle_ctx_new();
+    int fd = open(argv[1], O_RDWR | O_CLOEXEC);
+    if (!c || fd < 0) return 3;
+    int rc = hle_attach(c, fd, NULL, "c-engine", "c", 0);
+    printf("attach %d %d %s\n", rc, hle_me(c), rc ? hle_errmsg() : "-");
+    uint64_t h = 0, w = 0;
+    rc = hle_create(c, HL_KIND_FENCE, 0, &h);
+    printf("fence %d 0x%llx\n", rc, (unsigned long long)h);
+    fflush(stdout);
+    expect("signal");
+    printf("signal %d\n", hle_signal(c, h, HL_STATUS_SUCCESS));
+    printf("again %d\n", hle_signal(c, h, HL_STATUS_SUCCESS));
+    printf("import %d\n", hle_import(c, pyfence, HL_KIND_FENCE));
+    fflush(stdout);
+    rc = hle_wait(c, pyfence, 1, 10000000000LL, 0, &w);
+    printf("waited %d %llu\n", rc, (unsigned long long)w);
+    rc = hle_wait(c, h ^ (1ull << 57), 1, 0, 0, &w);
+    printf("foreign %d\n", rc);
+    fflush(stdout);
+    expect("reap");
+    uint64_t ids[64];
+    int n = hle_reap(c, ids, 64);
+    printf("reaped %d\n", n);
+    printf("release %d %d\n", hle_release(c, h), hle_release(c, pyfence));
+    printf("leave %d\n", hle_leave(c));
+    fflush(stdout);
+    hle_ctx_free(c);
+    return 0;
+}
+"""
+
+DEAD_CHILD = """
+import sys, time
+import hostless as hl
+d = hl.Domain.open(sys.argv[1], label="doomed", watchdog_interval=0)
+f = d.fence()
+print(f.handle, flush=True)
+time.sleep(120)
+"""
+
+
+def build_engine_program(tmp_path: Path) -> Path:
+    """libhostless.a from the engine sources alone, then the program linked against it (+ pthread)."""
+    core = Path(HEADER_DIR) / "core"
+    sources = sorted(core.glob("*.c"))
+    assert sources, f"no engine sources in {core}"
+    objs = []
+    flags = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
+             "-Wno-missing-field-initializers", f"-I{HEADER_DIR}", f"-I{core}"]  # fmt: skip
+    for src in sources:
+        obj = tmp_path / (src.stem + ".o")
+        cmd = [GCC, *flags, "-c", str(src), "-o", str(obj)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, f"gcc {src.name} failed:\n{r.stderr}"
+        objs.append(str(obj))
+    lib = tmp_path / "libhostless.a"
+    r = subprocess.run(["ar", "rcs", str(lib), *objs], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    prog = tmp_path / "engine_participant.c"
+    prog.write_text(ENGINE_PROGRAM)
+    exe = tmp_path / "engine_participant"
+    r = subprocess.run(
+        [GCC, *flags, str(prog), "-o", str(exe), f"-L{tmp_path}", "-lhostless", "-lpthread"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, f"linking against libhostless.a failed:\n{r.stderr}"
+    return exe
+
+
+def test_c_engine_participant(domain_name: str, tmp_path: Path) -> None:
+    if GCC is None or shutil.which("ar") is None:
+        pytest.skip("gcc and ar are needed to build libhostless.a")
+    exe = build_engine_program(tmp_path)
+    with hl.Domain.create(domain_name, poll_interval=0.005, watchdog_interval=0) as d:
+        pyf = d.fence()
+        proc = subprocess.Popen(
+            [str(exe), f"/dev/shm/{domain_name}", str(pyf.handle)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        doomed = None
+        try:
+            rc, me, msg = read_line(proc).split(" ", 3)[1:]
+            assert (rc, msg) == ("0", "-")
+            rc, handle = read_line(proc).split(" ")[1:]
+            assert rc == "0"
+            cf = d.import_fence(int(handle, 16))  # a fence the C participant created
+            got: dict[str, object] = {}
+            th = threading.Thread(target=lambda: got.__setitem__("c", cf.wait(10, spin=0)))
+            th.start()
+            assert proc.stdin is not None
+            proc.stdin.write("signal\n")
+            proc.stdin.flush()
+            th.join(10)
+            assert got == {"c": S.SUCCESS}
+            assert read_line(proc) == "signal 0"
+            assert read_line(proc) == "again -3"  # HL_E_ALREADY
+            assert read_line(proc) == "import 0"
+            pyf.signal(S.ERROR)
+            assert read_line(proc) == f"waited 0 {int(S.ERROR)}"
+            assert read_line(proc) == "foreign -2"
+            # a Python participant holding a fence dies; the C participant recovers it
+            doomed = subprocess.Popen(
+                [sys.executable, "-c", DEAD_CHILD, domain_name],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            df = d.import_fence(int(read_line(doomed)))
+            kill_child(doomed)
+            assert df.status is S.ACTIVE  # nobody recovered it yet (no watchdog here)
+            proc.stdin.write("reap\n")
+            proc.stdin.flush()
+            assert read_line(proc) == "reaped 1"
+            assert df.wait(10) is S.OWNER_DIED
+            assert read_line(proc) == "release 0 0"
+            assert read_line(proc) == "leave 0"
+            assert proc.wait(10) == 0
+            df.release()
+            cf.release()
+            assert d.check() == []
+            assert int(me) not in [p.index for p in d.participants]
+        finally:
+            kill_child(proc)
+            if doomed is not None:
+                kill_child(doomed)

@@ -478,7 +478,7 @@ def test_device_store_seen_by_sleeping_waiter(domain_name: str) -> None:
         assert int(fence_table(d)["waiters"][idx]) >= 1, "the waiter never went to sleep"
         time.sleep(0.05)
         t_store = time.monotonic()
-        d._core.device_store(f.handle, int(S.ERROR))  # one store, no FUTEX_WAKE
+        hl._core.testing.device_store(d._core, f.handle, int(S.ERROR))  # one store, no FUTEX_WAKE
         th.join(5)
         assert got and got[0][0] is S.ERROR
         assert got[0][1] - t_store < poll + 0.25, f"seen after {got[0][1] - t_store:.3f} s"
@@ -495,9 +495,9 @@ def test_device_store_children_of_merge(domain_name: str) -> None:
         th = threading.Thread(target=lambda: got.append(outer.wait(5, spin=0)))
         th.start()
         time.sleep(0.05)
-        d._core.device_store(a.handle, int(S.SUCCESS))
-        d._core.device_store(c.handle, int(S.SUCCESS))
-        d._core.device_store(b.handle, 200)
+        hl._core.testing.device_store(d._core, a.handle, int(S.SUCCESS))
+        hl._core.testing.device_store(d._core, c.handle, int(S.SUCCESS))
+        hl._core.testing.device_store(d._core, b.handle, 200)
         th.join(5)
         assert got == [S(200)]
         assert inner.status == S(200)
@@ -511,7 +511,7 @@ def test_device_store_seen_by_async_waiter(domain_name: str) -> None:
         async def main() -> object:
             task = asyncio.ensure_future(f.wait_async(5))
             await asyncio.sleep(0.1)
-            d._core.device_store(f.handle, int(S.SUCCESS))
+            hl._core.testing.device_store(d._core, f.handle, int(S.SUCCESS))
             return await task
 
         assert asyncio.run(main()) is S.SUCCESS

@@ -97,7 +97,7 @@ def worker(name, hfile, seed, mode):
     while True:
         ops += 1
         if ops == lock_at:
-            d._core.heap_lock_forever()
+            hl._core.testing.heap_lock_forever(d._core)
             say(f"locked {me}")
             os.kill(me, signal.SIGKILL)
         if ops % 8 == 1:

@@ -292,13 +292,13 @@ def test_invalid_completion_words_are_errors(dom: hl.Domain) -> None:
     f = dom.fence()
     t = dom.timeline()
     for word in (1, 5, 63, 1 << 40):
-        dom._core.device_store(f.handle, word)
+        hl._core.testing.device_store(dom._core, f.handle, word)
         with pytest.raises(hl.CorruptDomain):
             f.wait(0)
         with pytest.raises(hl.CorruptDomain):
             _ = f.status
     for word in (1 << 63, int(hl._abi.C.TIMELINE_FAILED) | 5, int(hl._abi.C.TIMELINE_FAILED) | 2):
-        dom._core.device_store(t.handle, word)
+        hl._core.testing.device_store(dom._core, t.handle, word)
         with pytest.raises(hl.CorruptDomain):
             t.wait(1, 0)
         with pytest.raises(hl.CorruptDomain):

@@ -6,7 +6,7 @@ protocol:
 * OLD (the landed code) must show the violation the scenario is about; the
   search stops once it was found (breadth first: the trace is a shortest one).
   These tests fail if the model of the old protocol ever stops finding it.
-* NEW (the protocol src/hostless/_core.c implements) is explored completely
+* NEW (the protocol src/hostless/core/ implements) is explored completely
   and must show no violation, over at least the scenario's ``min_states``
   states (so that a test cannot pass on an empty search).
 * DRAFT (the rewrite as first specified, before the two fixes this model
@@ -32,7 +32,7 @@ import protocol_model as pm
 
 SCENARIOS = {s.name: s for s in pm.scenarios()}
 
-# DRAFT: violations the model found, fixed in NEW (and in _core.c)
+# DRAFT: violations the model found, fixed in NEW (and in src/hostless/core/)
 DRAFT_FINDINGS = {
     "recovery-stale-write": {"end-state"},
     "recovery-vs-import": {"lost-wakeup", "recovery-incomplete"},

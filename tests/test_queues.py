@@ -582,7 +582,7 @@ STUCK = """
 name, qh, sig = sys.argv[1], int(sys.argv[2], 0), int(sys.argv[3], 0)
 d = hl.Domain.open(name, label="stuck-producer")
 q = d.import_queue(qh)
-print(d._core.queue_reserve_stuck(qh, sig), flush=True)
+print(hl._core.testing.queue_reserve_stuck(d._core, qh, sig), flush=True)
 time.sleep(120)
 """
 

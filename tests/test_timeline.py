@@ -188,7 +188,7 @@ def test_value_crossing_32_bits(domain_name: str) -> None:
             if how == "signal":
                 t.signal(target)
             else:
-                d._core.device_store(t.handle, target)
+                hl._core.testing.device_store(d._core, t.handle, target)
             th.join(5)
             assert got == [S.SUCCESS], how
             assert time.monotonic() - t0 < 1.0
@@ -243,11 +243,11 @@ def test_device_store_timeline(domain_name: str) -> None:
         th.start()
         time.sleep(0.1)
         t0 = time.monotonic()
-        d._core.device_store(t.handle, 7)
+        hl._core.testing.device_store(d._core, t.handle, 7)
         th.join(5)
         assert got and got[0][0] is S.SUCCESS and got[0][1] - t0 < 0.01 + 0.25
         assert t.value == 7
-        d._core.device_store(t.handle, FAILED | int(S.ERROR))  # a device failing it
+        hl._core.testing.device_store(d._core, t.handle, FAILED | int(S.ERROR))  # a device failing it
         assert t.failure is S.ERROR and t.wait(100, 0) is S.ERROR
 
 

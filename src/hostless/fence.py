@@ -52,9 +52,9 @@ class Fence(_core.Handle):
     Dropping the last Python reference releases the fence like ``release()``.
     """
 
-    __slots__ = ("_inner",)
+    __slots__ = ()
 
-    _inner: list[Fence] | None
+    _inner: list[Fence] | None  # a C member (None when unset): the tree nodes of a merge of > 32 fences
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Fence:
         raise TypeError("use Domain.fence(), Domain.import_fence() or Domain.merge()")
@@ -145,18 +145,15 @@ class Fence(_core.Handle):
         self._dom.notifier().watch(self.handle, 1, lambda _w: cb(self), loop)
 
     # --------------------------------------------------------------- release
-    def release(self) -> None:
-        """Drop this reference.  Raises InvalidHandle when released twice.
+    if TYPE_CHECKING:
 
-        When it was the last reference in the domain and the fence is still
-        ACTIVE, the fence is signaled CANCEL.
-        """
-        inner = getattr(self, "_inner", None) if self._held else None
-        super().release()
-        if inner:
-            self._inner = None
-            for node in inner:
-                node.release()
+        def release(self) -> None:
+            """Drop this reference.  Raises InvalidHandle when released twice.
+
+            When it was the last reference in the domain and the fence is still
+            ACTIVE, the fence is signaled CANCEL.  A merged fence of more than
+            32 children releases the inner nodes of its tree too (C: Handle.release).
+            """
 
     def __repr__(self) -> str:
         if not self._held or self._dom._closed:

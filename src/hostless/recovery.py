@@ -1,6 +1,6 @@
 """Recovery and the invariant checker.
 
-Recovery itself runs in the C core (``_core.c: reap_all``) because it must be
+Recovery itself runs in the C core (``core/recovery.c: hle_reap_all``) because it must be
 made of the same single atomic steps as every other operation.  The rules:
 
 * Each live participant holds an OFD lock on one byte of the domain file; the

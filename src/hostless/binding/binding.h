@@ -1,0 +1,87 @@
+/*
+ * binding.h -- the CPython binding of the hostless engine: argument parsing,
+ * GIL release (through the engine's hooks), and one table that maps engine
+ * codes to exception classes.  No protocol logic lives here.
+ */
+#ifndef HOSTLESS_BINDING_H
+#define HOSTLESS_BINDING_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "../core/engine.h"
+
+/* hostless._core.Core: the engine context of one domain. */
+typedef struct {
+    PyObject_HEAD
+    hle_ctx ctx;
+} Core;
+
+/* hostless._core.Handle: the C base of Fence, Timeline, Buffer and Queue.  It
+ * holds one local reference (a count in the context's lrefs) and gives the
+ * hot operations (signal, wait, release) without a Python frame.  For
+ * buffers it also exports the buffer protocol over a window of a Python mmap
+ * object; each export pins the mmap, so the mapping cannot be closed under a
+ * live view. */
+typedef struct {
+    PyObject_HEAD
+    Core *core;
+    PyObject *dom;
+    uint64_t handle;
+    int held;
+    PyObject *bb_map;
+    Py_ssize_t bb_off;
+    Py_ssize_t bb_len;
+    int bb_readonly;
+    int bb_ndim; /* 0: plain bytes */
+    Py_ssize_t bb_itemsize;
+    Py_ssize_t bb_shape[HL_BUFFER_MAX_DIMS];
+    char bb_fmt[16]; /* PEP 3118 format of one item */
+    PyObject *weakreflist;
+    PyObject *inner; /* _inner: the tree nodes a merged root keeps (released with it), or NULL */
+} Handle;
+
+extern PyTypeObject CoreType;
+extern PyTypeObject HandleType;
+
+/* errors.c: raise the exception for engine code `code` (< 0) with the
+ * thread's detail message; returns NULL.  HL_E_INTR: the exception the
+ * interrupt hook left pending. */
+PyObject *hlpy_raise(int code);
+/* the same, returning -1 (for int-returning helpers) */
+int hlpy_raise_int(int code);
+/* Look the exception classes up by name in hostless.errors (at import). */
+int hlpy_errors_init(void);
+/* Install the GIL hooks in a context. */
+void hlpy_set_hooks(hle_ctx *c);
+/* The class of an engine code (borrowed). */
+PyObject *hlpy_exc(int code);
+
+/* handle_type.c */
+PyObject *hlpy_status_obj(uint64_t s);
+int hlpy_set_status(PyObject *cls, PyObject *map);
+Handle *hlpy_handle_make(PyTypeObject *cls, Core *c, PyObject *dom, uint64_t h);
+int hlpy_set_layout(Handle *b, const char *fmt, Py_ssize_t itemsize, PyObject *shape, Py_ssize_t len);
+int hlpy_handle_arg(PyObject *o, uint64_t *h);
+PyObject *Core_new_obj(Core *c, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Core_adopt(Core *c, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Core_wrap(Core *c, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Core_new_buffer(Core *c, PyObject *const *args, Py_ssize_t nargs);
+
+/* buffer_export.c: Handle's buffer protocol and _set_window */
+extern PyBufferProcs hlpy_handle_as_buffer;
+PyObject *hlpy_handle_set_window(Handle *b, PyObject *args);
+
+/* abi_table.c: add the ABI constants to module m; -1 on error. */
+int hlpy_add_abi_constants(PyObject *m);
+
+/* module.c: the testing table (test hooks), a separate module object. */
+PyObject *hlpy_testing_module(void);
+
+#define NEED_ATTACHED(c)                                                                          \
+    do {                                                                                          \
+        int _r = hle_need_attached(&(c)->ctx);                                                    \
+        if (_r) return hlpy_raise(_r);                                                            \
+    } while (0)
+
+#endif

@@ -1,0 +1,550 @@
+/*
+ * core_type.c -- hostless._core.Core: one domain's engine context as a Python
+ * object.  Each method parses its arguments, calls the engine (which releases
+ * the GIL around its blocking sections through the hooks) and maps a failing
+ * code to its exception (errors.c).
+ */
+#include "binding.h"
+
+static void Core_dealloc(Core *c) {
+    hle_ctx_destroy(&c->ctx);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+static PyObject *Core_tp_new(PyTypeObject *t, PyObject *a, PyObject *k) {
+    Core *c = (Core *)t->tp_alloc(t, 0);
+    if (!c) return NULL;
+    hle_ctx_init(&c->ctx);
+    hlpy_set_hooks(&c->ctx);
+    return (PyObject *)c;
+}
+
+/* attach(fd, init: tuple|None, label, kind, watchdog_ns) -- map the domain
+ * (initialising it when init is given), validate, join. */
+static PyObject *Core_attach(Core *c, PyObject *args) {
+    int fd;
+    PyObject *init;
+    const char *label, *kind;
+    unsigned long long wd_ns;
+    if (!PyArg_ParseTuple(args, "iOssK", &fd, &init, &label, &kind, &wd_ns)) return NULL;
+    struct hle_init in, *inp = NULL;
+    if (init != Py_None) {
+        unsigned long long f, p, q, t, hs, tag, poll;
+        if (!PyArg_ParseTuple(init, "KKKKKKK", &f, &p, &q, &t, &hs, &tag, &poll)) return NULL;
+        in = (struct hle_init){f, p, q, t, hs, tag, poll};
+        inp = &in;
+    }
+    int r = hle_attach(&c->ctx, fd, inp, label, kind, wd_ns);
+    if (r) return hlpy_raise(r);
+    Py_RETURN_NONE;
+}
+
+/* leave: recover ourselves (drops every reference, owned ACTIVE fences become
+ * OWNER_DIED), free our slot, unlock, unmap. */
+static PyObject *Core_leave(Core *c, PyObject *noargs) {
+    hle_leave(&c->ctx);
+    Py_RETURN_NONE;
+}
+
+/* forget the mapping without touching shared state (after fork, in the child) */
+static PyObject *Core_abandon(Core *c, PyObject *noargs) {
+    hle_abandon(&c->ctx);
+    Py_RETURN_NONE;
+}
+
+/* create(kind, owner) -> handle */
+static PyObject *Core_create(Core *c, PyObject *args) {
+    unsigned int kind, owner;
+    NEED_ATTACHED(c);
+    if (!PyArg_ParseTuple(args, "II", &kind, &owner)) return NULL;
+    uint64_t h;
+    int r = hle_create(&c->ctx, kind, owner, &h);
+    if (r) return hlpy_raise(r);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+/* merge([handles]) -> handle of a new merged fence */
+static PyObject *Core_merge(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    PyObject *seq = PySequence_Fast(arg, "merge expects a sequence of handles");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    uint64_t hs[HL_MERGE_MAX_CHILDREN];
+    if (n >= 1 && n <= HL_MERGE_MAX_CHILDREN) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            hs[i] = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (PyErr_Occurred()) {
+                Py_DECREF(seq);
+                return NULL;
+            }
+        }
+    }
+    Py_DECREF(seq);
+    uint64_t ph;
+    int r = hle_merge(&c->ctx, hs, n > 1000000 ? 1000000 : (int)n, &ph);
+    if (r) return hlpy_raise(r);
+    return PyLong_FromUnsignedLongLong(ph);
+}
+
+static PyObject *Core_release(Core *c, PyObject *arg) {
+    uint64_t h;
+    NEED_ATTACHED(c);
+    if (hlpy_handle_arg(arg, &h) < 0) return NULL;
+    int r = hle_release(&c->ctx, h);
+    if (r) return hlpy_raise(r);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_signal(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "signal(handle, status)");
+        return NULL;
+    }
+    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
+    unsigned long long s = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    int r = hle_signal(&c->ctx, h, s);
+    if (r) return hlpy_raise(r);
+    Py_RETURN_NONE;
+}
+
+/* word(handle) -> current completion word (any kind, must be held) */
+static PyObject *Core_word(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h = PyLong_AsUnsignedLongLong(arg), w;
+    if (PyErr_Occurred()) return NULL;
+    int r = hle_word(&c->ctx, h, &w);
+    if (r) return hlpy_raise(r);
+    return PyLong_FromUnsignedLongLong(w);
+}
+
+/* aux(handle) -> aux word (timeline: value before failure) */
+static PyObject *Core_aux(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h = PyLong_AsUnsignedLongLong(arg), w;
+    if (PyErr_Occurred()) return NULL;
+    int r = hle_aux(&c->ctx, h, &w);
+    if (r) return hlpy_raise(r);
+    return PyLong_FromUnsignedLongLong(w);
+}
+
+static PyObject *Core_tl_fail(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "tl_fail(handle, status)");
+        return NULL;
+    }
+    uint64_t h = PyLong_AsUnsignedLongLong(args[0]);
+    if (PyErr_Occurred()) return NULL;
+    unsigned long long s = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "a failure status is an int: ERROR, CANCEL, OWNER_DIED or 64..2^32-1");
+        return NULL;
+    }
+    int r = hle_timeline_fail(&c->ctx, h, s);
+    if (r) return hlpy_raise(r);
+    Py_RETURN_NONE;
+}
+
+/* wait_any([(handle, threshold), ...], timeout_ns, kick_seen) -> list of ready
+ * positions.  Sleeps with futex_waitv on all words plus the private kick word. */
+static PyObject *Core_wait_any(Core *c, PyObject *args) {
+    PyObject *lst;
+    long long timeout;
+    unsigned int kick_seen;
+    NEED_ATTACHED(c);
+    if (!PyArg_ParseTuple(args, "OLI", &lst, &timeout, &kick_seen)) return NULL;
+    PyObject *seq = PySequence_Fast(lst, "wait_any expects a list");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > 127) n = 127;
+    uint64_t hs[128], thr[128];
+    char ready[128];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long h, th;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "KK", &h, &th)) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        hs[i] = h;
+        thr[i] = th;
+    }
+    Py_DECREF(seq);
+    int r = hle_wait_any(&c->ctx, hs, thr, (int)n, timeout, kick_seen, ready);
+    if (r) return hlpy_raise(r);
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!ready[i]) continue;
+        PyObject *v = PyLong_FromSsize_t(i);
+        if (!v || PyList_Append(out, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return out;
+}
+
+static PyObject *Core_kick(Core *c, PyObject *noargs) {
+    hle_kick(&c->ctx);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_kick_value(Core *c, PyObject *noargs) {
+    return PyLong_FromUnsignedLong(__atomic_load_n(&c->ctx.kick, __ATOMIC_SEQ_CST));
+}
+
+static PyObject *Core_reap(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    uint64_t ids[HL_MAX_PARTICIPANTS];
+    int n = hle_reap(&c->ctx, ids, HL_MAX_PARTICIPANTS);
+    if (n < 0) return hlpy_raise(n);
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (int i = 0; i < n; i++) PyList_SET_ITEM(out, i, PyLong_FromUnsignedLongLong(ids[i]));
+    return out;
+}
+
+/* participants() -> [(index, incarnation, state, recoverer, pid, start_time, joined_ns, label, kind, lock_held)] */
+static PyObject *Core_participants(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    hle_ctx *x = &c->ctx;
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (uint32_t i = 0; i < x->pcap; i++) {
+        struct hl_participant *p = &x->parts[i];
+        uint64_t pc = ld(&p->ctl);
+        if (HL_PCTL_STATE(pc) == HL_PART_FREE) continue;
+        char label[33], kind[17];
+        memcpy(label, p->label, 32);
+        label[32] = 0;
+        memcpy(kind, p->kind, 16);
+        kind[16] = 0;
+        PyObject *t = Py_BuildValue("(IIIIIKKyyi)", i, HL_PCTL_INC(pc), HL_PCTL_STATE(pc), HL_PCTL_RECOVERER(pc),
+                                    p->pid, (unsigned long long)p->start_time, (unsigned long long)p->joined_ns,
+                                    label, kind, hle_lock_held(x, (int)i));
+        if (!t) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_Append(out, t);
+        Py_DECREF(t);
+    }
+    return out;
+}
+
+static PyObject *Core_lock_held(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    long i = PyLong_AsLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    if (i < 0 || (unsigned long)i >= c->ctx.pcap) {
+        PyErr_SetString(PyExc_IndexError, "participant index out of range");
+        return NULL;
+    }
+    return PyBool_FromLong(hle_lock_held(&c->ctx, (int)i));
+}
+
+static PyObject *Core_info(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    hle_ctx *x = &c->ctx;
+    return Py_BuildValue("{s:i,s:I,s:K,s:I,s:I,s:I,s:K}", "me", x->me, "incarnation", x->inc, "size",
+                         (unsigned long long)x->size, "fences", x->cap, "participants", x->pcap, "tag", x->tag,
+                         "poll_ns", (unsigned long long)x->poll_ns);
+}
+
+/* view() -> the private layout of this domain (struct hl_dom), validated at
+ * attach: offsets from the start of the mapping (0 = absent) and capacities.
+ * Tools use it instead of re-reading the shared header. */
+static PyObject *Core_view(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    const struct hl_dom *d = &c->ctx.dv;
+    return Py_BuildValue("{s:K,s:K,s:I,s:K,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size", (unsigned long long)d->size,
+                         "participants_offset", (unsigned long long)((char *)d->parts - d->base),
+                         "participant_capacity", d->participant_capacity, "fences_offset",
+                         (unsigned long long)((char *)d->fences - d->base), "fence_capacity", d->fence_capacity,
+                         "poll_ns", (unsigned long long)d->poll_ns, "heap_offset",
+                         (unsigned long long)(d->heap ? (char *)d->heap - d->base : 0), "heap_data_offset",
+                         (unsigned long long)(d->heap ? d->heap_data - d->base : 0), "heap_granules",
+                         (unsigned long long)d->heap_granules, "heap_data_size", (unsigned long long)d->heap_data_size,
+                         "trace_offset", (unsigned long long)(d->trace ? (char *)d->trace - d->base : 0),
+                         "trace_capacity", (unsigned long long)d->trace_capacity);
+}
+
+/* guard_map(obj): put the memory of a buffer-protocol object (another
+ * mapping of this domain's file, e.g. Domain.raw()) under the SIGBUS guard:
+ * a truncation seen through it marks this domain truncated too. */
+static PyObject *Core_guard_map(Core *c, PyObject *obj) {
+    NEED_ATTACHED(c);
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_SIMPLE) < 0) return NULL;
+    hle_guard_add_region(&c->ctx, (uintptr_t)v.buf, (uintptr_t)v.buf + (uintptr_t)v.len);
+    PyBuffer_Release(&v);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_address(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    return PyLong_FromVoidPtr(c->ctx.base);
+}
+
+/* buffer_info(handle) -> (absolute data offset in the mapping, nbytes, meta bytes) */
+static PyObject *Core_buffer_info(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    int64_t idx = hle_check_handle(&c->ctx, h, HL_KIND_BUFFER, 1);
+    if (idx < 0) return hlpy_raise((int)idx);
+    uint64_t nbytes = 0;
+    char *base = c->ctx.base;
+    char *p = (char *)hl_buffer_data(&c->ctx.dv, h, &nbytes);
+    if (!p || (uint64_t)(p - base) < HL_BUFFER_META_SIZE) {
+        hle_fail(HL_E_CORRUPT, "buffer 0x%llx has an extent outside the heap", (unsigned long long)h);
+        return hlpy_raise(HL_E_CORRUPT);
+    }
+    return Py_BuildValue("(KKy#)", (unsigned long long)(p - base), (unsigned long long)nbytes,
+                         p - HL_BUFFER_META_SIZE, (Py_ssize_t)HL_BUFFER_META_SIZE);
+}
+
+static PyObject *Core_heap_stats(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    struct hle_heap_stats s;
+    if (!heap(&c->ctx)) return Py_BuildValue("{s:K}", "size", 0ull);
+    int r = hle_heap_stats(&c->ctx, &s);
+    if (r) return hlpy_raise(r);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size", (unsigned long long)s.size, "used",
+                         (unsigned long long)s.used, "free", (unsigned long long)s.free, "largest_free",
+                         (unsigned long long)s.largest_free, "free_runs", (unsigned long long)s.free_runs, "repairs",
+                         (unsigned long long)s.repairs, "allocs", (unsigned long long)s.allocs, "data_offset",
+                         (unsigned long long)s.data_offset);
+}
+
+/* heap_snapshot() -> (bitmap bytes, fence table bytes, used granules, granules) under the heap lock, for check() */
+static PyObject *Core_heap_snapshot(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    hle_ctx *x = &c->ctx;
+    if (!heap(x)) Py_RETURN_NONE;
+    PyObject *bits = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)hle_heap_bitmap_bytes(x));
+    if (!bits) return NULL;
+    PyObject *slots = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((uint64_t)x->cap * HL_FENCE_SIZE));
+    if (!slots) {
+        Py_DECREF(bits);
+        return NULL;
+    }
+    uint64_t used = 0;
+    int has;
+    int r = hle_heap_snapshot(x, PyBytes_AS_STRING(bits), PyBytes_AS_STRING(slots), &used, &has);
+    if (r) {
+        Py_DECREF(bits);
+        Py_DECREF(slots);
+        return hlpy_raise(r);
+    }
+    return Py_BuildValue("(NNKK)", bits, slots, (unsigned long long)used, (unsigned long long)x->dv.heap_granules);
+}
+
+/* ---- queues ---- */
+
+/* queue_new(capacity) -> handle */
+static PyObject *Core_queue_new(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    long cap = PyLong_AsLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    uint64_t h;
+    int r = hle_queue_new(&c->ctx, cap < 0 ? 0 : (uint64_t)cap, &h);
+    if (r) return hlpy_raise(r);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+/* queue_bind(handle): become the queue's consumer (free, or its consumer is dead) */
+static PyObject *Core_queue_bind(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    int r = hle_queue_bind(&c->ctx, h);
+    if (r) return hlpy_raise(r);
+    Py_RETURN_NONE;
+}
+
+static int parse_packet(PyObject *o, struct hl_packet *p) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(o, &b, PyBUF_SIMPLE) < 0) return -1;
+    if (b.len != HL_PACKET_SIZE) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "a packet is 64 bytes");
+        return -1;
+    }
+    memcpy(p, b.buf, HL_PACKET_SIZE);
+    PyBuffer_Release(&b);
+    return 0;
+}
+
+/* queue_push(handle, packet: 64 bytes, timeout_ns) -> write index.  Blocks
+ * while the queue is full (QueueFull after timeout_ns; <0 = forever, 0 = try). */
+static PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "queue_push(handle, packet, timeout_ns)");
+        return NULL;
+    }
+    uint64_t h, idx = 0;
+    struct hl_packet p;
+    if (hlpy_handle_arg(args[0], &h) < 0 || parse_packet(args[1], &p) < 0) return NULL;
+    long long timeout = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    int r = hle_queue_push(&c->ctx, h, &p, timeout, &idx);
+    if (r) return hlpy_raise(r);
+    return PyLong_FromUnsignedLongLong(idx);
+}
+
+/* queue_pop(handle, timeout_ns, spin_ns) -> (index, packet bytes) or None on
+ * timeout.  Consumer only.  Skips cells abandoned by dead producers. */
+static PyObject *Core_queue_pop(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "queue_pop(handle, timeout_ns, spin_ns)");
+        return NULL;
+    }
+    uint64_t h, idx = 0;
+    if (hlpy_handle_arg(args[0], &h) < 0) return NULL;
+    long long timeout = PyLong_AsLongLong(args[1]);
+    long long spin = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    struct hl_packet out;
+    int r = hle_queue_pop(&c->ctx, h, timeout, spin, &idx, &out);
+    if (r == HL_E_TIMEOUT) Py_RETURN_NONE;
+    if (r) return hlpy_raise(r);
+    return Py_BuildValue("(Ky#)", (unsigned long long)idx, (const char *)&out, (Py_ssize_t)sizeof out);
+}
+
+/* queue_info(handle) -> dict */
+static PyObject *Core_queue_info(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h;
+    struct hl_qview v;
+    if (hlpy_handle_arg(arg, &h) < 0) return NULL;
+    int r = hle_queue_view(&c->ctx, h, &v);
+    if (r) return hlpy_raise(r);
+    struct hl_queue *q = v.q;
+    return Py_BuildValue("{s:K,s:K,s:K,s:I,s:K,s:K}", "capacity", (unsigned long long)v.capacity, "write_index",
+                         (unsigned long long)ld(&q->write_index), "read_index", (unsigned long long)ld(&q->read_index),
+                         "consumer", __atomic_load_n(&q->consumer, __ATOMIC_SEQ_CST), "completed",
+                         (unsigned long long)ld(&q->completed), "doorbell", (unsigned long long)ld(&q->doorbell));
+}
+
+/* queue_view(handle) -> (queue, cells, packets) host addresses and capacity,
+ * validated once (struct hl_qview): what a device producer is handed */
+static PyObject *Core_queue_view(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h;
+    struct hl_qview v;
+    if (hlpy_handle_arg(arg, &h) < 0) return NULL;
+    int r = hle_queue_view(&c->ctx, h, &v);
+    if (r) return hlpy_raise(r);
+    return Py_BuildValue("(KKKK)", (unsigned long long)(uintptr_t)v.q, (unsigned long long)(uintptr_t)v.cells,
+                         (unsigned long long)(uintptr_t)v.packets, (unsigned long long)v.capacity);
+}
+
+/* queue_doorbell_addr(handle) -> host address of the queue's doorbell word */
+static PyObject *Core_queue_doorbell_addr(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h;
+    struct hl_qview v;
+    if (hlpy_handle_arg(arg, &h) < 0) return NULL;
+    int r = hle_queue_view(&c->ctx, h, &v);
+    if (r) return hlpy_raise(r);
+    return PyLong_FromVoidPtr((void *)&v.q->doorbell);
+}
+
+static PyObject *Core_queue_completed(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    uint64_t h;
+    struct hl_qview v;
+    if (hlpy_handle_arg(arg, &h) < 0) return NULL;
+    int r = hle_queue_view(&c->ctx, h, &v);
+    if (r) return hlpy_raise(r);
+    __atomic_add_fetch(&v.q->completed, 1, __ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
+
+/* trace(type, a, b, c, d, e) -- append an event to the domain's trace ring */
+static PyObject *Core_trace(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "trace(type, a, b, c, d, e)");
+        return NULL;
+    }
+    if (!c->ctx.trace) Py_RETURN_NONE;
+    unsigned long long v[6];
+    for (int i = 0; i < 6; i++) {
+        v[i] = PyLong_AsUnsignedLongLongMask(args[i]);
+        if (PyErr_Occurred()) return NULL;
+    }
+    hle_trace_emit(&c->ctx, (uint32_t)v[0], v[1], v[2], v[3], v[4], v[5]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_trace_enabled(Core *c, PyObject *noargs) {
+    return PyBool_FromLong(c->ctx.base && c->ctx.trace);
+}
+
+static PyObject *Core_set_spin(Core *c, PyObject *arg) {
+    long long v = PyLong_AsLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    c->ctx.spin_ns = v < 0 ? 0 : v;
+    Py_RETURN_NONE;
+}
+
+#define FAST(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
+static PyMethodDef Core_methods[] = {
+    {"set_spin", (PyCFunction)Core_set_spin, METH_O, NULL},
+    {"queue_new", (PyCFunction)Core_queue_new, METH_O, NULL},
+    {"queue_bind", (PyCFunction)Core_queue_bind, METH_O, NULL},
+    {"queue_push", FAST(Core_queue_push), NULL},
+    {"queue_pop", FAST(Core_queue_pop), NULL},
+    {"queue_info", (PyCFunction)Core_queue_info, METH_O, NULL},
+    {"queue_completed", (PyCFunction)Core_queue_completed, METH_O, NULL},
+    {"queue_doorbell_addr", (PyCFunction)Core_queue_doorbell_addr, METH_O, NULL},
+    {"queue_view", (PyCFunction)Core_queue_view, METH_O, NULL},
+    {"trace", FAST(Core_trace), NULL},
+    {"trace_enabled", (PyCFunction)Core_trace_enabled, METH_NOARGS, NULL},
+    {"new", FAST(Core_new_obj), NULL},
+    {"adopt", FAST(Core_adopt), NULL},
+    {"wrap", FAST(Core_wrap), NULL},
+    {"new_buffer", FAST(Core_new_buffer), NULL},
+    {"buffer_info", (PyCFunction)Core_buffer_info, METH_O, NULL},
+    {"heap_stats", (PyCFunction)Core_heap_stats, METH_NOARGS, NULL},
+    {"heap_snapshot", (PyCFunction)Core_heap_snapshot, METH_NOARGS, NULL},
+    {"attach", (PyCFunction)Core_attach, METH_VARARGS, NULL},
+    {"leave", (PyCFunction)Core_leave, METH_NOARGS, NULL},
+    {"abandon", (PyCFunction)Core_abandon, METH_NOARGS, NULL},
+    {"create", (PyCFunction)Core_create, METH_VARARGS, NULL},
+    {"merge", (PyCFunction)Core_merge, METH_O, NULL},
+    {"release", (PyCFunction)Core_release, METH_O, NULL},
+    {"signal", FAST(Core_signal), NULL},
+    {"word", (PyCFunction)Core_word, METH_O, NULL},
+    {"aux", (PyCFunction)Core_aux, METH_O, NULL},
+    {"tl_fail", FAST(Core_tl_fail), NULL},
+    {"wait_any", (PyCFunction)Core_wait_any, METH_VARARGS, NULL},
+    {"kick", (PyCFunction)Core_kick, METH_NOARGS, NULL},
+    {"kick_value", (PyCFunction)Core_kick_value, METH_NOARGS, NULL},
+    {"reap", (PyCFunction)Core_reap, METH_NOARGS, NULL},
+    {"participants", (PyCFunction)Core_participants, METH_NOARGS, NULL},
+    {"lock_held", (PyCFunction)Core_lock_held, METH_O, NULL},
+    {"info", (PyCFunction)Core_info, METH_NOARGS, NULL},
+    {"address", (PyCFunction)Core_address, METH_NOARGS, NULL},
+    {"view", (PyCFunction)Core_view, METH_NOARGS, "the private layout validated at attach"},
+    {"guard_map", (PyCFunction)Core_guard_map, METH_O, "put another mapping of the domain under the SIGBUS guard"},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hostless._core.Core",
+    .tp_basicsize = sizeof(Core),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Core_tp_new,
+    .tp_dealloc = (destructor)Core_dealloc,
+    .tp_methods = Core_methods,
+};

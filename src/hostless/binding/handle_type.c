@@ -1,0 +1,489 @@
+/*
+ * handle_type.c -- hostless._core.Handle, the C base of Fence, Timeline,
+ * Buffer and Queue: one held reference, the hot operations (signal, wait,
+ * release) through METH_FASTCALL, the buffer protocol over a window of the
+ * domain's mmap, and the Core methods that make Handle instances.
+ */
+#include "binding.h"
+
+#include <structmember.h>
+
+static PyObject *StatusCls, *StatusMap;
+
+/* the members for the words 0..7 (ACTIVE, SUCCESS, ERROR, CANCEL, OWNER_DIED), looked up once */
+#define SMALL_STATUS 8
+static PyObject *small_status[SMALL_STATUS];
+
+int hlpy_set_status(PyObject *cls, PyObject *map) {
+    Py_XSETREF(StatusCls, Py_NewRef(cls));
+    Py_XSETREF(StatusMap, Py_NewRef(map));
+    for (int i = 0; i < SMALL_STATUS; i++) {
+        PyObject *k = PyLong_FromLong(i);
+        if (!k) return -1;
+        PyObject *m = PyDict_GetItemWithError(map, k);
+        Py_DECREF(k);
+        if (!m && PyErr_Occurred()) return -1;
+        Py_XSETREF(small_status[i], Py_XNewRef(m));
+    }
+    return 0;
+}
+
+
+
+PyObject *hlpy_status_obj(uint64_t s) {
+    if (!hl_status_valid(s)) {
+        /* a completion word no conforming participant writes (a timeline's
+         * word >= 2^62 without a valid status, a fence word of 1, 5, ...) */
+        hle_fail(HL_E_CORRUPT,
+               "the object completed with an invalid status word 0x%llx (written by a buggy or hostile "
+               "participant)",
+               (unsigned long long)s);
+        return hlpy_raise(HL_E_CORRUPT);
+    }
+    if (s < SMALL_STATUS && small_status[s]) return Py_NewRef(small_status[s]);
+    PyObject *k = PyLong_FromUnsignedLongLong(s);
+    if (!k) return NULL;
+    PyObject *m = StatusMap ? PyDict_GetItemWithError(StatusMap, k) : NULL;
+    if (m) {
+        Py_DECREF(k);
+        return Py_NewRef(m);
+    }
+    if (PyErr_Occurred() || !StatusCls) {
+        Py_DECREF(k);
+        return NULL;
+    }
+    PyObject *r = PyObject_CallOneArg(StatusCls, k);
+    Py_DECREF(k);
+    return r;
+}
+
+static int handle_live(Handle *o) {
+    if (!o->held) {
+        hle_fail(HL_E_HANDLE, "object 0x%llx was released", (unsigned long long)o->handle);
+        hlpy_raise(HL_E_HANDLE);
+        return 0;
+    }
+    if (!o->core || !o->core->ctx.base || o->core->ctx.me < 0) {
+        PyErr_SetString(hlpy_exc(HL_E_CLOSED), "the object's domain is closed");
+        return 0;
+    }
+    return 1;
+}
+
+Handle *hlpy_handle_make(PyTypeObject *cls, Core *c, PyObject *dom, uint64_t h) {
+    if (!PyType_IsSubtype(cls, &HandleType)) {
+        PyErr_SetString(PyExc_TypeError, "class must derive from hostless._core.Handle");
+        return NULL;
+    }
+    Handle *o = (Handle *)cls->tp_alloc(cls, 0);
+    if (!o) return NULL;
+    o->core = (Core *)Py_NewRef((PyObject *)c);
+    o->dom = Py_NewRef(dom);
+    o->handle = h;
+    o->held = 1;
+    return o;
+}
+
+/* Drop the reference (the __exit__ of a `with` block and the start of release()). */
+static PyObject *Handle_release(Handle *o, PyObject *noargs) {
+    if (!o->held) {
+        hle_fail(HL_E_HANDLE, "object 0x%llx was already released", (unsigned long long)o->handle);
+        return hlpy_raise(HL_E_HANDLE);
+    }
+    o->held = 0;
+    Py_CLEAR(o->bb_map);
+    o->bb_len = 0;
+    if (o->core && o->core->ctx.base && o->core->ctx.me >= 0) {
+        int r = hle_release(&o->core->ctx, o->handle);
+        if (r) return hlpy_raise(r);
+    }
+    Py_RETURN_NONE;
+}
+
+/* release(): drop the reference, then release the inner nodes of a merged
+ * tree (Domain.merge of more than 32 fences keeps them in _inner). */
+static PyObject *Handle_release_all(Handle *o, PyObject *noargs) {
+    PyObject *inner = o->held ? o->inner : NULL;
+    Py_XINCREF(inner);
+    PyObject *r = Handle_release(o, NULL);
+    if (!r || !inner) {
+        Py_XDECREF(inner);
+        return r;
+    }
+    int t = PyObject_IsTrue(inner);
+    if (t <= 0) {
+        Py_DECREF(inner);
+        if (t < 0) Py_CLEAR(r);
+        return r;
+    }
+    Py_CLEAR(o->inner);
+    PyObject *it = PyObject_GetIter(inner);
+    Py_DECREF(inner);
+    if (!it) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    PyObject *node;
+    while ((node = PyIter_Next(it))) {
+        PyObject *x = PyObject_CallMethod(node, "release", NULL);
+        Py_DECREF(node);
+        if (!x) break;
+        Py_DECREF(x);
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) Py_CLEAR(r);
+    return r;
+}
+
+static int parse_timeout(PyObject *t, long long *ns) {
+    if (!t || t == Py_None) {
+        *ns = -1;
+        return 0;
+    }
+    double d = PyFloat_AsDouble(t);
+    if (d == -1.0 && PyErr_Occurred()) return -1;
+    if (d < 0 || d != d) {
+        PyErr_SetString(PyExc_ValueError, "timeout must be >= 0 or None");
+        return -1;
+    }
+    *ns = d > 9e9 ? (long long)9e18 : (long long)(d * 1e9);
+    return 0;
+}
+
+/* parse (pos..., *, spin=None) where pos names are given; returns 0 */
+static int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *const *names, int npos,
+                      PyObject **out, int nout) {
+    for (int i = 0; i < nout; i++) out[i] = NULL;
+    if (nargs > npos) {
+        PyErr_Format(PyExc_TypeError, "takes at most %d positional arguments", npos);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
+    if (kwnames) {
+        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t k = 0; k < nk; k++) {
+            const char *kn = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k)); /* cached in the str object */
+            if (!kn) return -1;
+            int found = 0;
+            for (int i = 0; i < nout; i++) {
+                if (kn[0] == names[i][0] && strcmp(kn, names[i]) == 0) {
+                    if (out[i]) {
+                        PyErr_Format(PyExc_TypeError, "got multiple values for argument '%s'", kn);
+                        return -1;
+                    }
+                    out[i] = args[nargs + k];
+                    found = 1;
+                }
+            }
+            if (!found) {
+                PyErr_Format(PyExc_TypeError, "unexpected keyword argument '%s'", kn);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+static int parse_spin(Core *c, PyObject *sp, long long *ns) {
+    if (!sp || sp == Py_None) {
+        *ns = c->ctx.spin_ns;
+        return 0;
+    }
+    double d = PyFloat_AsDouble(sp);
+    if (d == -1.0 && PyErr_Occurred()) return -1;
+    if (d < 0 || d != d) {
+        PyErr_SetString(PyExc_ValueError, "spin must be >= 0");
+        return -1;
+    }
+    *ns = (long long)(d * 1e9);
+    return 0;
+}
+
+/* Fence.signal(status=SUCCESS) */
+static PyObject *Handle_fence_signal(Handle *o, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"status"};
+    PyObject *a[1];
+    if (parse_args(args, nargs, kwnames, names, 1, a, 1) < 0) return NULL;
+    unsigned long long s = HL_STATUS_SUCCESS;
+    if (a[0]) {
+        s = PyLong_AsUnsignedLongLong(a[0]);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "a status is an int: SUCCESS, ERROR, CANCEL, OWNER_DIED or 64..2^32-1");
+            return NULL;
+        }
+    }
+    if (!handle_live(o)) return NULL;
+    int r = hle_signal(&o->core->ctx, o->handle, s);
+    if (r) return hlpy_raise(r);
+    Py_RETURN_NONE;
+}
+
+/* Fence.wait(timeout=None, *, spin=None) -> Status */
+static PyObject *Handle_fence_wait(Handle *o, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"timeout", "spin"};
+    PyObject *a[2];
+    long long tmo, spin;
+    uint64_t w;
+    if (parse_args(args, nargs, kwnames, names, 1, a, 2) < 0) return NULL;
+    if (!handle_live(o) || parse_timeout(a[0], &tmo) < 0 || parse_spin(o->core, a[1], &spin) < 0) return NULL;
+    int r = hle_wait(&o->core->ctx, o->handle, 1, tmo, spin, &w);
+    if (r == HL_E_TIMEOUT) {
+        hle_fail(HL_E_TIMEOUT, "fence 0x%llx not signaled within the timeout", (unsigned long long)o->handle);
+        return hlpy_raise(HL_E_TIMEOUT);
+    }
+    if (r) return hlpy_raise(r);
+    return hlpy_status_obj(w);
+}
+
+/* Timeline.signal(value) */
+static PyObject *Handle_timeline_signal(Handle *o, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"value"};
+    PyObject *a[1];
+    if (parse_args(args, nargs, kwnames, names, 1, a, 1) < 0) return NULL;
+    if (!a[0]) {
+        PyErr_SetString(PyExc_TypeError, "signal() needs a value");
+        return NULL;
+    }
+    if (!PyLong_Check(a[0]) || PyBool_Check(a[0])) {
+        PyErr_SetString(PyExc_TypeError, "timeline values are ints");
+        return NULL;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(a[0]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "timeline values are integers in 0..2^62-1");
+        return NULL;
+    }
+    if (!handle_live(o)) return NULL;
+    int r = hle_timeline_signal(&o->core->ctx, o->handle, v);
+    if (r) return hlpy_raise(r);
+    Py_RETURN_NONE;
+}
+
+/* Timeline.wait(value, timeout=None, *, spin=None) -> Status (SUCCESS or the failure) */
+static PyObject *Handle_timeline_wait(Handle *o, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"value", "timeout", "spin"};
+    PyObject *a[3];
+    long long tmo, spin;
+    uint64_t w;
+    if (parse_args(args, nargs, kwnames, names, 2, a, 3) < 0) return NULL;
+    if (!a[0]) {
+        PyErr_SetString(PyExc_TypeError, "wait() needs a value");
+        return NULL;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(a[0]);
+    if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > HL_TIMELINE_MAX) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "timeline values are integers in 0..2^62-1");
+        return NULL;
+    }
+    if (!handle_live(o) || parse_timeout(a[1], &tmo) < 0 || parse_spin(o->core, a[2], &spin) < 0) return NULL;
+    int r = hle_wait(&o->core->ctx, o->handle, v, tmo, spin, &w);
+    if (r == HL_E_TIMEOUT) {
+        hle_fail(HL_E_TIMEOUT, "timeline 0x%llx did not reach %llu within the timeout", (unsigned long long)o->handle,
+                 v);
+        return hlpy_raise(HL_E_TIMEOUT);
+    }
+    if (r) return hlpy_raise(r);
+    if ((w & HL_TIMELINE_FAILED) ? (w & ~HL_TIMELINE_FAILED) > 0xffffffffull || (w & 0xffffffffull) == HL_STATUS_SUCCESS
+                                 : w > HL_TIMELINE_MAX) {
+        hle_fail(HL_E_CORRUPT,
+                 "timeline 0x%llx holds an invalid word 0x%llx (written by a buggy or hostile participant)",
+                 (unsigned long long)o->handle, (unsigned long long)w);
+        return hlpy_raise(HL_E_CORRUPT);
+    }
+    return hlpy_status_obj(w & HL_TIMELINE_FAILED ? (w & 0xffffffffull) : HL_STATUS_SUCCESS);
+}
+
+static int Handle_traverse(Handle *b, visitproc visit, void *arg) {
+    Py_VISIT(b->inner);
+    Py_VISIT(b->bb_map);
+    Py_VISIT(b->dom);
+    Py_VISIT((PyObject *)b->core);
+    return 0;
+}
+
+static int Handle_clear(Handle *b) {
+    Py_CLEAR(b->inner);
+    Py_CLEAR(b->bb_map);
+    Py_CLEAR(b->dom);
+    Py_CLEAR(b->core);
+    return 0;
+}
+
+/* Dropping the last Python reference drops the domain reference too (as
+ * release() would), unless the domain is closed. */
+static void Handle_finalize(Handle *o) {
+    if (o->held && o->core && o->core->ctx.base && o->core->ctx.me >= 0) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        o->held = 0;
+        hle_release(&o->core->ctx, o->handle);
+        PyErr_Restore(et, ev, tb);
+    }
+}
+
+static void Handle_dealloc(Handle *o) {
+    PyTypeObject *tp = Py_TYPE(o);
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)o) < 0) return;
+    PyObject_GC_UnTrack(o);
+    if (o->weakreflist) PyObject_ClearWeakRefs((PyObject *)o);
+    Handle_clear(o);
+    tp->tp_free((PyObject *)o); /* a heap subtype's reference is dropped by subtype_dealloc */
+}
+
+static PyObject *Handle_get_held(Handle *o, void *closure) { return PyBool_FromLong(o->held); }
+static PyObject *Handle_get_handle(Handle *o, void *closure) { return PyLong_FromUnsignedLongLong(o->handle); }
+static PyObject *Handle_get_dom(Handle *o, void *closure) { return Py_NewRef(o->dom ? o->dom : Py_None); }
+static PyObject *Handle_get_core(Handle *o, void *closure) {
+    return Py_NewRef(o->core ? (PyObject *)o->core : Py_None);
+}
+static PyObject *Handle_get_nbytes(Handle *o, void *closure) { return PyLong_FromSsize_t(o->bb_len); }
+static PyObject *Handle_get_offset(Handle *o, void *closure) { return PyLong_FromSsize_t(o->bb_off); }
+
+static PyGetSetDef Handle_getset[] = {
+    {"handle", (getter)Handle_get_handle, NULL, "global 64-bit handle, valid in every participant", NULL},
+    {"_held", (getter)Handle_get_held, NULL, NULL, NULL},
+    {"_dom", (getter)Handle_get_dom, NULL, NULL, NULL},
+    {"_core", (getter)Handle_get_core, NULL, NULL, NULL},
+    {"_window_len", (getter)Handle_get_nbytes, NULL, NULL, NULL},
+    {"_window_off", (getter)Handle_get_offset, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyObject *Handle_enter(Handle *o, PyObject *noargs) { return Py_NewRef((PyObject *)o); }
+
+/* __exit__: release the reference if it is still held (a `with` block owns it) */
+static PyObject *Handle_exit(Handle *o, PyObject *args) {
+    if (o->held) return Handle_release(o, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Handle_methods[] = {
+    {"release", (PyCFunction)Handle_release_all, METH_NOARGS,
+     "Drop this reference.  Raises InvalidHandle when released twice.\n\nWhen it was the last reference in "
+     "the domain and a fence is still ACTIVE, the fence is signaled CANCEL."},
+    {"__enter__", (PyCFunction)Handle_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Handle_exit, METH_VARARGS, "Release the reference if still held."},
+    {"_fence_signal", (PyCFunction)(void (*)(void))Handle_fence_signal, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"_fence_wait", (PyCFunction)(void (*)(void))Handle_fence_wait, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"_timeline_signal", (PyCFunction)(void (*)(void))Handle_timeline_signal, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"_timeline_wait", (PyCFunction)(void (*)(void))Handle_timeline_wait, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"_set_window", (PyCFunction)hlpy_handle_set_window, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Handle_members[] = {
+    {"_inner", T_OBJECT, offsetof(Handle, inner), 0, NULL}, /* None when unset: no AttributeError to catch */
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyTypeObject HandleType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hostless._core.Handle",
+    .tp_basicsize = sizeof(Handle),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)Handle_dealloc,
+    .tp_finalize = (destructor)Handle_finalize,
+    .tp_traverse = (traverseproc)Handle_traverse,
+    .tp_clear = (inquiry)Handle_clear,
+    .tp_as_buffer = &hlpy_handle_as_buffer,
+    .tp_methods = Handle_methods,
+    .tp_getset = Handle_getset,
+    .tp_members = Handle_members,
+    .tp_weaklistoffset = offsetof(Handle, weakreflist),
+};
+
+/* Core.new(cls, dom, kind, owner) -> instance holding a new fence or timeline */
+PyObject *Core_new_obj(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 4 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "new(cls, dom, kind, owner)");
+        return NULL;
+    }
+    /* as PyArg_ParseTuple's "I": masked to 32 bits */
+    unsigned int kind = (unsigned int)PyLong_AsUnsignedLongMask(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    unsigned int owner = (unsigned int)PyLong_AsUnsignedLongMask(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    uint64_t h;
+    int r = hle_create(&c->ctx, kind, owner, &h);
+    if (r) return hlpy_raise(r);
+    Handle *o = hlpy_handle_make((PyTypeObject *)args[0], c, args[1], h);
+    if (!o) hle_release(&c->ctx, h);
+    return (PyObject *)o;
+}
+
+/* Core.adopt(cls, dom, handle, want_kind) -> instance after taking a reference */
+PyObject *Core_adopt(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 4 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "adopt(cls, dom, handle, want_kind)");
+        return NULL;
+    }
+    uint64_t h;
+    if (hlpy_handle_arg(args[2], &h) < 0) return NULL;
+    unsigned long want = PyLong_AsUnsignedLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    int r = hle_import(&c->ctx, h, (uint32_t)want);
+    if (r) return hlpy_raise(r);
+    Handle *o = hlpy_handle_make((PyTypeObject *)args[0], c, args[1], h);
+    if (!o) hle_release(&c->ctx, h);
+    return (PyObject *)o;
+}
+
+/* Core.new_buffer(cls, dom, nbytes, meta, mmap) -> instance with its window set */
+PyObject *Core_new_buffer(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if ((nargs != 5 && nargs != 8) || !PyType_Check(args[0]) || !PyBytes_Check(args[3]) ||
+        PyBytes_GET_SIZE(args[3]) != HL_BUFFER_META_SIZE) {
+        PyErr_SetString(PyExc_TypeError, "new_buffer(cls, dom, nbytes, meta: 128 bytes, mmap[, fmt, itemsize, shape])");
+        return NULL;
+    }
+    unsigned long long nbytes = PyLong_AsUnsignedLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    uint64_t h, off;
+    int r = hle_block_new(&c->ctx, HL_KIND_BUFFER, nbytes, PyBytes_AS_STRING(args[3]), 0, &h, &off);
+    if (r) return hlpy_raise(r);
+    Handle *o = hlpy_handle_make((PyTypeObject *)args[0], c, args[1], h);
+    if (!o) {
+        hle_release(&c->ctx, h);
+        return NULL;
+    }
+    o->bb_map = Py_NewRef(args[4]);
+    o->bb_off = (Py_ssize_t)off;
+    o->bb_len = (Py_ssize_t)nbytes;
+    o->bb_readonly = 0;
+    if (nargs == 8) {
+        const char *fmt = PyUnicode_AsUTF8(args[5]);
+        Py_ssize_t itemsize = PyLong_AsSsize_t(args[6]);
+        if (!fmt || PyErr_Occurred() || hlpy_set_layout(o, fmt, itemsize, args[7], (Py_ssize_t)nbytes) < 0) {
+            Py_DECREF(o); /* the finalizer drops the reference */
+            return NULL;
+        }
+    }
+    return (PyObject *)o;
+}
+
+/* Core.wrap(cls, dom, handle) -> instance for a handle we already hold one count of */
+PyObject *Core_wrap(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 3 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "wrap(cls, dom, handle)");
+        return NULL;
+    }
+    uint64_t h;
+    if (hlpy_handle_arg(args[2], &h) < 0) return NULL;
+    return (PyObject *)hlpy_handle_make((PyTypeObject *)args[0], c, args[1], h);
+}
+/* A handle argument: a non-negative 64-bit integer (InvalidHandle otherwise). */
+int hlpy_handle_arg(PyObject *o, uint64_t *h) {
+    *h = PyLong_AsUnsignedLongLong(o);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(hlpy_exc(HL_E_HANDLE), "a handle is a non-negative 64-bit integer");
+        return -1;
+    }
+    return 0;
+}

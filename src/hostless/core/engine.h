@@ -1,0 +1,390 @@
+/*
+ * engine.h -- the internal header of the hostless engine (src/hostless/core):
+ * everything that needs atomics, futexes or speed.  The shared layout and the
+ * single-word operations come from hostless.h; the engine adds what needs the
+ * whole table: allocation, references, merged fences, waits with futex
+ * sleeps, liveness and recovery, the shared heap, queues, the trace ring and
+ * the SIGBUS guard.  Plain C (gnu11); it never includes Python.h.  The CPython
+ * binding (src/hostless/binding) and C programs (libhostless.a, public calls
+ * in hostless_engine.h) sit on top.
+ *
+ * Every index read from shared memory is bounds-checked before use.
+ * Nothing here takes a lock in shared memory: every shared update is one
+ * atomic operation, so a participant killed at any instruction leaves a state
+ * that recovery (hle_recover_participant) finishes or rolls back.  The one
+ * exception, the heap lock, is broken and its bitmap rebuilt when its holder
+ * is dead.
+ *
+ * The write rule (hostless.h, "THE WRITE RULE"; explored by
+ * tests/protocol_model.py): a participant writes a slot's fields only
+ *   (a) while it holds a reference to that object (its bit in refs; during
+ *       recovery of a dead participant d, d's bit, which only d's one
+ *       recoverer may use: it holds d's liveness lock while it recovers), or
+ *   (b) while the slot is ALLOC or DYING by itself (nobody else may hold it), or
+ *   (c) with one atomic operation that checks the object's generation and
+ *       state in the same step (the generation-tagged aux / err CASes of a
+ *       merged slot, hl_cas_word_ctl's 16-byte CAS over {word, ctl}).
+ *
+ * Error convention: functions that can fail return HL_OK or a negative code
+ * (hostless.h's HL_E_* and the engine codes of hostless_engine.h) and put the
+ * message into the thread's detail buffer (hle_fail).  Internal helpers that
+ * cannot fail return void or a count, as documented.
+ */
+#ifndef HOSTLESS_CORE_ENGINE_H
+#define HOSTLESS_CORE_ENGINE_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <sched.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "hostless.h"
+#include "hostless_engine.h"
+
+#define ALIGN_UP(x, a) (((x) + (a)-1) / (a) * (a))
+#define HL_KIND_SYNC 255u /* hle_check_handle: any fence, merged fence or timeline */
+#define HAS_BLOCK(k) ((k) == HL_KIND_BUFFER || (k) == HL_KIND_QUEUE)
+#define DEFER_MAX 64
+#define HEAP_LOCK_WAIT_NS 2000000000ull /* the longest a heap-lock wait lasts (a holder is live but stuck) */
+#define HEAP_FREE_WAIT_NS 2000000ull    /* a free waits this long, then is deferred (see hle_finalize) */
+#define HL_HEAP_REC_FLAG (1ull << 32)   /* heap-lock owner code of a recoverer (see heap.c) */
+#define HLE_INTR_SLICE_NS 2000000ull    /* an interruptible wait checks the interrupt hook this often */
+
+/* What a blocking call does around its GIL-free sections, supplied by the
+ * binding (all NULL for C programs: nothing to release, no interrupts).
+ * unlock() releases the caller's lock (the GIL) and returns a token that
+ * relock() takes back.  interruptible() (called locked, before a wait) says
+ * whether this thread may be interrupted; interrupted(&token) is then called
+ * unlocked every HLE_INTR_SLICE_NS of a blocking wait and returns nonzero to
+ * stop it with HL_E_INTR (it may relock and unlock again through token). */
+struct hle_hooks {
+    void *(*unlock)(void);
+    void (*relock)(void *token);
+    int (*interruptible)(void);
+    int (*interrupted)(void **token);
+};
+
+/* The engine context: what a joined (or merely mapped) domain is to this
+ * process.  The Python Core object embeds one. */
+struct hle_ctx {
+    char *base;
+    size_t size;
+    int fd;
+    struct hl_header *h;
+    struct hl_participant *parts;
+    struct hl_fence *fences;
+    uint32_t cap, pcap, tag;
+    int me;          /* participant index, -1 when not joined */
+    uint64_t mybit;
+    uint32_t inc;    /* incarnation of our participant slot */
+    uint32_t *lrefs; /* local reference counts per slot */
+    uint32_t *lgen;  /* generation the local count belongs to */
+    /* watchdog */
+    pthread_t wd;
+    int wd_running;
+    pthread_mutex_t wd_mu;
+    pthread_cond_t wd_cv;
+    int wd_stop;
+    uint64_t wd_interval_ns;
+    uint32_t kick;     /* private futex word for wait_any */
+    long long spin_ns; /* default spin of waits through Handle */
+    uint64_t poll_ns;  /* hl_header.poll_ns, validated at attach (private copy) */
+    struct hl_dom dv;       /* the layout, validated once at attach (hostless.h): never re-read */
+    struct hl_trace *trace; /* NULL when the domain has no trace ring */
+    uint64_t trace_cap;     /* its capacity in events, validated at attach (private copy) */
+    int closing;            /* leave() in progress: GIL-free loops bail out */
+    int busy;               /* threads inside GIL-free sections */
+    pthread_mutex_t reap_mu; /* one recovery at a time in this process */
+    pthread_mutex_t defer_mu; /* deferred block frees (heap lock held by a stopped participant) */
+    int ndefer;
+    uint32_t defer_idx[DEFER_MAX];
+    uint64_t defer_ctl[DEFER_MAX];
+    int truncated;            /* set by the SIGBUS guard: the file shrank under the mapping */
+    int rec_busy;             /* participant whose liveness lock this process holds to recover it, -1: none.
+                               * OFD locks of one open file description do not conflict with each other,
+                               * so F_OFD_GETLK cannot show our own recovery to our other threads: this does */
+    struct hle_hooks hooks;
+};
+
+#define BUSY_ENTER(c) __atomic_add_fetch(&(c)->busy, 1, __ATOMIC_SEQ_CST)
+#define BUSY_LEAVE(c) __atomic_sub_fetch(&(c)->busy, 1, __ATOMIC_SEQ_CST)
+#define TRUNCATED(c) __atomic_load_n(&(c)->truncated, __ATOMIC_SEQ_CST)
+/* leave() in progress, or the file was truncated under us: loops without the GIL bail out */
+#define CLOSING(c) (__atomic_load_n(&(c)->closing, __ATOMIC_SEQ_CST) || TRUNCATED(c))
+#define TRUNCATED_MSG                                                                                    \
+    "the domain file was truncated while mapped (by another process?); this domain is unusable: close it"
+
+/* ---- small inline helpers ---- */
+static inline uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline uint64_t ld(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+static inline void st(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+static inline int cas(uint64_t *p, uint64_t *e, uint64_t d) {
+    return __atomic_compare_exchange_n(p, e, d, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+static inline struct hl_fence *slot(hle_ctx *c, uint32_t idx) { return &c->fences[idx]; }
+/* The heap of the private view (hl_attach validated its header once; its
+ * layout values are never re-read from shared memory), or NULL. */
+static inline struct hl_heap *heap(hle_ctx *c) { return c->dv.heap; }
+
+/* Wake the host sleepers of slot f (whose word we just changed): timelines
+ * sleep on their wake sequence, fences and merged fences on the word. */
+static inline void wake(struct hl_fence *f) {
+    if (HL_CTL_KIND(ld(&f->ctl)) == HL_KIND_TIMELINE)
+        hl_wake_timeline(f);
+    else
+        hl_wake_fence(f);
+}
+
+/* Two reads of ctl name the same object (generation and kind) in a state
+ * where its fields belong to it (LIVE, or DYING while its last holder frees
+ * it): the seqlock test of the write rule. */
+static inline int same_object(uint64_t a, uint64_t b) {
+    uint32_t s = HL_CTL_STATE(b);
+    return (s == HL_SLOT_LIVE || s == HL_SLOT_DYING) && HL_CTL_GEN(a) == HL_CTL_GEN(b) &&
+           HL_CTL_KIND(a) == HL_CTL_KIND(b);
+}
+
+/* The GIL-free sections: unlock / relock through the binding's hooks. */
+static inline void *hle_unlock(hle_ctx *c) { return c->hooks.unlock ? c->hooks.unlock() : NULL; }
+static inline void hle_relock(hle_ctx *c, void *token) {
+    if (c->hooks.relock) c->hooks.relock(token);
+}
+
+/* ---- errors (ctx.c) ---- */
+/* Record a message for the calling thread and return `code`. */
+__attribute__((format(printf, 2, 3))) int hle_fail(int code, const char *fmt, ...);
+/* HL_E_OS with errno saved and strerror as the message. */
+int hle_fail_errno(int err);
+/* The error of a GIL-free loop that bailed out: HL_E_CORRUPT when the file was
+ * truncated, else HL_E_CLOSED with msg. */
+int hle_closed_error(hle_ctx *c, const char *msg);
+/* HL_E_CLOSED ("domain is closed") when detached, HL_E_CORRUPT when truncated, else HL_OK. */
+int hle_need_attached(hle_ctx *c);
+
+/* ---- context (ctx.c) ---- */
+/* Initialise / destroy a detached context in place (mutexes, fd = -1, ...). */
+void hle_ctx_init(hle_ctx *c);
+void hle_ctx_destroy(hle_ctx *c);
+/* Compute the layout of a domain of these sizes into *h (a zeroed header with
+ * magic, version, sizes and offsets).  Always 0. */
+int hle_layout(uint64_t fences, uint64_t parts, uint64_t qsize, uint64_t tsize, uint64_t hsize, struct hl_header *h);
+/* Unmap and close without touching shared state (stops the watchdog). */
+void hle_unmap(hle_ctx *c);
+/* Forget the mapping without touching shared state or the watchdog thread
+ * (after fork, in the child, where that thread does not exist). */
+void hle_abandon(hle_ctx *c);
+/* Start-time of pid from /proc (0 when unknown). */
+uint64_t hle_proc_start_time(int pid);
+
+/* ---- handles and objects (objects.c) ---- */
+/* Validate a handle against this domain: tag, index, kind (want_kind 0: any;
+ * HL_KIND_FENCE accepts merged; HL_KIND_SYNC: any non-block kind), the slot
+ * LIVE with that generation, and (need_held) one of our local references.
+ * Returns the index (>= 0) or HL_E_HANDLE. */
+int64_t hle_check_handle(hle_ctx *c, uint64_t h, uint32_t want_kind, int need_held);
+/* Free a DYING slot (mask already zero; the caller is its one releaser or the
+ * dead releaser's recoverer).  Idempotent.  A block whose heap lock is kept
+ * is deferred (hle_defer_free) and the slot stays DYING. */
+void hle_finalize(hle_ctx *c, uint32_t idx, uint64_t dying);
+/* Drop participant bit `bit` from slot idx; the drop that empties the mask of
+ * a LIVE slot frees it (`actor` recorded in the DYING ctl). */
+void hle_drop_ref(hle_ctx *c, uint32_t idx, uint64_t bit, uint32_t actor);
+/* Claim a FREE slot round-robin from alloc_hint into ALLOC state, every field
+ * initialised and our bit set.  Returns the index (gen in *gen_out) or -1. */
+int hle_alloc_begin(hle_ctx *c, uint32_t kind, uint32_t owner, uint32_t mask, uint32_t *gen_out);
+/* Make an ALLOC slot LIVE with one local reference; returns its handle. */
+uint64_t hle_alloc_publish(hle_ctx *c, uint32_t idx, uint32_t kind, uint32_t gen);
+/* Give back a slot we hold in ALLOC state (nothing was published). */
+void hle_alloc_abort(hle_ctx *c, uint32_t idx, uint32_t kind, uint32_t gen);
+/* begin + publish; returns the index or -1 (table full). */
+int hle_alloc_slot(hle_ctx *c, uint32_t kind, uint32_t owner, uint32_t mask, uint64_t *handle_out);
+/* Complete a slot we hold with OWNER_DIED when still ACTIVE (write rule (a)). */
+void hle_fail_owned(hle_ctx *c, uint32_t idx);
+/* Fail a new object whose named owner is no longer that live incarnation. */
+void hle_owner_recheck(hle_ctx *c, uint32_t idx, uint32_t owner);
+/* Fail a timeline we hold with a failure status.  HL_OK; HL_E_CLOSED;
+ * HL_E_HANDLE; HL_E_VALUE (not a failure status); HL_E_ALREADY (failed before). */
+int hle_timeline_fail(hle_ctx *c, uint64_t h, uint64_t status);
+/* The completion word (aux word) of a fence or timeline we hold: HL_OK with
+ * *out; HL_E_CLOSED; HL_E_HANDLE.  hle_word sweeps merges when a merged
+ * fence still reads 0. */
+int hle_word(hle_ctx *c, uint64_t h, uint64_t *out);
+int hle_aux(hle_ctx *c, uint64_t h, uint64_t *out);
+/* Store `word` into an object's word as a device would (one plain release
+ * store: no wake, no propagation).  A test hook.  HL_OK; HL_E_HANDLE. */
+int hle_device_store(hle_ctx *c, uint64_t h, uint64_t word);
+
+/* ---- merged fences (merge.c) ---- */
+/* Tell the merged parents of completed slot idx (any participant may call it). */
+void hle_propagate(hle_ctx *c, uint32_t idx, int depth);
+/* Clear child position of `link` in its parent; resolve the parent at zero. */
+void hle_propagate_link(hle_ctx *c, uint64_t link, uint32_t status, int depth);
+/* Complete merged slot pidx, read as LIVE ctl, when no child is pending.
+ * Returns 1 when this call completed it. */
+int hle_resolve_merged(hle_ctx *c, uint32_t pidx, uint64_t ctl, int depth);
+/* 1 when `link` names a merged fence that still exists (same generation). */
+int hle_link_live(hle_ctx *c, uint64_t link);
+/* Finish what signals by plain stores left undone (propagate, resolve). */
+void hle_sweep(hle_ctx *c);
+/* Create a merged fence over n (1..32) fences we hold, completing with the
+ * first failure or SUCCESS.  HL_OK with *out; HL_E_CLOSED; HL_E_VALUE (count,
+ * duplicates); HL_E_HANDLE; HL_E_INVALID (a child already in HL_MAX_PARENTS
+ * merges); HL_E_TABLE_FULL. */
+int hle_merge(hle_ctx *c, const uint64_t *handles, int n, uint64_t *out);
+
+/* ---- liveness (liveness.c) ---- */
+/* 1 when participant i's liveness lock is held by some process (or unknown). */
+int hle_part_lock_held(hle_ctx *c, int i);
+/* part_lock_held, but 1 for ourselves and for the participant we recover. */
+int hle_lock_held(hle_ctx *c, int i);
+/* Take (0 on success) / drop the OFD liveness lock of participant i. */
+int hle_take_lock(int fd, int i);
+void hle_drop_lock(int fd, int i);
+/* 1 when owner code o (heap-lock or consumer code) names a live participant. */
+int hle_owner_alive(hle_ctx *c, uint64_t o);
+
+/* ---- recovery (recovery.c) ---- */
+/* Recover participant d whose ctl we moved to RECOVERING(us) holding d's
+ * liveness lock.  Returns 1 when d's slot is FREE again, 0 to retry later. */
+int hle_recover_participant(hle_ctx *c, int d, uint64_t pctl);
+/* Check every participant and recover the dead ones (see hostless_engine.h
+ * hle_reap, which adds the sweep); returns the count written into out. */
+int hle_reap_all(hle_ctx *c, uint64_t *out, int outcap);
+/* Start / stop the watchdog thread. */
+void hle_start_watchdog(hle_ctx *c, uint64_t interval_ns);
+void hle_stop_watchdog(hle_ctx *c);
+/* Skip the cells a dead producer d reserved (failing their signal fences) and
+ * unbind d as consumer of queue slot idx (pinned by the caller). */
+void hle_recover_queue(hle_ctx *c, uint32_t idx, uint64_t ctl, int d, uint32_t dinc);
+/* Pin slot idx (read as LIVE ctl) with bit: 1 pinned, 0 another object, -1 retry later. */
+int hle_pin(hle_ctx *c, uint32_t idx, uint64_t ctl, uint64_t bit, uint32_t actor);
+
+/* ---- the shared heap (heap.c) ---- */
+extern __thread int hle_tls_rec;          /* participant this thread recovers, -1: none */
+extern __thread uint32_t hle_tls_rec_inc; /* its incarnation (24 bits) */
+extern __thread int hle_tls_deferred;     /* a finalize of this thread could not free its block */
+/* Layout of a heap region able to hold `want` data bytes. */
+void hle_heap_layout(uint64_t want, uint64_t *bitmap_off, uint64_t *granules, uint64_t *data_off, uint64_t *region);
+/* Take the heap lock within timeout_ns: 1 taken, 0 a live holder kept it.
+ * A dead (or corrupt) holder's lock is broken and the bitmap rebuilt. */
+int hle_heap_lock_for(hle_ctx *c, struct hl_heap *hp, uint64_t timeout_ns);
+void hle_heap_unlock(struct hl_heap *hp);
+/* HL_E_LOCKED with the message naming the holder of a kept heap lock. */
+int hle_heap_lock_error(hle_ctx *c, struct hl_heap *hp);
+/* Free the block of buffer slot idx (idempotent): 1 done, 0 lock kept. */
+int hle_heap_free_block(hle_ctx *c, uint32_t idx);
+void hle_defer_free(hle_ctx *c, uint32_t idx, uint64_t dying);
+void hle_retry_deferred(hle_ctx *c);
+/* Allocate a buffer (or a queue of qcap cells) of nbytes with its 128-byte
+ * metadata (may be NULL) from the heap.  HL_OK with *handle and the data's
+ * offset in the mapping; HL_E_OOM (no heap, too large, no free run);
+ * HL_E_VALUE (0 bytes); HL_E_TABLE_FULL; HL_E_LOCKED. */
+int hle_block_new(hle_ctx *c, uint32_t kind, uint64_t nbytes, const void *meta, uint32_t qcap, uint64_t *handle,
+                  uint64_t *abs_off);
+struct hle_heap_stats {
+    uint64_t size, used, free, largest_free, free_runs, repairs, allocs, data_offset;
+};
+/* Heap statistics under the lock.  HL_OK (size 0 without a heap); HL_E_LOCKED. */
+int hle_heap_stats(hle_ctx *c, struct hle_heap_stats *s);
+/* Copy the bitmap (bitmap_bytes) and the fence table (cap * HL_FENCE_SIZE)
+ * under the heap lock.  HL_OK; HL_E_LOCKED.  *has_heap 0: nothing copied. */
+int hle_heap_snapshot(hle_ctx *c, void *bits, void *slots, uint64_t *used, int *has_heap);
+uint64_t hle_heap_bitmap_bytes(hle_ctx *c);
+/* Test hook: take the heap lock and never give it back.  HL_OK; HL_E_LOCKED. */
+int hle_heap_lock_forever(hle_ctx *c);
+
+/* ---- waits (wait.c) ---- */
+/* One blocking wait, written once: poll() is called every iteration (1:
+ * done, 0: not yet, < 0: stop with that code); spins (cpu_relax) for spin_ns
+ * from t0, then calls sleep(arg, nap) (which arms, re-checks and sleeps on
+ * its futex for at most nap ns; nonzero: done) in slices bounded by poll_ns
+ * and, when the thread is interruptible, HLE_INTR_SLICE_NS.  check() (may be
+ * NULL) runs every 256 iterations (< 0: stop with that code).  Bails out with
+ * hle_closed_error-style codes when the domain closes.  Called unlocked
+ * (token: what hle_unlock returned, for the interrupt hook).
+ * Returns HL_OK; HL_E_TIMEOUT; HL_E_CLOSED (closing: the caller reports it);
+ * HL_E_INTR; or a code from poll / check. */
+struct hle_waiter {
+    int (*poll)(void *arg);
+    int (*sleep)(void *arg, uint64_t nap_ns);
+    int (*check)(void *arg);
+    void *arg;
+    uint64_t t0;          /* start of the wait (now_ns) */
+    int64_t timeout_ns;   /* < 0: forever */
+    uint64_t spin_ns;     /* spin phase; 0: sleep at once */
+    int yield_in_spin;    /* sched_yield every 1024 spins (a polling consumer on few cores) */
+    int interruptible;    /* hooks.interrupted is called every slice */
+};
+int hle_wait_loop(hle_ctx *c, struct hle_waiter *w, void **token);
+/* The context whose interrupt hook this thread is running, and how many
+ * waits of it are inside the hook (leave() from a signal handler does not
+ * wait for them: they bail out after the hook). */
+extern __thread hle_ctx *hle_tls_hook_ctx;
+extern __thread int hle_tls_hook_depth;
+/* Is the calling thread interruptible (the hooks say so; called locked)? */
+int hle_interruptible(hle_ctx *c);
+/* Wait for any of n (<= 127) objects' words to reach their thresholds or for
+ * the private kick word to move from kick_seen.  ready[i] = 1 for the ready
+ * ones.  HL_OK (ready, kicked or timeout: see ready); HL_E_CLOSED /
+ * HL_E_CORRUPT; HL_E_HANDLE; HL_E_INTR. */
+int hle_wait_any(hle_ctx *c, const uint64_t *handles, const uint64_t *thr, int n, int64_t timeout_ns,
+                 uint32_t kick_seen, char *ready);
+/* Move the private kick word and wake wait_any sleepers of this process. */
+void hle_kick(hle_ctx *c);
+
+/* ---- queues (queue.c) ---- */
+uint64_t hle_queue_bytes(uint32_t cap);
+void hle_queue_init(struct hl_queue *q, uint32_t cap);
+/* Create a queue of cap (a power of two, 2..2^20) packets.  Codes of hle_block_new, HL_E_VALUE. */
+int hle_queue_new(hle_ctx *c, uint64_t cap, uint64_t *handle);
+/* Validate a queue we hold into *v.  HL_OK; HL_E_HANDLE; HL_E_CORRUPT. */
+int hle_queue_view(hle_ctx *c, uint64_t h, struct hl_qview *v);
+/* Become the consumer (free, or its consumer is dead).  HL_OK; HL_E_HANDLE;
+ * HL_E_CORRUPT; HL_E_INVALID (a live consumer). */
+int hle_queue_bind(hle_ctx *c, uint64_t h);
+/* Push a packet to a queue we hold; blocks (unlocked) while it is full.
+ * timeout_ns < 0: forever, 0: try once.  Emits an ENQUEUE trace event.
+ * HL_OK with *idx; HL_E_HANDLE / HL_E_CORRUPT (the queue); HL_E_QUEUE_FULL;
+ * HL_E_INVALID (its consumer died); HL_E_CLOSED / HL_E_CORRUPT (closed or
+ * truncated during the wait); HL_E_INTR. */
+int hle_queue_push(hle_ctx *c, uint64_t h, const struct hl_packet *p, int64_t timeout_ns, uint64_t *idx);
+/* Pop the next packet (bound consumer only; skips cells of dead producers);
+ * blocks (unlocked) for timeout_ns (< 0: forever), spinning spin_ns first.
+ * HL_OK with *idx and *out; HL_E_TIMEOUT; HL_E_HANDLE / HL_E_CORRUPT;
+ * HL_E_INVALID (not its consumer); HL_E_CLOSED / HL_E_CORRUPT; HL_E_INTR. */
+int hle_queue_pop(hle_ctx *c, uint64_t h, int64_t timeout_ns, int64_t spin_ns, uint64_t *idx, struct hl_packet *out);
+/* Test hook: reserve a cell, write only its signal handle and stop (a
+ * producer killed while filling).  HL_OK with *w; HL_E_QUEUE_FULL. */
+int hle_queue_reserve_stuck(hle_ctx *c, uint64_t h, uint64_t sig, uint64_t *w);
+
+/* ---- trace ring (trace.c) ---- */
+void hle_trace_emit_at(hle_ctx *c, uint64_t ts, uint32_t type, uint64_t a, uint64_t b, uint64_t cc, uint64_t d,
+                       uint64_t e);
+void hle_trace_emit(hle_ctx *c, uint32_t type, uint64_t a, uint64_t b, uint64_t cc, uint64_t d, uint64_t e);
+/* Host function for cuLaunchHostFunc: wakes the sleepers of the slot at addr. */
+void hle_host_wake(void *addr);
+
+/* ---- SIGBUS guard (guard.c) ---- */
+/* Put [lo, hi) under the guard: a truncation seen there marks c truncated. */
+void hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi);
+void hle_guard_add(hle_ctx *c);
+void hle_guard_remove(hle_ctx *c);
+
+#endif /* HOSTLESS_CORE_ENGINE_H */

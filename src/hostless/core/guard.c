@@ -1,0 +1,82 @@
+/*
+ * guard.c -- the SIGBUS guard.
+ * Another process can truncate the domain file while we have it mapped;
+ * touching a page past the new end raises SIGBUS.  The guard turns that into
+ * an error: the handler maps a private zero page over the faulting page of a
+ * registered domain mapping (so the access completes, reading zeros), marks
+ * the domain truncated, and every later operation on it raises CorruptDomain
+ * (waits and the watchdog stop).  A SIGBUS elsewhere goes to the previous
+ * handler, or kills the process as it would have.
+ */
+#include "engine.h"
+
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define GUARD_MAX 256
+static struct {
+    uintptr_t lo, hi;
+    int *flag;
+} g_guard[GUARD_MAX];
+static pthread_mutex_t g_guard_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct sigaction g_prev_bus;
+static int g_guard_installed;
+
+static void bus_handler(int sig, siginfo_t *si, void *uc) {
+    uintptr_t a = (uintptr_t)si->si_addr;
+    for (int i = 0; i < GUARD_MAX; i++) {
+        uintptr_t lo = __atomic_load_n(&g_guard[i].lo, __ATOMIC_ACQUIRE);
+        uintptr_t hi = __atomic_load_n(&g_guard[i].hi, __ATOMIC_ACQUIRE);
+        if (!lo || a < lo || a >= hi) continue;
+        void *pg = (void *)(a & ~(uintptr_t)(HL_PAGE - 1));
+        if (mmap(pg, HL_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
+            int *flag = __atomic_load_n(&g_guard[i].flag, __ATOMIC_ACQUIRE);
+            if (flag) __atomic_store_n(flag, 1, __ATOMIC_SEQ_CST);
+            return; /* the faulting access is retried on the zero page */
+        }
+    }
+    if (g_prev_bus.sa_flags & SA_SIGINFO) {
+        if (g_prev_bus.sa_sigaction) {
+            g_prev_bus.sa_sigaction(sig, si, uc);
+            return;
+        }
+    } else if (g_prev_bus.sa_handler != SIG_DFL && g_prev_bus.sa_handler != SIG_IGN && g_prev_bus.sa_handler) {
+        g_prev_bus.sa_handler(sig);
+        return;
+    }
+    signal(SIGBUS, SIG_DFL); /* not ours: the access faults again and ends the process as before */
+}
+
+void hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi) {
+    pthread_mutex_lock(&g_guard_mu);
+    if (!g_guard_installed) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = bus_handler;
+        sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGBUS, &sa, &g_prev_bus) == 0) g_guard_installed = 1;
+    }
+    for (int i = 0; i < GUARD_MAX; i++) {
+        if (g_guard[i].lo) continue;
+        __atomic_store_n(&g_guard[i].flag, &c->truncated, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_guard[i].hi, hi, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_guard[i].lo, lo, __ATOMIC_RELEASE);
+        break;
+    }
+    pthread_mutex_unlock(&g_guard_mu);
+}
+
+void hle_guard_add(hle_ctx *c) { hle_guard_add_region(c, (uintptr_t)c->base, (uintptr_t)c->base + c->size); }
+
+void hle_guard_remove(hle_ctx *c) {
+    pthread_mutex_lock(&g_guard_mu);
+    for (int i = 0; i < GUARD_MAX; i++) {
+        if (g_guard[i].flag != &c->truncated) continue; /* the core's mapping and the regions it added */
+        __atomic_store_n(&g_guard[i].lo, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_guard[i].hi, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_guard[i].flag, NULL, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_guard_mu);
+}

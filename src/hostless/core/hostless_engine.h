@@ -1,0 +1,138 @@
+/*
+ * hostless_engine.h -- the public entry points of the hostless engine for C
+ * programs (the "firmware" participant that links libhostless.a, and the
+ * CPython binding).  Plain C11, no Python.
+ *
+ * A C program joins a domain that some participant created, creates, signals,
+ * waits on and releases fences and timelines, and recovers dead participants:
+ *
+ *     hle_ctx *c = hle_ctx_new();
+ *     int fd = open("/dev/shm/<name>", O_RDWR);
+ *     if (hle_attach(c, fd, NULL, "fw", "c", 0) != HL_OK) puts(hle_errmsg());
+ *     uint64_t h;
+ *     hle_create(c, HL_KIND_FENCE, 0, &h);
+ *     hle_signal(c, h, HL_STATUS_SUCCESS);
+ *     hle_release(c, h);
+ *     hle_leave(c);  hle_ctx_free(c);
+ *
+ * Error convention: every call returns HL_OK (0) or a negative code; the
+ * HL_E_* codes of hostless.h (CORRUPT, HANDLE, ALREADY, VALUE, FAILED, FULL)
+ * and the engine codes below.  A failing call leaves a human-readable message
+ * for the calling thread in hle_errmsg() (valid until the thread's next
+ * failing call).  A context is used by one thread at a time for its attach /
+ * leave, and by any number of threads for the object calls.
+ */
+#ifndef HOSTLESS_ENGINE_H
+#define HOSTLESS_ENGINE_H
+
+#include <stdint.h>
+
+#include "hostless.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* engine-only error codes (hostless.h owns -1..-31) */
+#define HL_E_CLOSED -32      /* the context is not attached, or leave() is in progress */
+#define HL_E_OOM -33         /* the shared heap cannot satisfy the allocation (or there is no heap) */
+#define HL_E_TIMEOUT -34     /* a wait reached its timeout: not a failure of the object */
+#define HL_E_INTR -35        /* the interrupt hook stopped a blocking wait (Python: a signal handler raised) */
+#define HL_E_QUEUE_FULL -36  /* a queue stayed full for the whole timeout */
+#define HL_E_INVALID -37     /* the operation does not apply (merged fence signaled, queue not bound, ...) */
+#define HL_E_TABLE_FULL -38  /* the fence or participant table has no free slot */
+#define HL_E_LOCKED -39      /* the shared heap lock is kept by a live participant for too long */
+#define HL_E_OS -40          /* a system call failed: hle_errno() has its errno */
+#define HL_E_NOMEM -41       /* local (process) memory is exhausted */
+#define HL_E_RANGE -42       /* an index argument is out of range */
+
+typedef struct hle_ctx hle_ctx;
+
+/* The message of the calling thread's last failing call ("" if none). */
+const char *hle_errmsg(void);
+/* errno of the last HL_E_OS of the calling thread. */
+int hle_errno(void);
+
+/* Allocate / free a detached context (NULL when out of memory).  Free only a
+ * context that is detached (after hle_leave or a failed hle_attach). */
+hle_ctx *hle_ctx_new(void);
+void hle_ctx_free(hle_ctx *c);
+
+/* Parameters of a domain to initialise (hle_attach with init != NULL). */
+struct hle_init {
+    uint64_t fences, participants, queues_size, trace_size, heap_size, tag, poll_ns;
+};
+
+/* Map the domain file `fd` (initialising it first when init != NULL: the file
+ * must be fresh and zero, of the size hle_layout computes), validate it once
+ * (the private view is never re-read), and join: take a free participant
+ * slot with its liveness lock (when the table is full, dead participants are
+ * recovered first).  label / kind are recorded in the participant slot.  When
+ * watchdog_ns != 0 a thread reaps dead participants, sweeps merges and
+ * retries deferred frees every watchdog_ns.  On success the context owns fd
+ * (hle_leave closes it).
+ * Returns HL_OK; HL_E_OS (fstat / mmap failed); HL_E_CORRUPT (size does not
+ * match the layout, or not a valid domain of this ABI); HL_E_NOMEM;
+ * HL_E_TABLE_FULL (no free participant slot); HL_E_INVALID (already attached). */
+int hle_attach(hle_ctx *c, int fd, const struct hle_init *init, const char *label, const char *kind,
+               uint64_t watchdog_ns);
+
+/* Leave: wait for this process's threads to leave their GIL-free loops, stop
+ * the watchdog, recover ourselves (every reference dropped, owned ACTIVE
+ * fences become OWNER_DIED), free our slot, unlock, unmap, close the fd.
+ * Always HL_OK (a detached context is left as it is). */
+int hle_leave(hle_ctx *c);
+
+/* Create a fence (HL_KIND_FENCE) or timeline (HL_KIND_TIMELINE) with one
+ * reference held by us.  owner 0: we own it; else an owner code
+ * (HL_OWNER(inc, index)) of a live participant, whose death fails it.
+ * Returns HL_OK with *handle; HL_E_CLOSED; HL_E_VALUE (kind, dead or unknown
+ * owner); HL_E_TABLE_FULL. */
+int hle_create(hle_ctx *c, uint32_t kind, uint32_t owner, uint64_t *handle);
+
+/* Take one more reference on an object created elsewhere (want_kind 0: any
+ * kind; HL_KIND_FENCE accepts merged fences).  Waits (bounded, 2 s) while
+ * its last holder is releasing it.  Returns HL_OK; HL_E_CLOSED; HL_E_HANDLE
+ * (foreign, stale, forged, wrong kind). */
+int hle_import(hle_ctx *c, uint64_t handle, uint32_t want_kind);
+
+/* Drop one of our references; the last holder's drop frees the object (a
+ * fence still ACTIVE is completed with CANCEL first).  Returns HL_OK;
+ * HL_E_CLOSED; HL_E_HANDLE (not held by us). */
+int hle_release(hle_ctx *c, uint64_t handle);
+
+/* Complete a fence we hold with `status` (HL_STATUS_SUCCESS, ERROR, CANCEL,
+ * OWNER_DIED or 64..2^32-1): one CAS of the word from 0, then the futex
+ * wake, then the merged parents are told.  Returns HL_OK; HL_E_CLOSED;
+ * HL_E_HANDLE; HL_E_INVALID (a merged fence); HL_E_VALUE (bad status);
+ * HL_E_ALREADY (completed before); HL_E_CORRUPT (the word holds garbage). */
+int hle_signal(hle_ctx *c, uint64_t handle, uint64_t status);
+
+/* Advance a timeline we hold to `value` (it only grows).  Returns HL_OK;
+ * HL_E_CLOSED; HL_E_HANDLE; HL_E_VALUE (value > 2^62-1 or not greater than
+ * the current one); HL_E_ALREADY (the timeline has failed). */
+int hle_timeline_signal(hle_ctx *c, uint64_t handle, uint64_t value);
+
+/* Wait until the object's completion word >= threshold (fence: 1; timeline:
+ * a value; a failed timeline wakes every waiter).  Spins for spin_ns, then
+ * sleeps on the futex in bounded slices.  timeout_ns < 0: forever.
+ * Returns HL_OK with *word; HL_E_TIMEOUT (with *word = the last value read);
+ * HL_E_CLOSED (the domain was closed during the wait); HL_E_CORRUPT (the file
+ * was truncated); HL_E_HANDLE; HL_E_INTR (the interrupt hook said stop). */
+int hle_wait(hle_ctx *c, uint64_t handle, uint64_t threshold, int64_t timeout_ns, int64_t spin_ns, uint64_t *word);
+
+/* Check every other participant; recover the dead ones (their fences and
+ * timelines fail with OWNER_DIED, their references are dropped, their queue
+ * cells are skipped), then sweep merged fences.  Works attached, or merely
+ * mapped.  Writes recovered ids ((incarnation << 8) | index) into out (up to
+ * outcap) and returns how many (>= 0), or HL_E_CLOSED. */
+int hle_reap(hle_ctx *c, uint64_t *out, int outcap);
+
+/* Our participant index (-1 when detached) and our owner code. */
+int hle_me(const hle_ctx *c);
+uint32_t hle_owner_code(const hle_ctx *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HOSTLESS_ENGINE_H */
