@@ -7,7 +7,7 @@ from setuptools import Extension, setup
 # alone into build/libhostless.a for C programs.
 ENGINE = sorted(glob("src/hostless/core/*.c"))
 BINDING = sorted(glob("src/hostless/binding/*.c"))
-HEADERS = ["src/hostless/hostless.h", *sorted(glob("src/hostless/core/*.h")), *sorted(glob("src/hostless/binding/*.h"))]
+HEADERS = [*sorted(glob("src/hostless/hostless*.h")), *sorted(glob("src/hostless/core/*.h")), *sorted(glob("src/hostless/binding/*.h"))]
 
 setup(
     ext_modules=[

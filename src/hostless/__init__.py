@@ -26,6 +26,7 @@ from .errors import (
     HostlessError,
     InvalidHandle,
     InvalidOperation,
+    NameTaken,
     OutOfMemory,
     QueueFull,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "AlreadySignaled",
     "InvalidOperation",
     "OutOfMemory",
+    "NameTaken",
     "parse_size",
     "abi_header_path",
     "trace",

@@ -147,6 +147,10 @@ def domain_info(dom: Any) -> dict[str, Any]:
         "free_slots": free,
         "live": live,
         "heap": heap,
+        "names": {
+            n: {"handle": hex(h), "kind": _KIND_NAMES.get((h >> 48) & 0xFF, "?")}
+            for n, h in dom.names().items()
+        },
     }
 
 
@@ -228,6 +232,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:
         print("objects: none")
     _print_heap(info["heap"], args.plain)
+    nrows = [[n, e["kind"], e["handle"]] for n, e in sorted(info["names"].items())]
+    if nrows:
+        _print_table("names (Domain.publish / lookup)", ["name", "kind", "handle"], nrows, args.plain)
     return 0
 
 
@@ -474,8 +481,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("gc", help="remove domain files that no live participant uses (see hostless.cleanup)")
     s.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
-    s.add_argument("--min-age", type=float, default=1.0, metavar="S",
-                   help="leave files younger than S seconds alone (a creator may be starting; default 1)")
+    s.add_argument(
+        "--min-age",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="leave files younger than S seconds alone (a creator may be starting; default 1)",
+    )
     s.add_argument("--dir", default="/dev/shm", help="directory to scan (default /dev/shm)")
     s.set_defaults(func=cmd_gc)
 

@@ -14,12 +14,13 @@ import os
 import secrets
 import stat
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import _core, inspection, shm
+from . import _core, inspection, names, shm
 from ._abi import HEADER_DTYPE, C, owner_code
 from .buffer import Buffer, ShapeLike, normalize_layout, pack_meta, pep3118, unpack_meta
 from .errors import (
@@ -230,11 +231,14 @@ class Domain:
         watchdog_interval: float = 0.02,
         timeout: float = 2.0,
         allow_other_owner: bool = False,
+        wait_for: float = 0.0,
     ) -> Domain:
         """Open ``/dev/shm/<name>`` and join it.
 
-        Waits up to ``timeout`` seconds for a creator that is still
-        initialising.  Raises FileNotFoundError when missing, CorruptDomain when
+        Waits up to ``wait_for`` seconds for the name to appear (a process
+        started before the domain's creator), then up to ``timeout`` seconds
+        for a creator that is still initialising.  Raises FileNotFoundError
+        when missing (after ``wait_for``), CorruptDomain when
         the file is not a domain of this ABI, DomainFull when every participant
         slot is taken by a live participant.  The file is opened without
         following a symbolic link, and must be a regular file owned by this
@@ -242,7 +246,15 @@ class Domain:
         a domain planted by another user could be rewritten by it at will.
         """
         path = _path(name)
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        appear_by = time.monotonic() + max(0.0, wait_for)
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+                break
+            except FileNotFoundError:
+                if time.monotonic() >= appear_by:
+                    raise
+                time.sleep(0.005)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -460,6 +472,32 @@ class Domain:
         except ValueError as e:
             raise self._owner_error(owner, e) from None
         return f
+
+    # ------------------------------------------------------------------ names
+    def publish(self, name: str, obj: Fence | Timeline | Buffer | Queue, *, replace: bool = False) -> None:
+        """Publish ``obj`` as ``name`` in the domain's name table, for other processes'
+        :meth:`lookup`.  The entry holds no reference: it lives while the object does.
+        NameTaken when another live object has the name (``replace=True`` rebinds it),
+        DomainFull when the table's 47 entries are taken.  See :mod:`hostless.names`."""
+        self._check_open()
+        names.publish(self, name, obj, replace)
+
+    def unpublish(self, name: str) -> None:
+        """Remove ``name`` from the name table (KeyError when nothing has it)."""
+        self._check_open()
+        names.unpublish(self, name)
+
+    def lookup(self, name: str, timeout: float | None = 0.0) -> Any:
+        """A new reference to the Fence, Timeline, Buffer or Queue published as ``name``,
+        waiting up to ``timeout`` seconds (None: forever) for it to be published.
+        KeyError (no wait) or TimeoutError when it is not there."""
+        self._check_open()
+        return names.lookup(self, name, timeout)
+
+    def names(self) -> dict[str, int]:
+        """The live entries of the name table: name -> handle."""
+        self._check_open()
+        return names.entries(self)
 
     def import_fence(self, handle: int) -> Fence:
         """Take a reference to the fence (or merged fence) ``handle``.

@@ -12,6 +12,7 @@ __all__ = [
     "OutOfMemory",
     "DomainClosed",
     "QueueFull",
+    "NameTaken",
 ]
 
 
@@ -49,3 +50,10 @@ class DomainClosed(InvalidOperation):
 
 class QueueFull(HostlessError, TimeoutError):
     """A queue stayed full for the whole timeout (no packet was dropped or overwritten)."""
+
+
+class NameTaken(HostlessError, KeyError):
+    """A name of the domain's name table is published already, for another live object."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

@@ -129,7 +129,7 @@ typedef uint8_t hl_u8;
 #endif
 
 #define HL_MAGIC 0x3153534c54534f48ULL /* "HOSTLSS1" little-endian */
-#define HL_ABI_VERSION 2u /* 2: timeline wake sequence, write rule (see above) */
+#define HL_ABI_VERSION 3u /* 2: timeline wake sequence, write rule (see above); 3: the name table */
 #define HL_HEADER_SIZE 4096u
 #define HL_PAGE 4096u
 #define HL_CACHELINE 64u
@@ -211,6 +211,37 @@ typedef uint8_t hl_u8;
  * domain file; the kernel drops it when the process dies. */
 #define HL_LOCK_BASE (1ULL << 40)
 
+/* ---- the name table: independent processes find objects by name ----
+ * In the header page at HL_NAMES_OFFSET.  An entry maps a name (1..47 bytes
+ * of UTF-8, NUL-terminated in its cell) to an object's handle; it is valid
+ * while that object is live with that generation ("an entry dies with its
+ * object": readers check the handle, the next publish frees the cell).
+ * Writers (publish, remove) hold `lock` (HL_OWNER of the holder; a dead
+ * holder's lock is taken over, its WRITING cells freed); readers take no
+ * lock: they read a cell between two reads of its ctl (a seqlock).  `seq` is
+ * bumped after every change (a futex for lookups that wait).  Everything in
+ * the table is checked on use: it is shared memory. */
+#define HL_NAMES_OFFSET 1024u
+#define HL_NAME_MAX 48u          /* bytes of a cell's name, NUL included */
+#define HL_MAX_NAMES 47u
+#define HL_NAME_FREE 0u
+#define HL_NAME_WRITING 1u
+#define HL_NAME_LIVE 2u
+#define HL_NAME_CTL(seq, state) (((hl_u64)(seq) << 8) | ((hl_u64)(state) & 0xffu))
+#define HL_NAME_STATE(c) ((hl_u32)((c) & 0xffu))
+#define HL_NAME_SEQ(c) ((c) >> 8)
+struct hl_name {
+    hl_u64 ctl;                   /*  0 HL_NAME_CTL(seq, state): seq changes on every write */
+    hl_u64 handle;                /*  8 the object */
+    char name[HL_NAME_MAX];       /* 16 */
+};
+struct hl_names {
+    hl_u32 lock;                  /*  0 HL_OWNER of the writer, 0 = free */
+    hl_u32 seq;                   /*  4 bumped after every change; futex of waiting lookups */
+    hl_u8 pad[56];
+    struct hl_name entry[HL_MAX_NAMES]; /* 64 */
+};
+
 /* ---- the header: page 0 of the domain ---- */
 struct hl_header {
     hl_u64 magic;                 /*   0 HL_MAGIC */
@@ -237,7 +268,8 @@ struct hl_header {
     hl_u32 alloc_hint;            /* 136 where fence allocation starts scanning */
     hl_u32 ready;                 /* 140 1 once the creator finished initialising */
     hl_u64 stats_recovered;       /* 144 participants recovered so far */
-    hl_u8 reserved[HL_HEADER_SIZE - 152];
+    hl_u8 reserved[HL_NAMES_OFFSET - 152];
+    struct hl_names names;        /* 1024 the name table (above) */
 };
 
 struct hl_participant {
@@ -463,6 +495,7 @@ _Static_assert(sizeof(struct hl_buffer_meta) == HL_BUFFER_META_SIZE, "hl_buffer_
 
 #if defined(__cplusplus) && __cplusplus >= 201103L
 static_assert(sizeof(struct hl_header) == HL_HEADER_SIZE, "hl_header size");
+static_assert(sizeof(struct hl_name) == 64 && offsetof(struct hl_header, names) == HL_NAMES_OFFSET, "hl_names");
 static_assert(sizeof(struct hl_participant) == HL_PARTICIPANT_SIZE, "hl_participant size");
 static_assert(sizeof(struct hl_fence) == HL_FENCE_SIZE, "hl_fence size");
 #if !defined(HL_DEVICE_CODE)
@@ -471,6 +504,7 @@ static_assert(offsetof(struct hl_fence, ctl) == 8 && offsetof(struct hl_fence, e
 #endif
 #elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
 _Static_assert(sizeof(struct hl_header) == HL_HEADER_SIZE, "hl_header size");
+_Static_assert(sizeof(struct hl_name) == 64 && offsetof(struct hl_header, names) == HL_NAMES_OFFSET, "hl_names");
 _Static_assert(sizeof(struct hl_participant) == HL_PARTICIPANT_SIZE, "hl_participant size");
 _Static_assert(sizeof(struct hl_fence) == HL_FENCE_SIZE, "hl_fence size");
 _Static_assert(offsetof(struct hl_fence, ctl) == 8 && offsetof(struct hl_fence, err) == 56 &&

@@ -14,13 +14,9 @@ firmware) reads or writes:
   (re-exported here: :class:`ErtCommand`, :func:`ert_header`, ...).
 
 Every offset and size comes from the C extension, which computes it with
-``offsetof`` / ``sizeof`` from ``hostless.h``.  Four figures of the argument
-block are not exported by this build of the extension yet (the offsets of
-``struct hl_kernarg``, its size, and the packet's ``flags``); they are read
-from the extension when it exports them (``KA_*``, ``KERNARG_SIZE``,
-``FOLLOW_SIZE``, ``FO_*``, ``PK_FLAGS``) and fall back to the header's
-values otherwise, and :func:`_check` proves at import that every layout
-here agrees with the exported sizes.
+``offsetof`` / ``sizeof`` from ``hostless.h`` (``PK_*``, ``KA_*``, ``FO_*``,
+``KERNARG_SIZE``, ``FOLLOW_SIZE``), and :func:`_check` proves at import that
+every layout here agrees with the exported sizes.
 
 Decoding never reads past the bytes it is given: every count is checked
 against the room left, by subtraction.  A malformed packet, block or
@@ -69,15 +65,10 @@ class BadPacket(ValueError):
     """A malformed packet, argument block or command (a consumer finishes it with ERROR)."""
 
 
-def _exported(name: str, header_value: int) -> int:
-    """The extension's export ``name``, or the header's value while it exports none."""
-    return int(getattr(C, name, header_value))
-
-
 # ------------------------------------------------------------------ packet
 PACKET_SIZE = int(C.PACKET_SIZE)
 PK_TYPE = int(C.PK_TYPE)
-PK_FLAGS = _exported("PK_FLAGS", PK_TYPE + 2)  # u16 type, then u16 flags
+PK_FLAGS = int(C.PK_FLAGS)
 PK_KERNEL = int(C.PK_KERNEL)
 PK_ARGS = int(C.PK_ARGS)
 PK_SIGNAL = int(C.PK_SIGNAL)
@@ -87,14 +78,14 @@ PK_WAIT_VALUE = int(C.PK_WAIT_VALUE)
 
 # -------------------------------------------------- argument block, follow-up
 KERNARG_MAGIC = int(C.KERNARG_MAGIC)
-KA_MAGIC = _exported("KA_MAGIC", 0)
-KA_NBUFFERS = _exported("KA_NBUFFERS", 4)
-KA_NSCALARS = _exported("KA_NSCALARS", 6)
-KA_NFOLLOW = _exported("KA_NFOLLOW", 8)
-KERNARG_SIZE = _exported("KERNARG_SIZE", 16)
-FO_QUEUE = _exported("FO_QUEUE", 0)
-FO_PACKET = _exported("FO_PACKET", 8)
-FOLLOW_SIZE = _exported("FOLLOW_SIZE", FO_PACKET + PACKET_SIZE)
+KA_MAGIC = int(C.KA_MAGIC)
+KA_NBUFFERS = int(C.KA_NBUFFERS)
+KA_NSCALARS = int(C.KA_NSCALARS)
+KA_NFOLLOW = int(C.KA_NFOLLOW)
+KERNARG_SIZE = int(C.KERNARG_SIZE)
+FO_QUEUE = int(C.FO_QUEUE)
+FO_PACKET = int(C.FO_PACKET)
+FOLLOW_SIZE = int(C.FOLLOW_SIZE)
 _WORD = 8  # buffers and scalars are u64
 
 

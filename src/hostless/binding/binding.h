@@ -74,6 +74,12 @@ PyObject *hlpy_handle_set_window(Handle *b, PyObject *args);
 
 /* abi_table.c: add the ABI constants to module m; -1 on error. */
 int hlpy_add_abi_constants(PyObject *m);
+/* names.c: Core's name-table methods */
+PyObject *Core_name_publish(Core *c, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Core_name_remove(Core *c, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Core_name_lookup(Core *c, PyObject *name);
+PyObject *Core_name_list(Core *c, PyObject *noargs);
+PyObject *Core_name_seq(Core *c, PyObject *noargs);
 
 /* module.c: the testing table (test hooks), a separate module object. */
 PyObject *hlpy_testing_module(void);

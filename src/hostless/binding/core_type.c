@@ -537,6 +537,11 @@ static PyMethodDef Core_methods[] = {
     {"address", (PyCFunction)Core_address, METH_NOARGS, NULL},
     {"view", (PyCFunction)Core_view, METH_NOARGS, "the private layout validated at attach"},
     {"guard_map", (PyCFunction)Core_guard_map, METH_O, "put another mapping of the domain under the SIGBUS guard"},
+    {"name_publish", FAST(Core_name_publish), NULL},
+    {"name_remove", FAST(Core_name_remove), NULL},
+    {"name_lookup", (PyCFunction)Core_name_lookup, METH_O, NULL},
+    {"name_list", (PyCFunction)Core_name_list, METH_NOARGS, NULL},
+    {"name_seq", (PyCFunction)Core_name_seq, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

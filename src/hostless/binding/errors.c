@@ -32,6 +32,8 @@ static const struct {
     {HL_E_OS, NULL, &PyExc_OSError},
     {HL_E_NOMEM, NULL, &PyExc_MemoryError},
     {HL_E_RANGE, NULL, &PyExc_IndexError},
+    {HL_E_EXISTS, "NameTaken", &PyExc_KeyError},
+    {HL_E_NOT_FOUND, NULL, &PyExc_KeyError},
 };
 #define NCODES (sizeof table / sizeof table[0])
 static PyObject *classes[NCODES];

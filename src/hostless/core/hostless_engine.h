@@ -45,6 +45,8 @@ extern "C" {
 #define HL_E_OS -40          /* a system call failed: hle_errno() has its errno */
 #define HL_E_NOMEM -41       /* local (process) memory is exhausted */
 #define HL_E_RANGE -42       /* an index argument is out of range */
+#define HL_E_EXISTS -43      /* a name is published already (for another object) */
+#define HL_E_NOT_FOUND -44   /* no live object has that name */
 
 typedef struct hle_ctx hle_ctx;
 
@@ -127,6 +129,29 @@ int hle_wait(hle_ctx *c, uint64_t handle, uint64_t threshold, int64_t timeout_ns
  * mapped.  Writes recovered ids ((incarnation << 8) | index) into out (up to
  * outcap) and returns how many (>= 0), or HL_E_CLOSED. */
 int hle_reap(hle_ctx *c, uint64_t *out, int outcap);
+
+/* ---- the name table (names.c; layout in hostless_layout.h) ----
+ * Publish `handle` (a live fence, timeline, buffer or queue) under `name`
+ * (n bytes, 1..HL_NAME_MAX-1, no NUL).  The entry holds no reference and
+ * dies with the object.  Publishing the same object again is a no-op;
+ * `replace` rebinds a name held by another object.  Returns HL_OK;
+ * HL_E_CLOSED; HL_E_VALUE (name); HL_E_HANDLE (not a live object);
+ * HL_E_EXISTS (another live object has the name; *existing gets its handle);
+ * HL_E_TABLE_FULL; HL_E_LOCKED (a live writer kept the table lock > 1 s). */
+int hle_name_publish(hle_ctx *c, const char *name, size_t n, uint64_t handle, int replace, uint64_t *existing);
+/* Remove the entries named `name` (only the one of `handle` when it is not 0).
+ * HL_OK; HL_E_CLOSED; HL_E_VALUE; HL_E_NOT_FOUND; HL_E_LOCKED. */
+int hle_name_remove(hle_ctx *c, const char *name, size_t n, uint64_t handle);
+/* The handle of the live object named `name` (no lock: a seqlock read).
+ * HL_OK with *handle; HL_E_CLOSED; HL_E_VALUE; HL_E_NOT_FOUND.  The object
+ * may die right after: import the handle to hold it (that checks again). */
+int hle_name_lookup(hle_ctx *c, const char *name, size_t n, uint64_t *handle);
+/* Call visit(ctx, name, handle) for each live entry; a nonzero return stops
+ * (a negative one is returned).  Returns the count seen, or HL_E_CLOSED. */
+int hle_name_list(hle_ctx *c, int (*visit)(void *ctx, const char *name, uint64_t handle), void *ctx);
+/* The table's change counter (bumped after every publish and remove; a
+ * futex word: hl_names.seq). */
+uint32_t hle_name_seq(hle_ctx *c);
 
 /* Our participant index (-1 when detached) and our owner code. */
 int hle_me(const hle_ctx *c);
