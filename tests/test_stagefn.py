@@ -101,16 +101,17 @@ def test_a_function_is_loaded_once_per_scalars(cpu: agents.Agent) -> None:
 @pytest.mark.parametrize(
     ("fn", "why"),
     [
-        (raises, "stage 'bad' failed with ERROR"),
-        (wrong_shape, "stage 'bad' failed with ERROR"),
-        (to_float, "stage 'bad' failed with ERROR"),  # float into an int output: same_kind refuses
-        (forgets_to_return, "stage 'bad' failed with ERROR"),
+        (raises, r"stage 'bad' failed with ERROR: ValueError: bad frame with sum 2016.0\n(?s:.*)in raises\n"),
+        (wrong_shape, r"ERROR: ValueError: stage function test_stagefn:wrong_shape returned shape \(2, 8\)"),
+        (to_float, r"ERROR: \w*TypeError: Cannot cast .*float64.*int32"),  # float into an int output
+        (forgets_to_return, "ERROR: TypeError: .*forgets_to_return returned None and has no 'out' parameter"),
     ],
 )
 def test_a_failing_function_fails_its_stage(dom: hl.Domain, cpu: agents.Agent, fn: Any, why: str) -> None:
     g = Graph(dom).input("x", (8, 8), "i4").stage("bad", cpu, fn, ["x"], ("y", (8, 8), "i4"))
-    with g.compile() as cg, pytest.raises(StageFailed, match=why):
+    with g.compile() as cg, pytest.raises(StageFailed, match=why) as info:
         cg.run({"x": X.astype(np.int32)})
+    assert info.value.error and "Traceback" in info.value.error
     # the agent goes on serving
     g2 = Graph(dom).input("x", (8, 8), "f4").stage("ok", cpu, in_place, ["x"], ("y", (8, 8), "f4"))
     with g2.compile() as cg:
@@ -242,3 +243,18 @@ def test_conv2d_output_shape_is_checked(dom: hl.Domain, cpu: agents.Agent) -> No
     with pytest.raises(ValueError, match=r"conv2d: the output must be \(2, 6\), got \(4, 8\)"):
         g.stage("s", cpu, "conv2d", ["a", "k"], ("y", (4, 8), "f4"))
     g.stage("s", cpu, "conv2d", ["a", "k"], ("y", (2, 6), "f4"))
+
+
+def test_hostless_info_shows_why_a_stage_failed(
+    dom: hl.Domain, cpu: agents.Agent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hostless import cli
+
+    g = Graph(dom).input("x", (8, 8), "f4").stage("bad", cpu, raises, ["x"], ("y", (8, 8), "f4"))
+    with g.compile() as cg:
+        with pytest.raises(StageFailed):
+            cg.run({"x": X})
+        assert dom.name is not None
+        assert cli.main(["--plain", "info", dom.name]) == 0
+        out = capsys.readouterr().out
+        assert f"why {cg.timelines[0].handle:#x} failed" in out and "ValueError: bad frame with sum" in out

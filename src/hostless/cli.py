@@ -151,7 +151,21 @@ def domain_info(dom: Any) -> dict[str, Any]:
             n: {"handle": hex(h), "kind": _KIND_NAMES.get((h >> 48) & 0xFF, "?")}
             for n, h in dom.names().items()
         },
+        "errors": _error_records(dom),
     }
+
+
+def _error_records(dom: Any) -> dict[str, str]:
+    """Failed object (hex handle) -> the text its failer recorded (hostless.records)."""
+    from hostless import records
+
+    out = {}
+    for n in dom.names():
+        if n.startswith(records.PREFIX):
+            text = records.read(dom, int(n[len(records.PREFIX) :], 16))
+            if text is not None:
+                out["0x" + n[len(records.PREFIX) :]] = text
+    return out
 
 
 def _heap_info(dom: Any) -> dict[str, Any]:
@@ -235,6 +249,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     nrows = [[n, e["kind"], e["handle"]] for n, e in sorted(info["names"].items())]
     if nrows:
         _print_table("names (Domain.publish / lookup)", ["name", "kind", "handle"], nrows, args.plain)
+    for handle, text in sorted(info["errors"].items()):
+        print(f"\nwhy {handle} failed (hostless.records):\n  " + text.rstrip().replace("\n", "\n  "))
     return 0
 
 

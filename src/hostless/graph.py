@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import ert, lowlevel
+from . import ert, lowlevel, records
 from .agents import Agent
 from .buffer import Buffer, bytes_buffer
 from .domain import Domain
@@ -41,11 +41,19 @@ __all__ = ["Graph", "CompiledGraph", "StageFailed", "Stage"]
 
 
 class StageFailed(HostlessError):
-    """A stage of a graph failed (its status says why: ERROR, OWNER_DIED, ...)."""
+    """A stage of a graph failed.
 
-    def __init__(self, stage: str, status: Status) -> None:
-        super().__init__(f"stage {stage!r} failed with {status.name}")
-        self.stage, self.status = stage, status
+    ``status`` says how (ERROR, OWNER_DIED, ...); ``error``, when the stage's
+    agent recorded one (:mod:`hostless.records`), says why: the exception's
+    type and message, then the kernel's traceback in the agent, as text.
+    """
+
+    def __init__(self, stage: str, status: Status, error: str | None = None) -> None:
+        msg = f"stage {stage!r} failed with {status.name}"
+        if error:
+            msg += f": {error}"
+        super().__init__(msg)
+        self.stage, self.status, self.error = stage, status, error
 
 
 @dataclass
@@ -387,8 +395,8 @@ class CompiledGraph:
         for j in range(k):
             f = self.timelines[j].failure
             if f is not None:
-                return StageFailed(self.g.stages[j].name, f)
-        return StageFailed(self.g.stages[k].name, st)
+                return StageFailed(self.g.stages[j].name, f, records.read(self.dom, self.timelines[j].handle))
+        return StageFailed(self.g.stages[k].name, st, records.read(self.dom, self.timelines[k].handle))
 
     def _submit(self, sl: _Slot, value: int, timeout: float | None) -> None:
         g = self.g

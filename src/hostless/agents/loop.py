@@ -69,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import lowlevel, stagefn
+from .. import lowlevel, records, stagefn
 from .._abi import C, handle_kind
 from ..domain import Domain
 from ..errors import HostlessError
@@ -218,6 +218,7 @@ class AgentLoop:
         self.hops: dict[int, int] = {}  # write index in our own queue -> hops of the follow-up chain
         self.failures = 0  # packets failed and follow-ups dropped (statistics)
         self.ert = ErtProcessor(self.cache.bytes_view, self.cache.view, self.kernels)
+        self.records = records.Recorder(dom)  # why packets failed (hostless.records)
         self.trace = lowlevel.tracer(dom)  # emit(event, a, b, c, d, e) into the domain's trace ring
 
     # ------------------------------------------------------------------
@@ -279,9 +280,10 @@ class AgentLoop:
                     follow = self.run_kernel(pkt)
                 elif pkt.type == PacketType.ERT:
                     follow = self.run_ert(pkt)
-        except Exception as e:  # a bad packet fails alone
+        except Exception as e:  # a bad packet fails alone, with the why recorded for its signal
             status = Status.ERROR
             _debug(f"agent {self.kind}: packet {idx} failed: {e!r}")
+            self.records.write(pkt.signal, stagefn.format_error(e))
         self.finish(pkt, status, idx)
         if status != Status.SUCCESS:
             self.failures += 1
@@ -328,7 +330,9 @@ class AgentLoop:
                     st = o.wait(v, max(0.0, left)) if timeline else o.wait(max(0.0, left))
                 except TimeoutError:
                     if deadline is not None and time.monotonic() >= deadline:
-                        _debug(f"agent {self.kind}: input {h:#x} not complete within {self.wait_timeout} s")
+                        why = f"input {h:#x} not complete within {self.wait_timeout} s"
+                        _debug(f"agent {self.kind}: {why}")
+                        self.records.write(pkt.signal, f"TimeoutError: {why} (the agent's wait_timeout)")
                         return Status.ERROR
                     if os.getppid() != self.parent:
                         self.running = False  # the spawner died: finish this packet and go
