@@ -92,8 +92,8 @@ class Fence(_core.Handle):
             """
 
     else:
-        signal = _core.Handle._fence_signal
-        wait = _core.Handle._fence_wait
+        signal = _core.handle_method(0)  # C methods named and documented signal / wait
+        wait = _core.handle_method(1)
 
     def cancel(self) -> None:
         """Signal CANCEL."""

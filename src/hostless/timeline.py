@@ -73,8 +73,8 @@ class Timeline(_core.Handle):
             """
 
     else:
-        signal = _core.Handle._timeline_signal
-        wait = _core.Handle._timeline_wait
+        signal = _core.handle_method(2)  # C methods named and documented signal / wait
+        wait = _core.handle_method(3)
 
     def fail(self, status: int = Status.ERROR) -> None:
         """Fail the timeline with ``status`` (not SUCCESS); sticky.  AlreadySignaled if already failed."""

@@ -360,16 +360,57 @@ static PyObject *Handle_exit(Handle *o, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The methods Fence and Timeline expose as signal() / wait(): named and documented
+ * as such (hostless._core.handle_method(i) makes the descriptor of entry i). */
+static PyMethodDef named_methods[] = {
+    {"signal", (PyCFunction)(void (*)(void))Handle_fence_signal, METH_FASTCALL | METH_KEYWORDS,
+     "signal($self, /, status=2)\n--\n\n"
+     "Complete the fence with ``status``: SUCCESS (2, the default), ERROR, CANCEL,\n"
+     "OWNER_DIED or a custom code 64..2**32-1.  One atomic step: the first signal\n"
+     "stands and wakes every waiter in every process; merged fences that contain\n"
+     "this one are told.  Raises AlreadySignaled when it was signaled before,\n"
+     "InvalidOperation for a merged fence (it completes from its children),\n"
+     "ValueError for another status, InvalidHandle after release(), DomainClosed."},
+    {"wait", (PyCFunction)(void (*)(void))Handle_fence_wait, METH_FASTCALL | METH_KEYWORDS,
+     "wait($self, /, timeout=None, *, spin=None)\n--\n\n"
+     "Block until the fence is signaled; returns its final Status (SUCCESS or the\n"
+     "failure: ERROR, CANCEL, OWNER_DIED when its owner died, a custom code).\n"
+     "Spins for ``spin`` seconds (default: the domain's ``spin``), then sleeps on a\n"
+     "futex with the GIL released; a status stored by a device without a wake-up\n"
+     "is seen within the domain's poll interval.  ``timeout`` in seconds (None:\n"
+     "forever); TimeoutError when it passes.  Ctrl-C (any signal handler that\n"
+     "raises) ends the wait within a few ms, in the main thread.  InvalidHandle\n"
+     "after release(), DomainClosed when the domain is closed meanwhile."},
+    {"signal", (PyCFunction)(void (*)(void))Handle_timeline_signal, METH_FASTCALL | METH_KEYWORDS,
+     "signal($self, value, /)\n--\n\n"
+     "Advance the timeline to ``value`` (greater than the current value, at most\n"
+     "2**62-1); wakes every waiter whose point is reached, in every process.\n"
+     "Raises ValueError for a value that does not advance it, AlreadySignaled\n"
+     "after a failure (failures are sticky), InvalidHandle after release()."},
+    {"wait", (PyCFunction)(void (*)(void))Handle_timeline_wait, METH_FASTCALL | METH_KEYWORDS,
+     "wait($self, value, /, timeout=None, *, spin=None)\n--\n\n"
+     "Block until the timeline's value is >= ``value``; returns SUCCESS, or the\n"
+     "failure Status when the timeline has failed (every waiter wakes then, also\n"
+     "those of points never reached: OWNER_DIED when its owner died).  Spins for\n"
+     "``spin`` seconds, then sleeps on the timeline's wake sequence with the GIL\n"
+     "released.  ``timeout`` in seconds (None: forever); TimeoutError when it\n"
+     "passes.  Ctrl-C ends the wait within a few ms, in the main thread."},
+};
+
+PyObject *hlpy_handle_method(PyObject *m, PyObject *arg) {
+    long i = PyLong_AsLong(arg);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (i < 0 || i >= (long)(sizeof named_methods / sizeof named_methods[0]))
+        return PyErr_Format(PyExc_IndexError, "no handle method %ld", i);
+    return PyDescr_NewMethod(&HandleType, &named_methods[i]);
+}
+
 static PyMethodDef Handle_methods[] = {
     {"release", (PyCFunction)Handle_release_all, METH_NOARGS,
      "Drop this reference.  Raises InvalidHandle when released twice.\n\nWhen it was the last reference in "
      "the domain and a fence is still ACTIVE, the fence is signaled CANCEL."},
     {"__enter__", (PyCFunction)Handle_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Handle_exit, METH_VARARGS, "Release the reference if still held."},
-    {"_fence_signal", (PyCFunction)(void (*)(void))Handle_fence_signal, METH_FASTCALL | METH_KEYWORDS, NULL},
-    {"_fence_wait", (PyCFunction)(void (*)(void))Handle_fence_wait, METH_FASTCALL | METH_KEYWORDS, NULL},
-    {"_timeline_signal", (PyCFunction)(void (*)(void))Handle_timeline_signal, METH_FASTCALL | METH_KEYWORDS, NULL},
-    {"_timeline_wait", (PyCFunction)(void (*)(void))Handle_timeline_wait, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"_set_window", (PyCFunction)hlpy_handle_set_window, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
