@@ -26,6 +26,7 @@ venv: $(VENV)/.installed
 demo: venv
 	$(PY) examples/demo.py
 	$(PY) examples/pipeline_demo.py
+	$(PY) examples/by_name.py
 
 test: venv
 	$(PY) -m pytest -q -ra tests
