@@ -112,3 +112,27 @@ def test_long_and_unicode_names_are_cut_on_a_character(domain_name: str) -> None
         hl.trace.instant("é" * 30)  # 60 bytes of UTF-8: cut to 24 bytes, 12 characters
         ev = _export(d)
     assert any(e.get("name") == "é" * 12 for e in ev)
+
+
+def test_graph_slices_are_named_after_stages(domain_name: str) -> None:
+    import numpy as np
+
+    from hostless import agents
+    from hostless.graph import Graph
+
+    with hl.Domain.create(domain_name, heap="16M", trace="1M", unlink_on_close=True) as d:
+        cpu = agents.spawn(d, "cpu", label="cpu-traced")
+        try:
+            g = Graph(d).input("x", (4, 4), "f4").stage("preprocess", cpu, "relu", ["x"], ("y", (4, 4), "f4"))
+            g.stage("double", cpu, "scale", ["y"], ("z", (4, 4), "f4"), scalars=[2.0])
+            for dispatch in ("host", "direct"):
+                with g.compile(dispatch=dispatch) as cg:
+                    cg.run({"x": np.ones((4, 4), np.float32)})
+            ev = _export(d)
+        finally:
+            cpu.stop()
+    slices = {e["name"] for e in ev if e.get("cat") == "packet"}
+    assert {"preprocess", "double"} <= slices, slices
+    assert "packet" not in slices and not any(n.startswith("k") and n[1:].isdigit() for n in slices)
+    tracks = [e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"]
+    assert any("cpu-traced" in t for t in tracks), tracks

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import ert, lowlevel, records
+from . import ert, lowlevel, records, trace
 from .agents import Agent
 from .buffer import Buffer, bytes_buffer
 from .domain import Domain
@@ -217,6 +217,14 @@ class CompiledGraph:
             if callable(s.kernel)
         }
         self.timelines: list[Timeline] = [dom.timeline(owner=s.agent.id) for s in g.stages]
+        if dom.trace_enabled():  # slices named after stages and kernels in the exported trace
+            for k, s in enumerate(g.stages):
+                trace.name(dom, self.timelines[k].handle, s.name)
+                if k in self.kids:
+                    trace.name_kernel(dom, self.kids[k], getattr(s.kernel, "__qualname__", "function"))
+            for a in {id(s.agent): s.agent for s in g.stages}.values():
+                for kname, kid in a.user_kernels.items():
+                    trace.name_kernel(dom, kid, kname)
         self.frame = 0
         self.consts: dict[str, Buffer] = {}
         for name, arr in g.constants.items():
