@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
-import secrets
-import stat
 import threading
-import time
 import weakref
 from collections.abc import Iterable
 from types import TracebackType
@@ -182,34 +179,13 @@ class Domain:
         ValueError on bad sizes, OutOfMemory when the domain is larger than the
         free space of /dev/shm.
         """
-        path = _path(name)
-        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
-            raise ValueError(f"mode must be file permission bits in 0..0o777, got {mode!r}")
-        if not 1 <= fences <= int(C.MAX_FENCES):
-            raise ValueError(f"fences must be in 1..{int(C.MAX_FENCES)}, got {fences}")
-        if not 1 <= participants <= int(C.MAX_PARTICIPANTS):
-            raise ValueError(f"participants must be in 1..{int(C.MAX_PARTICIPANTS)}, got {participants}")
-        lo, hi = int(C.POLL_MIN_NS) / 1e9, int(C.POLL_MAX_NS) / 1e9
-        if not lo <= poll_interval <= hi:
-            raise ValueError(f"poll_interval must be in {lo:g}..{hi:g} s, got {poll_interval!r}")
-        sizes = (parse_size(queues), parse_size(trace), parse_size(heap))
-        lay = _core.layout(fences, participants, *sizes)
-        tag = secrets.randbelow(255) + 1
-        init = (fences, participants, *sizes, tag, int(poll_interval * 1e9))
         if label is None:
             label = f"pid{os.getpid()}"
         _check_join_args(label, kind, watchdog_interval, spin)
-        shm.check_space(lay["total_size"])
-        if replace_stale:
-            shm.replace_stale(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
-        try:
-            os.fchmod(fd, mode)
-            os.ftruncate(fd, lay["total_size"])
-        except BaseException:
-            os.close(fd)
-            os.unlink(path)
-            raise
+        path = _path(name)
+        fd, init = shm.create_file(
+            path, fences, participants, mode, (queues, trace, heap), poll_interval, replace_stale
+        )
         try:
             st = os.fstat(fd)
             self = cls._attach(fd, name, init, label, kind, watchdog_interval, spin)  # consumes fd
@@ -245,29 +221,7 @@ class Domain:
         user (PermissionError otherwise) unless ``allow_other_owner`` is true:
         a domain planted by another user could be rewritten by it at will.
         """
-        path = _path(name)
-        appear_by = time.monotonic() + max(0.0, wait_for)
-        while True:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-                break
-            except FileNotFoundError:
-                if time.monotonic() >= appear_by:
-                    raise
-                time.sleep(0.005)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise PermissionError(f"{path} is not a regular file")
-            if st.st_uid != os.geteuid() and not allow_other_owner:
-                raise PermissionError(
-                    f"{path} belongs to user {st.st_uid}, not to this user ({os.geteuid()}); "
-                    "pass allow_other_owner=True to join it anyway"
-                )
-            _wait_ready(fd, timeout)
-        except BaseException:
-            os.close(fd)
-            raise
+        fd = shm.open_file(_path(name), wait_for, timeout, allow_other_owner)
         return cls._attach(fd, name, None, label, kind, watchdog_interval, spin)  # consumes fd
 
     @classmethod
@@ -444,19 +398,9 @@ class Domain:
         return owner_code(owner)
 
     def _owner_error(self, owner: int | Participant | None, e: ValueError) -> ValueError:
-        """The core's "owner participant N is not alive", naming who N was and is."""
         if owner is None or "not alive" not in str(e):
             return e
-        pid = owner.id if isinstance(owner, Participant) else int(owner)
-        table = {p.index: p for p in self.participants}
-        p = table.get(pid & 0xFF)
-        if p is not None and p.id == pid:
-            who = f"{p.label!r} ({p.kind}, pid {p.pid}) is {p.state}"
-        elif p is not None:
-            who = f"it has left; its slot holds {p.label!r} ({p.kind}, pid {p.pid}, participant {p.id})"
-        else:
-            who = "it has left, or never joined"
-        return ValueError(f"owner participant {pid} is not alive: {who}")
+        return inspection.owner_error(self, owner.id if isinstance(owner, Participant) else int(owner))
 
     def fence(self, owner: int | Participant | None = None) -> Fence:
         """Create an ACTIVE fence and take a reference to it.

@@ -69,3 +69,16 @@ def check(dom: Domain, settle: float = 5.0) -> list[str]:
         time.sleep(0.002)
     heap = dom._core.heap_snapshot()
     return check_tables(bytes(dom.raw()), dom._core.lock_held, dom._index, heap, dom._core.view())
+
+
+def owner_error(dom: Domain, pid: int) -> ValueError:
+    """The core's "owner participant N is not alive", naming who N was and who holds its slot."""
+    table = {p.index: p for p in participants(dom)}
+    p = table.get(pid & 0xFF)
+    if p is not None and p.id == pid:
+        who = f"{p.label!r} ({p.kind}, pid {p.pid}) is {p.state}"
+    elif p is not None:
+        who = f"it has left; its slot holds {p.label!r} ({p.kind}, pid {p.pid}, participant {p.id})"
+    else:
+        who = "it has left, or never joined"
+    return ValueError(f"owner participant {pid} is not alive: {who}")

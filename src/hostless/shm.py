@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
+import stat
 import time
 
+from . import _core
 from ._abi import C
 from .errors import CorruptDomain, OutOfMemory
 
@@ -23,6 +26,8 @@ __all__ = [
     "wait_ready",
     "check_space",
     "replace_stale",
+    "create_file",
+    "open_file",
 ]
 
 SHM_DIR = "/dev/shm"
@@ -124,3 +129,70 @@ def replace_stale(path: str) -> None:
             time.sleep(min(0.05, max(0.001, MIN_AGE - found.age)))
             continue
         raise FileExistsError(f"{path} exists and was not replaced: {found.state} ({found.reason})")
+
+
+def create_file(
+    path: str,
+    fences: int,
+    participants: int,
+    mode: int,
+    sizes: tuple[int | str, int | str, int | str],
+    poll_interval: float,
+    replace: bool,
+) -> tuple[int, tuple[int, ...]]:
+    """Check a creator's arguments, then make the domain file at ``path`` (``O_EXCL``,
+    sized; with ``replace``, after removing a stale domain there).  Returns the fd and
+    the core's init tuple; nothing is left behind on an error."""
+    if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
+        raise ValueError(f"mode must be file permission bits in 0..0o777, got {mode!r}")
+    if not 1 <= fences <= int(C.MAX_FENCES):
+        raise ValueError(f"fences must be in 1..{int(C.MAX_FENCES)}, got {fences}")
+    if not 1 <= participants <= int(C.MAX_PARTICIPANTS):
+        raise ValueError(f"participants must be in 1..{int(C.MAX_PARTICIPANTS)}, got {participants}")
+    lo, hi = int(C.POLL_MIN_NS) / 1e9, int(C.POLL_MAX_NS) / 1e9
+    if not lo <= poll_interval <= hi:
+        raise ValueError(f"poll_interval must be in {lo:g}..{hi:g} s, got {poll_interval!r}")
+    qsize, tsize, hsize = (parse_size(x) for x in sizes)
+    lay = _core.layout(fences, participants, qsize, tsize, hsize)
+    init = (fences, participants, qsize, tsize, hsize, secrets.randbelow(255) + 1, int(poll_interval * 1e9))
+    check_space(lay["total_size"])
+    if replace:
+        replace_stale(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    try:
+        os.fchmod(fd, mode)
+        os.ftruncate(fd, lay["total_size"])
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    return fd, init
+
+
+def open_file(path: str, wait_for: float, timeout: float, allow_other_owner: bool) -> int:
+    """Open an existing domain file for joining: wait up to ``wait_for`` s for it to
+    appear, refuse what is not a regular file of this user (unless
+    ``allow_other_owner``), wait up to ``timeout`` s for its creator to finish."""
+    appear_by = time.monotonic() + max(0.0, wait_for)
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            break
+        except FileNotFoundError:
+            if time.monotonic() >= appear_by:
+                raise
+            time.sleep(0.005)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PermissionError(f"{path} is not a regular file")
+        if st.st_uid != os.geteuid() and not allow_other_owner:
+            raise PermissionError(
+                f"{path} belongs to user {st.st_uid}, not to this user ({os.geteuid()}); "
+                "pass allow_other_owner=True to join it anyway"
+            )
+        wait_ready(fd, timeout)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
