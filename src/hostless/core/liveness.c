@@ -23,35 +23,31 @@ int hle_owner_alive(hle_ctx *c, uint64_t o) {
     return i == c->me || i == __atomic_load_n(&c->rec_busy, __ATOMIC_SEQ_CST) || hle_part_lock_held(c, i);
 }
 
+/* One fcntl on participant i's liveness lock byte (HL_LOCK_BASE + i), with an OFD lock
+ * of `type`; *fl keeps what the kernel answered (F_OFD_GETLK). */
+static int lock_byte(int fd, int i, int cmd, short type, struct flock *fl) {
+    memset(fl, 0, sizeof *fl);
+    fl->l_type = type;
+    fl->l_whence = SEEK_SET;
+    fl->l_start = (off_t)(HL_LOCK_BASE + (uint64_t)i);
+    fl->l_len = 1;
+    return fcntl(fd, cmd, fl);
+}
+
 int hle_part_lock_held(hle_ctx *c, int i) {
     struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = (off_t)(HL_LOCK_BASE + (uint64_t)i);
-    fl.l_len = 1;
-    if (fcntl(c->fd, F_OFD_GETLK, &fl) != 0) return 1; /* unknown: assume alive */
+    if (lock_byte(c->fd, i, F_OFD_GETLK, F_WRLCK, &fl) != 0) return 1; /* unknown: assume alive */
     return fl.l_type != F_UNLCK;
 }
 
 int hle_take_lock(int fd, int i) {
     struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = (off_t)(HL_LOCK_BASE + (uint64_t)i);
-    fl.l_len = 1;
-    return fcntl(fd, F_OFD_SETLK, &fl);
+    return lock_byte(fd, i, F_OFD_SETLK, F_WRLCK, &fl);
 }
 
 void hle_drop_lock(int fd, int i) {
     struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_UNLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = (off_t)(HL_LOCK_BASE + (uint64_t)i);
-    fl.l_len = 1;
-    (void)fcntl(fd, F_OFD_SETLK, &fl);
+    (void)lock_byte(fd, i, F_OFD_SETLK, F_UNLCK, &fl);
 }
 
 int hle_lock_held(hle_ctx *c, int i) {
