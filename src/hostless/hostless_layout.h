@@ -495,10 +495,11 @@ _Static_assert(sizeof(struct hl_buffer_meta) == HL_BUFFER_META_SIZE, "hl_buffer_
 
 #if defined(__cplusplus) && __cplusplus >= 201103L
 static_assert(sizeof(struct hl_header) == HL_HEADER_SIZE, "hl_header size");
-static_assert(sizeof(struct hl_name) == 64 && offsetof(struct hl_header, names) == HL_NAMES_OFFSET, "hl_names");
+static_assert(sizeof(struct hl_name) == 64 && sizeof(struct hl_names) == HL_HEADER_SIZE - HL_NAMES_OFFSET, "hl_names");
 static_assert(sizeof(struct hl_participant) == HL_PARTICIPANT_SIZE, "hl_participant size");
 static_assert(sizeof(struct hl_fence) == HL_FENCE_SIZE, "hl_fence size");
 #if !defined(HL_DEVICE_CODE)
+static_assert(offsetof(struct hl_header, names) == HL_NAMES_OFFSET, "hl_header: the name table's place");
 static_assert(offsetof(struct hl_fence, ctl) == 8 && offsetof(struct hl_fence, err) == 56 &&
                   offsetof(struct hl_fence, wake) == 56, "hl_fence: word and ctl form one 16-byte unit");
 #endif
