@@ -5,8 +5,9 @@ or ``"copy"`` (every stage has private input and output buffers and each edge
 is one memcpy, the default stacks' way).  ``dispatch``: ``"host"`` (the host
 launches a stage, waits for it, copies if needed and launches the next: write,
 sync, launch, wait, sync back) or ``"direct"`` (the host submits the first
-packet of a frame; every stage's packet carries the next one as a follow-up,
-so each agent launches the next agent's work; the host waits for the end).
+packet of a frame, one per root stage; every stage's packet carries the
+next ones as follow-ups, so each agent launches the next agent's work; the
+host waits for the end: every sink stage).
 
 Each stage signals its own timeline with the frame number; the timeline is
 owned by the stage's agent, so an agent's death fails it with OWNER_DIED and
@@ -29,9 +30,13 @@ and a frame is done when every sink stage is.
   most two points (``wait[2]``); a stage with more than three predecessors gets
   *relay* packets in front of it: one-byte copy packets on the pusher's agent,
   each waiting on two more points, chained as follow-ups (one relay per two
-  extra predecessors; no limit on fan-in beyond the agents' follow-up hop and
-  failure-depth bounds, 64 and 16 levels).  Independent branches run
-  concurrently on different agents.
+  extra predecessors).  Limits: relays pass through the pusher's own queue,
+  which an agent cuts after 64 hops (a fan-in of at most ~130 inputs), and
+  an agent fails the signals of follow-ups that will never run at most 16
+  levels deep: past ~30 inputs a failed pusher is reported by the host's
+  check of the failing sink's ancestors (every 50 ms while it waits)
+  rather than by the join's own timeline.  Independent
+  branches run concurrently on different agents.
 * Host dispatch: the host launches every stage whose inputs are done, waits
   for the launched stages in topological order and, on each completion,
   copies (copy mode) and launches what became ready.  Independent branches
