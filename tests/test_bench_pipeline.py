@@ -39,7 +39,7 @@ def test_pipeline_bench_tiny_run(tmp_path: Path) -> None:
     result = pipeline.run(cfg, progress=lambda _m: None)
     assert result["errors"] == {}, result["errors"]
     wl = result["workloads"]
-    assert {"chain_4096_2", "chain_65536_4", "echo", "gemm", "vision", "vision_stream"} <= set(wl)
+    assert {"chain_4096_2", "chain_65536_4", "echo", "gemm", "vision", "vision_stream", "diamond"} <= set(wl)
     for key, w in wl.items():
         if "modes" in w:
             assert set(w["modes"]) == {"host+copy", "host+shared", "direct+copy", "direct+shared"}, key

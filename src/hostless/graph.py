@@ -5,16 +5,53 @@ or ``"copy"`` (every stage has private input and output buffers and each edge
 is one memcpy, the default stacks' way).  ``dispatch``: ``"host"`` (the host
 launches a stage, waits for it, copies if needed and launches the next: write,
 sync, launch, wait, sync back) or ``"direct"`` (the host submits the first
-packet of a frame; every stage's packet carries the next one as a follow-up,
-so each agent launches the next agent's work; the host waits for the end).
+packet of a frame, one per root stage; every stage's packet carries the
+next ones as follow-ups, so each agent launches the next agent's work; the
+host waits for the end: every sink stage).
 
 Each stage signals its own timeline with the frame number; the timeline is
 owned by the stage's agent, so an agent's death fails it with OWNER_DIED and
 :meth:`CompiledGraph.run` raises :class:`StageFailed` within bounded time.
 A failing stage also fails the timelines of the stages after it.
 
-Stages form a chain (each stage consumes named tensors: graph inputs,
-constants and the outputs of earlier stages).
+Stages form a DAG (:mod:`hostless.dag`): each stage consumes named
+tensors (graph inputs, constants and the outputs of *any* earlier stages), and
+one output may feed several stages (fan-out) as several outputs may feed one
+stage (fan-in); a chain is the special case where each stage consumes the
+previous one.  Every stage output that no stage consumes is a graph output,
+and a frame is done when every sink stage is.
+
+* Direct dispatch: the host pushes the packets of the root stages (no
+  predecessor).  When a stage finishes, its agent pushes the packets of the
+  successors whose *pusher* it is: a stage with several predecessors is pushed
+  by the last of them in topological order (so it is enqueued once per frame)
+  and its packet waits on the other predecessors' timeline points (the frame
+  number), so it runs only when all its inputs are done.  A packet waits on at
+  most two points (``wait[2]``); a stage with more than three predecessors gets
+  *relay* packets in front of it: one-byte copy packets on the pusher's agent,
+  each waiting on two more points, chained as follow-ups (one relay per two
+  extra predecessors).  Limits: relays pass through the pusher's own queue,
+  which an agent cuts after 64 hops (a fan-in of at most ~130 inputs), and
+  an agent fails the signals of follow-ups that will never run at most 16
+  levels deep: past ~30 inputs a failed pusher is reported by the host's
+  check of the failing sink's ancestors (every 50 ms while it waits)
+  rather than by the join's own timeline.  Independent
+  branches run concurrently on different agents.
+* Host dispatch: the host launches every stage whose inputs are done, waits
+  for the launched stages in topological order and, on each completion,
+  copies (copy mode) and launches what became ready.  Independent branches
+  therefore also run concurrently on different agents; packets carry no
+  waits (the host is the one that knows when inputs are done, as in the
+  default stacks).
+* Copy mode: every edge is one copy into the consumer's private input.  In
+  direct dispatch the copies run on the producer's agent after its kernel; a
+  stage with a successor it does not push also signals a second timeline
+  when its copies are done, and that successor waits on it (not on the
+  stage's own timeline, which is reached before the copies).
+* Failures: a failing stage fails its descendants (a failed input passes its
+  failure on; the follow-ups that never run have their signals failed), and
+  :class:`StageFailed` names the failed stage among the ancestors of the
+  failing sink that comes first in topological order.
 """
 
 from __future__ import annotations
@@ -29,13 +66,14 @@ import numpy as np
 from . import ert, lowlevel, records, trace
 from .agents import Agent
 from .buffer import Buffer, bytes_buffer
+from .dag import MAX_PACKET_WAITS, Dag
 from .domain import Domain
 from .errors import HostlessError
 from .kernels import CPU_KERNELS, CUDA_KERNEL_NAMES, NPU_CUS, check_stage, f64
 from .stagefn import describe
 from .status import Status
 from .timeline import Timeline
-from .wire import Follow, Kernargs, Packet, PacketType
+from .wire import FO_PACKET, PK_WAIT_VALUE, Follow, Kernargs, Packet, PacketType, follow_offset
 
 __all__ = ["Graph", "CompiledGraph", "StageFailed", "Stage"]
 
@@ -71,7 +109,8 @@ class Stage:
 
 
 class Graph:
-    """A pipeline description.  Add stages in order, then :meth:`compile`."""
+    """A pipeline description (a DAG of stages).  Add stages in order (a stage consumes
+    graph inputs, constants and outputs of earlier stages), then :meth:`compile`."""
 
     def __init__(self, dom: Domain) -> None:
         self.dom = dom
@@ -196,7 +235,8 @@ class _Slot:
         self.tensors: dict[str, Buffer] = {}  # shared mode: one per name
         self.stage_in: list[list[Buffer]] = []  # copy mode: private inputs per stage
         self.stage_out: list[Buffer] = []  # output buffer per stage
-        self.packets: list[Packet] = []  # the packet of each stage (host) / first packet (direct)
+        self.packets: list[Packet] = []  # the packet of each stage (host; direct: roots' are pushed)
+        self.scratch: list[int] = []  # direct: the two one-byte buffers relay packets copy
         # per argument block with follow-ups: its u64 view and the words of the follow-up
         # packets' signal values (rewritten with the frame number before each submit)
         self.patch: list[tuple[np.ndarray, np.ndarray]] = []
@@ -217,9 +257,18 @@ class CompiledGraph:
             if callable(s.kernel)
         }
         self.timelines: list[Timeline] = [dom.timeline(owner=s.agent.id) for s in g.stages]
+        self.dag = Dag.build([s.output for s in g.stages], [s.inputs for s in g.stages])
+        # direct + copy: a stage with a successor it does not push signals here when its copies are done
+        self.copied: dict[int, Timeline] = {}
+        if dispatch == "direct" and data == "copy":
+            for k, s in enumerate(g.stages):
+                if any(self.dag.pusher(j) != k for j in self.dag.succs[k]):
+                    self.copied[k] = dom.timeline(owner=s.agent.id)
         if dom.trace_enabled():  # slices named after stages and kernels in the exported trace
             for k, s in enumerate(g.stages):
                 trace.name(dom, self.timelines[k].handle, s.name)
+                if k in self.copied:
+                    trace.name(dom, self.copied[k].handle, f"{s.name} (copies)")
                 if k in self.kids:
                     trace.name_kernel(dom, self.kids[k], getattr(s.kernel, "__qualname__", "function"))
             for a in {id(s.agent): s.agent for s in g.stages}.values():
@@ -231,8 +280,7 @@ class CompiledGraph:
             b = dom.buffer(arr.shape, arr.dtype)
             b.numpy()[...] = arr
             self.consts[name] = b
-        consumers = {n for s in g.stages for n in s.inputs}
-        self.outputs = [s.output for s in g.stages if s.output not in consumers] or [g.stages[-1].output]
+        self.outputs = [g.stages[k].output for k in self.dag.sinks]
         self.slots = [self._build_slot() for _ in range(inflight)]
         self._closed = False
 
@@ -264,37 +312,74 @@ class CompiledGraph:
                 sl.stage_out.append(dom.buffer(s.shape, s.dtype))
         # packets, from the last stage backwards so that each can name its follow-ups
         n = len(g.stages)
-        nxt: list[Follow] = []
+        dag, direct = self.dag, self.dispatch == "direct"
+        entry: dict[int, Follow] = {}  # direct: what stage j's pusher pushes for j (j or its relays)
         pk: list[Packet] = [Packet()] * n
         for k in range(n - 1, -1, -1):
             s = g.stages[k]
             bufs = [b.handle for b in sl.stage_in[k]] + [sl.stage_out[k].handle]
             follow: list[Follow] = []
-            if self.dispatch == "direct" and k + 1 < n:
-                follow = list(nxt)
-                if self.data == "copy":
+            if direct:
+                follow = [entry[j] for j in dag.succs[k] if dag.pusher(j) == k]
+                if self.data == "copy" and dag.succs[k]:
                     follow = self._copy_follows(sl, k, follow)
             words = (
                 [] if callable(s.kernel) else [_scalar_word(x) for x in s.scalars]
             )  # functions: bound at load
             p = self._packet(sl, s, bufs, words, k, follow)
             pk[k] = p
-            nxt = [Follow(s.agent.queue.handle, p)]
+            if direct and dag.preds[k]:
+                entry[k] = self._join(sl, k, p)
         sl.packets = pk
         return sl
+
+    def _waited(self, j: int) -> int:
+        """The timeline a successor that stage j does not push waits on (the frame number)."""
+        t = self.copied.get(j)
+        return (t if t is not None else self.timelines[j]).handle
+
+    def _join(self, sl: _Slot, k: int, p: Packet) -> Follow:
+        """What stage k's pusher pushes for it: k's packet, waiting on up to two other
+        predecessors, behind relay packets on the pusher's agent for the rest (two each)."""
+        others = [self._waited(j) for j in self.dag.others(k)]
+        groups = [others[i : i + MAX_PACKET_WAITS] for i in range(0, len(others), MAX_PACKET_WAITS)]
+        out = Follow(self.g.stages[k].agent.queue.handle, p)
+        if not groups:
+            return out
+        self._set_waits(p, groups.pop())
+        pusher = self.g.stages[self.dag.pusher(k) or 0].agent
+        if groups and not sl.scratch:
+            for _ in range(2):
+                b = self.dom.buffer((1,), np.uint8)
+                sl.owned.append(b)
+                sl.scratch.append(b.handle)
+        while groups:  # relays: a one-byte copy that waits, then pushes what follows
+            r = self._raw_packet(sl, pusher, "copy", list(sl.scratch), [], 0, 0, [out])
+            self._set_waits(r, groups.pop())
+            out = Follow(pusher.queue.handle, r)
+        return out
+
+    @staticmethod
+    def _set_waits(p: Packet, handles: list[int]) -> None:
+        """Make ``p`` wait on these timelines (values patched with the frame number per frame)."""
+        h = handles + [0] * (MAX_PACKET_WAITS - len(handles))
+        p.wait = (h[0], h[1])
 
     def _copy_follows(self, sl: _Slot, k: int, then: list[Follow]) -> list[Follow]:
         """Copy packets (on the producer's agent) for the edges out of stage k, chained before ``then``."""
         g = self.g
         src = sl.stage_out[k]
         out = then
+        done = self.copied.get(k)  # the last copy to run (the first built) signals it
+        signal = done.handle if done is not None else 0
         for j in range(len(g.stages)):
             for pos, name in enumerate(g.stages[j].inputs):
                 if name == g.stages[k].output:
                     dst = sl.stage_in[j][pos]
                     p = self._raw_packet(
-                        sl, g.stages[k].agent, "copy", [src.handle, dst.handle], [], 0, 0, out
+                        sl, g.stages[k].agent, "copy", [src.handle, dst.handle], [], signal, 0, out
                     )
+                    signal = 0
                     out = [Follow(g.stages[k].agent.queue.handle, p)]
         return out
 
@@ -306,10 +391,14 @@ class CompiledGraph:
 
     def _args(self, sl: _Slot, ka: Kernargs) -> int:
         """An argument block of the slot: its buffer (owned by the slot) and the words of its
-        follow-ups' signal values to patch per frame.  Returns the buffer's handle."""
+        follow-ups' signal and wait values to patch per frame.  Returns the buffer's handle."""
         b = ka.to_buffer(self.dom)
         sl.owned.append(b)
         words = [off // 8 for off in ka.signal_value_offsets()]
+        nb, ns = len(ka.buffers), len(ka.scalars)
+        for j, f in enumerate(ka.follow):
+            base = follow_offset(nb, ns, j) + FO_PACKET + PK_WAIT_VALUE
+            words += [(base + 8 * i) // 8 for i in range(MAX_PACKET_WAITS) if f.packet.wait[i]]
         if words:
             sl.patch.append((b.numpy().view(np.uint8).view("<u8"), np.array(words, dtype=np.intp)))
         return b.handle
@@ -347,6 +436,7 @@ class CompiledGraph:
         """Write the frame number into every prepared packet of the slot (follow-ups included)."""
         for p in sl.packets:
             p.signal_value = value
+            p.wait_value = (value if p.wait[0] else 0, value if p.wait[1] else 0)
         for words, at in sl.patch:  # the words found at compile time: no block is parsed here
             words[at] = value
 
@@ -385,8 +475,8 @@ class CompiledGraph:
             try:
                 st = tl.wait(value, 0.05)
             except TimeoutError:
-                for j, t in enumerate(self.timelines):
-                    f = t.failure
+                for j in sorted(self.dag.ancestors[k] | {k}):
+                    f = self.timelines[j].failure
                     if f is not None:
                         raise StageFailed(self.g.stages[j].name, f) from None
                 if deadline is not None and time.monotonic() > deadline:
@@ -398,9 +488,9 @@ class CompiledGraph:
 
     def _failure(self, k: int, st: Status) -> StageFailed:
         """The error for stage k failing with ``st``: it names the earliest failed
-        stage (in direct mode a failure is passed on down the chain, and the
-        stage where it started is the one to report)."""
-        for j in range(k):
+        ancestor of k in topological order (in direct mode a failure is passed on
+        to the descendants, and the stage where it started is the one to report)."""
+        for j in sorted(self.dag.ancestors[k]):
             f = self.timelines[j].failure
             if f is not None:
                 return StageFailed(self.g.stages[j].name, f, records.read(self.dom, self.timelines[j].handle))
@@ -410,16 +500,31 @@ class CompiledGraph:
         g = self.g
         self._set_frame_values(sl, value)
         if self.dispatch == "direct":
-            g.stages[0].agent.queue.push(sl.packets[0], timeout)
+            for k in self.dag.roots:
+                g.stages[k].agent.queue.push(sl.packets[k], timeout)
             return
-        for k, s in enumerate(g.stages):
-            s.agent.queue.push(sl.packets[k], timeout)
+        # host: launch what is ready, wait for the launched in topological order, copy, repeat
+        done: set[int] = set()
+        running: list[int] = []
+        waiting = list(range(len(g.stages)))
+        while waiting or running:
+            for k in [k for k in waiting if set(self.dag.preds[k]) <= done]:
+                waiting.remove(k)
+                g.stages[k].agent.queue.push(sl.packets[k], timeout)
+                running.append(k)
+            k = running.pop(0)
             self._wait_stage(k, value, timeout)
-            if self.data == "copy":  # sync back and copy into the next devices' buffers
-                for j in range(k + 1, len(g.stages)):
+            done.add(k)
+            if self.data == "copy":  # sync back and copy into the consuming devices' buffers
+                for j in self.dag.succs[k]:
                     for pos, name in enumerate(g.stages[j].inputs):
-                        if name == s.output:
+                        if name == g.stages[k].output:
                             sl.stage_out[k].copy_to(sl.stage_in[j][pos])
+
+    def _wait_frame(self, value: int, timeout: float | None) -> None:
+        """Wait until every sink stage reached ``value`` (StageFailed when one failed)."""
+        for k in self.dag.sinks:
+            self._wait_stage(k, value, timeout)
 
     def run(self, inputs: Mapping[str, np.ndarray], timeout: float | None = 30.0) -> dict[str, np.ndarray]:
         """Run one frame; returns the graph outputs (copies).  StageFailed on failure."""
@@ -428,7 +533,7 @@ class CompiledGraph:
         sl = self.slots[self.frame % self.inflight]
         self._write_inputs(sl, inputs)
         self._submit(sl, self.frame, timeout)
-        self._wait_stage(len(self.g.stages) - 1, self.frame, timeout)
+        self._wait_frame(self.frame, timeout)
         return self._read_outputs(sl)
 
     def stream(
@@ -437,11 +542,10 @@ class CompiledGraph:
         """Run frames with up to ``inflight`` in flight; yields outputs in order."""
         self._check()
         pending: list[tuple[int, _Slot]] = []
-        last = len(self.g.stages) - 1
         for inp in frames:
             if len(pending) == self.inflight:
                 v, sl = pending.pop(0)
-                self._wait_stage(last, v, timeout)
+                self._wait_frame(v, timeout)
                 yield self._read_outputs(sl)
             self.frame += 1
             sl = self.slots[self.frame % self.inflight]
@@ -449,7 +553,7 @@ class CompiledGraph:
             self._submit(sl, self.frame, timeout)
             pending.append((self.frame, sl))
         for v, sl in pending:
-            self._wait_stage(last, v, timeout)
+            self._wait_frame(v, timeout)
             yield self._read_outputs(sl)
 
     def _check(self) -> None:
@@ -472,7 +576,7 @@ class CompiledGraph:
         for b in self.consts.values():
             if lowlevel.is_held(b):
                 b.release()
-        for t in self.timelines:
+        for t in self.timelines + list(self.copied.values()):
             t.release()
 
     def __enter__(self) -> CompiledGraph:

@@ -16,6 +16,8 @@ times data ``copy`` / ``shared``) and measured in interleaved rounds:
     and 2..4 in direct modes (the host submits once per frame);
   * ``echo``: a 2-stage pipeline of ``copy`` kernels (cpu then npu) on 4 KiB,
     the peer workload of Ray Compiled Graphs.
+  * ``diamond``: a diamond DAG at the vision frame size: normalize (cpu),
+    then a GEMM (npu) and a scale (cpu) in parallel, joined by an add (cpu).
 
 figures per workload and mode: frame latency median (p50) and p90, the host's
 CPU time per frame (``time.process_time``), the speedup against host+copy,
@@ -84,6 +86,7 @@ from .pipeline_workloads import (
     BEST,
     MODES,
     agent_floor,
+    diamond_graph,
     gemm_chain,
     latency,
     mode_name,
@@ -338,6 +341,16 @@ def run(
             if t is not None:
                 wl["vision_stream"] = {"kind": "stream", "stages": len(g.stages), "variants": t}
                 say("vision pipeline, streaming: " + ", ".join(f"{k} {v['fps']:.0f}/s" for k, v in t.items()))
+            g, dref = diamond_graph(dom, cpu, npu, cfg.vision_shape, rng)
+            r = step("diamond", lambda: latency(g, {"frame": frames[0]}, dref(frames[0]), cfg))
+            if r is not None:
+                wl["diamond"] = {
+                    "kind": "diamond",
+                    "stages": len(g.stages),
+                    "shape": list(cfg.vision_shape),
+                    "modes": r,
+                }
+                say("diamond DAG, latency: " + _mode_line(r))
             say("agent floor (one process, no wake-up)")
             for kind in ("cpu", "npu"):
                 fl = step(f"agent_floor_{kind}", functools.partial(agent_floor, dom, kind))

@@ -184,6 +184,8 @@ def _workload_label(key: str, w: dict[str, Any]) -> str:
         return f"GEMM chain, {w['stages']} x {w['n']}x{w['n']} f32"
     if w["kind"] == "vision":
         return f"vision pipeline, {w['stages']} stages, frame {w['shape'][0]}x{w['shape'][1]} u8"
+    if w["kind"] == "diamond":
+        return f"diamond DAG, {w['stages']} stages, frame {w['shape'][0]}x{w['shape'][1]} u8"
     return key
 
 

@@ -1,6 +1,7 @@
 """The hostless workloads of the pipeline benchmark and how each is timed.
 
-Graphs (:func:`relu_chain`, :func:`gemm_chain`, :func:`vision_graph`) are
+Graphs (:func:`relu_chain`, :func:`gemm_chain`, :func:`vision_graph`,
+:func:`diamond_graph`) are
 compiled in the four :data:`MODES` and timed by :func:`latency` (frame by
 frame, interleaved rounds) and :func:`throughput` (streaming); the agent
 floor and the both-polling round trip isolate the Python work of a hop.
@@ -28,6 +29,7 @@ __all__ = [
     "relu_chain",
     "gemm_chain",
     "vision_graph",
+    "diamond_graph",
     "latency",
     "throughput",
     "spin_round_trip",
@@ -122,6 +124,33 @@ def vision_graph(
         y = np.maximum(x @ w1, 0) @ w2
         e = np.exp(y - y.max(axis=-1, keepdims=True))
         return {"probs": (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)}
+
+    return g, ref
+
+
+def diamond_graph(
+    dom: Any, cpu: Any, npu: Any, shape: tuple[int, int], rng: np.random.Generator
+) -> tuple[Any, Callable[[np.ndarray], dict[str, np.ndarray]]]:
+    """A diamond DAG: normalize (cpu) -> gemm (npu) and scale (cpu) -> add (cpu).
+
+    The two branches run on different agents; in direct dispatch the join is
+    pushed by the cpu branch and waits on the npu branch's timeline point.
+    Returns the graph and a NumPy reference of its output ``y``.
+    """
+    from hostless.graph import Graph
+
+    rows, feat = shape
+    w = (rng.standard_normal((feat, feat)) / np.sqrt(feat)).astype(np.float32)
+    mean, std = 127.5, 64.0
+    g = Graph(dom).input("frame", (rows, feat), np.uint8).constant("w", w)
+    g.stage("pre", cpu, "normalize", ["frame"], ("x", (rows, feat), np.float32), scalars=[mean, std])
+    g.stage("proj", npu, "gemm", ["x", "w"], ("p", (rows, feat), np.float32))
+    g.stage("skip", cpu, "scale", ["x"], ("s", (rows, feat), np.float32), scalars=[0.5])
+    g.stage("join", cpu, "add", ["p", "s"], ("y", (rows, feat), np.float32))
+
+    def ref(frame: np.ndarray) -> dict[str, np.ndarray]:
+        x = ((frame.astype(np.float32) - mean) / std).astype(np.float32)
+        return {"y": (x @ w + 0.5 * x).astype(np.float32)}
 
     return g, ref
 
