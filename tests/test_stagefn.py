@@ -258,3 +258,14 @@ def test_hostless_info_shows_why_a_stage_failed(
         assert cli.main(["--plain", "info", dom.name]) == 0
         out = capsys.readouterr().out
         assert f"why {cg.timelines[0].handle:#x} failed" in out and "ValueError: bad frame with sum" in out
+
+
+def test_a_load_request_in_a_reused_heap_block(dom: hl.Domain, cpu: agents.Agent) -> None:
+    """The request buffer may be a freed block still full of old bytes: the request is
+    NUL-terminated, so they are never read as part of it (a fresh-clone run saw 'Extra data')."""
+    junk = [dom.buffer((16384,), "u1") for _ in range(32)]
+    for b in junk:
+        b.numpy()[:] = ord("}")
+        b.release()
+    for factor in (11.0, 12.0, 13.0):
+        cpu.load_function(scaled, [factor, "grad"])
