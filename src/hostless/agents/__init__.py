@@ -78,6 +78,7 @@ class Agent:
         done = dom.fence()
         try:
             req.numpy()[: len(request)] = np.frombuffer(request, np.uint8)
+            req.numpy()[len(request)] = 0  # NUL-terminated: a reused heap block is not zeroed
             args = Kernargs(buffers=[req.handle]).to_buffer(dom)
             try:
                 self.queue.push(

@@ -13,7 +13,9 @@ the GIL held only for that call, through the same :class:`AgentLoop` methods
 (so error records and ``load_function`` keep working).  Guarantees: a bad
 packet fails alone with ERROR and the agent goes on; the loop ends on STOP,
 on the spawner's death (checked while idle and between input-wait slices)
-and on a signal handler that raises (SIGTERM: the worker's ``sys.exit``).
+and on a signal handler that raises (SIGTERM: the worker's ``sys.exit``; its
+exception propagates out of :func:`run_native`).  The Python callback holds
+no object between packets (its cache is emptied after each one).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class NativeCallbacks:
         except Exception as e:  # a bad packet fails alone, with the why recorded for its signal
             loop.records.write(pkt.signal, stagefn.format_error(e))
             status = Status.ERROR
-        loop.cache.trim()
+        loop.cache.clear()  # hold nothing between packets (the Python loop empties it when idle)
         return int(status)
 
     def record(self, signal: int, why: str) -> None:

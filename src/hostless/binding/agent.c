@@ -12,20 +12,28 @@ struct pyagent {
     PyObject *kernel;  /* kernel(idx, packet bytes) -> status int */
     PyObject *record;  /* record(signal, text) */
     long parent;
-    int signalled;     /* a signal handler raised: the exception is pending */
+    int signalled;     /* a signal handler (or SystemExit in a kernel) raised: stop, re-raise it */
+    PyObject *et, *ev, *etb; /* that exception, kept until agent_run returns */
 };
+
+/* Keep the pending exception (GIL held) and ask the loop to stop. */
+static void keep_exc(struct pyagent *a) {
+    if (!a->signalled) PyErr_Fetch(&a->et, &a->ev, &a->etb);
+    else PyErr_Clear();
+    a->signalled = 1;
+}
 
 static void relock(struct pyagent *a) { PyEval_RestoreThread(a->ts); }
 static void unlock(struct pyagent *a) { a->ts = PyEval_SaveThread(); }
 
 static int pa_should_stop(void *ud) {
     struct pyagent *a = ud;
+    if (a->signalled) return 1;
     if (a->parent && (long)getppid() != a->parent) return 1; /* the spawner died: no orphans */
     relock(a);
-    int r = PyErr_CheckSignals();
+    if (PyErr_CheckSignals() < 0) keep_exc(a);
     unlock(a);
-    if (r < 0) a->signalled = 1;
-    return r < 0;
+    return a->signalled;
 }
 
 static uint64_t pa_kernel(void *ud, uint64_t idx, const struct hl_packet *p) {
@@ -39,7 +47,12 @@ static uint64_t pa_kernel(void *ud, uint64_t idx, const struct hl_packet *p) {
         if (!PyErr_Occurred() && hl_status_valid(v)) st = v;
         Py_DECREF(r);
     }
-    if (PyErr_Occurred()) PyErr_WriteUnraisable(a->kernel);
+    if (PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_Exception))
+            PyErr_WriteUnraisable(a->kernel); /* the callback's own bug: the packet failed */
+        else
+            keep_exc(a); /* SystemExit (SIGTERM's handler), KeyboardInterrupt: stop the agent */
+    }
     unlock(a);
     return st;
 }
@@ -69,7 +82,7 @@ PyObject *Core_agent_run(Core *c, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "agent_run: kernel and record must be callables");
         return NULL;
     }
-    struct pyagent a = {NULL, kernel, record, parent, 0};
+    struct pyagent a = {NULL, kernel, record, parent, 0, NULL, NULL, NULL};
     struct hle_agent_cfg cfg = {spin, wto, fto, &a, pa_should_stop, pa_kernel, pa_record, mask, 0, 0};
     struct hle_hooks saved = c->ctx.hooks;
     memset(&c->ctx.hooks, 0, sizeof c->ctx.hooks); /* the loop runs unlocked: no relock inside the engine */
@@ -79,7 +92,10 @@ PyObject *Core_agent_run(Core *c, PyObject *args) {
     relock(&a);
     c->ctx.hooks = saved;
     Py_DECREF(c);
-    if (a.signalled && PyErr_Occurred()) return NULL;
+    if (a.signalled && a.et) {
+        PyErr_Restore(a.et, a.ev, a.etb);
+        return NULL;
+    }
     if (r) return hlpy_raise(r);
     return Py_BuildValue("(KK)", (unsigned long long)cfg.packets, (unsigned long long)cfg.failures);
 }

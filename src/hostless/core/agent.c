@@ -374,6 +374,7 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
         }
         execute(a, idx, &p, hops);
         cfg->packets++;
+        if ((cfg->packets & 63) == 0 && cfg->should_stop && cfg->should_stop(cfg->ud)) break;
         __atomic_add_fetch(&v.q->completed, 1, __ATOMIC_SEQ_CST);
     }
     r = HL_OK;

@@ -156,8 +156,8 @@ uint32_t hle_name_seq(hle_ctx *c);
 
 /* ---- the native agent loop (agent.c, kernels.c) ----
  * hle_agent_run serves one queue as its consumer, in C, until a STOP packet,
- * cfg->should_stop() returning nonzero (asked while idle and between the
- * slices of an input wait), or the domain closing.  It follows the rule of
+ * cfg->should_stop() returning nonzero (asked while idle, every 64 packets
+ * and between the slices of an input wait), or the domain closing.  It follows the rule of
  * hostless.agents.loop (a bad packet fails alone with ERROR; a failed input
  * passes its status on without running the work; the follow-ups of a failed
  * packet fail too, at most HLE_AGENT_FAIL_DEPTH deep and HLE_AGENT_FAIL_BUDGET
