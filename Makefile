@@ -41,7 +41,7 @@ bench: venv
 	$(VENV)/bin/hostless bench fences
 
 # `make lib`: the engine alone (src/hostless/core, no Python) as a static
-# library for C programs: link with -Lbuild -lhostless -lpthread and include
+# library for C programs: link with -Lbuild -lhostless -lpthread -lm (libm: the agent loop's kernels) and include
 # core/hostless_engine.h (with -Isrc/hostless -Isrc/hostless/core).
 ENGINE_SRC := $(wildcard src/hostless/core/*.c)
 ENGINE_HDR := $(wildcard src/hostless/core/*.h) $(wildcard src/hostless/*.h)

@@ -16,6 +16,7 @@ setup(
             sources=ENGINE + BINDING,
             depends=HEADERS,
             include_dirs=["src/hostless", "src/hostless/core"],
+            libraries=["m"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                 "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
         )

@@ -14,6 +14,10 @@ testing: Any
 class Core:
     def __init__(self) -> None: ...
     def __getattr__(self, name: str) -> Any: ...
+    def agent_run(
+        self, queue: int, spin_ns: int, wait_timeout_ns: int, follow_timeout_ns: int, parent: int,
+        kernel: Any, record: Any, c_kernels: int, /
+    ) -> tuple[int, int]: ...
 
 class Handle:
     handle: int

@@ -187,6 +187,10 @@ def spawn(
     a follow-up that cannot be pushed is dropped and its signal fails with
     ERROR.  See :mod:`hostless.agents.loop` for the full rule on bad packets.
 
+    ``native=True`` (cpu agents only) runs the native agent loop instead of
+    the Python one (:mod:`hostless.agents.native`): the same rule, with the
+    built-in kernels in C and Python entered only for other kernels.
+
     ``user_kernels`` maps names to ``"module:function"`` kernels (taking
     ``(buffers, scalars)``) the agent imports; their ids are in
     ``agent.user_kernels``.  Passing the ``queue`` of a dead agent respawns it.
@@ -205,8 +209,11 @@ def spawn(
     follow_timeout = float(opts.pop("follow_timeout", 10.0))
     if not follow_timeout >= 0:
         raise ValueError("follow_timeout must be >= 0")
+    native = bool(opts.pop("native", False))
     if opts:
         raise TypeError(f"unknown options {sorted(opts)}")
+    if native and kind != "cpu":
+        raise ValueError(f"native agents serve cpu queues (not {kind} ones) for now")
     if kind == "cuda":
         from ..cuda import available
 
@@ -233,6 +240,8 @@ def spawn(
     cmd += ["--spin", repr(spin)]
     cmd += ["--wait-timeout", repr(-1.0 if wait_timeout is None else wait_timeout)]
     cmd += ["--follow-timeout", repr(follow_timeout)]
+    if native:
+        cmd += ["--native"]
     if kind == "cuda":
         cmd += ["--device", str(device)]
     ids: dict[str, int] = {}

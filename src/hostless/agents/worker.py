@@ -24,7 +24,6 @@ from .loop import AgentLoop
 __all__ = ["main"]
 
 
-
 def _set_pdeathsig() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -49,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--wait-timeout", type=float, default=60.0, help="bound on a packet's input waits (< 0: none)"
     )
+    ap.add_argument("--native", action="store_true", help="run the native (C) agent loop (cpu only)")
     ap.add_argument("--follow-timeout", type=float, default=10.0, help="bound on a packet's follow-up pushes")
     a = ap.parse_args(argv)
     wait_timeout = None if a.wait_timeout < 0 else a.wait_timeout
@@ -74,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         agent = AgentLoop(dom, q, a.kind, user, a.parent, wait_timeout, follow_timeout)
     agent.spin_ns = int(max(0.0, a.spin) * 1e9)
     try:
-        agent.run()
+        if a.native and a.kind == "cpu":
+            from .native import run_native
+
+            run_native(agent)
+        else:
+            agent.run()
     finally:
         agent.cache.clear()
         dom.close()

@@ -83,6 +83,9 @@ PyObject *Core_name_lookup(Core *c, PyObject *name);
 PyObject *Core_name_list(Core *c, PyObject *noargs);
 PyObject *Core_name_seq(Core *c, PyObject *noargs);
 
+/* agent.c: Core.agent_run (the native agent loop) */
+PyObject *Core_agent_run(Core *c, PyObject *args);
+
 /* module.c: the testing table (test hooks), a separate module object. */
 PyObject *hlpy_testing_module(void);
 

@@ -542,6 +542,7 @@ static PyMethodDef Core_methods[] = {
     {"name_lookup", (PyCFunction)Core_name_lookup, METH_O, NULL},
     {"name_list", (PyCFunction)Core_name_list, METH_NOARGS, NULL},
     {"name_seq", (PyCFunction)Core_name_seq, METH_NOARGS, NULL},
+    {"agent_run", (PyCFunction)Core_agent_run, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -381,6 +381,23 @@ void hle_trace_emit(hle_ctx *c, uint32_t type, uint64_t a, uint64_t b, uint64_t 
 /* Host function for cuLaunchHostFunc: wakes the sleepers of the slot at addr. */
 void hle_host_wake(void *addr);
 
+
+/* ---- C kernels (kernels.c) ----
+ * A buffer as a kernel sees it: data, size, and the metadata checked against
+ * the size (dtype code, itemsize, ndim, shape). */
+struct hle_kbuf {
+    char *data;
+    uint64_t nbytes, count; /* bytes, elements */
+    uint32_t ndim, itemsize;
+    char dtype[16];
+    uint64_t shape[HL_BUFFER_MAX_DIMS];
+};
+/* Run built-in kernel `kernel` on n buffers and ns scalars.  HL_OK; 1 when
+ * the C kernel does not take these dtypes / shapes (the caller hands the
+ * packet to the Python kernel); HL_E_VALUE with a message when the arguments
+ * are wrong whatever the implementation (counts, shapes, work bound). */
+int hle_kernel_run(uint32_t kernel, struct hle_kbuf *b, int n, const uint64_t *scalars, int ns);
+
 /* ---- SIGBUS guard (guard.c) ---- */
 /* Put [lo, hi) under the guard: a truncation seen there marks c truncated. */
 void hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi);

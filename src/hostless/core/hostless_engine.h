@@ -153,6 +153,50 @@ int hle_name_list(hle_ctx *c, int (*visit)(void *ctx, const char *name, uint64_t
  * futex word: hl_names.seq). */
 uint32_t hle_name_seq(hle_ctx *c);
 
+
+/* ---- the native agent loop (agent.c, kernels.c) ----
+ * hle_agent_run serves one queue as its consumer, in C, until a STOP packet,
+ * cfg->should_stop() returning nonzero (asked while idle, every 64 packets
+ * and between the slices of an input wait), or the domain closing.  It follows the rule of
+ * hostless.agents.loop (a bad packet fails alone with ERROR; a failed input
+ * passes its status on without running the work; the follow-ups of a failed
+ * packet fail too, at most HLE_AGENT_FAIL_DEPTH deep and HLE_AGENT_FAIL_BUDGET
+ * signals; input waits bounded by wait_timeout_ns; follow-up pushes share a
+ * deadline of follow_timeout_ns, a push into the own queue never waits and a
+ * chain through it is cut after HLE_AGENT_HOP_LIMIT hops).  Every count of an
+ * argument block is checked against the block's size by subtraction; every
+ * handle is imported with its kind and generation checked; a buffer's
+ * metadata must agree with its size.  KERNEL packets whose kernel id is in the
+ * C table (hle_agent_kernel) run with no callback; any other KERNEL and every
+ * ERT packet goes to cfg->python_kernel (NULL: they fail with ERROR).
+ * cfg->record (may be NULL) is told why a packet failed in C.
+ * The calling thread must be the only user of the context's blocking calls
+ * while it runs (its GIL hooks must be unset: the loop never relocks).
+ * Returns HL_OK (STOP or should_stop); HL_E_CLOSED / HL_E_CORRUPT (the domain
+ * closed or was truncated); HL_E_HANDLE / HL_E_INVALID (the queue cannot be
+ * held or bound). */
+#define HLE_AGENT_HOP_LIMIT 64
+#define HLE_AGENT_FAIL_DEPTH 16
+#define HLE_AGENT_FAIL_BUDGET 256
+struct hl_packet;
+struct hle_agent_cfg {
+    int64_t spin_ns;           /* doorbell spin before parking on the futex */
+    int64_t wait_timeout_ns;   /* bound on a packet's input waits (< 0: none) */
+    int64_t follow_timeout_ns; /* shared deadline of one packet's follow-up pushes */
+    void *ud;                  /* passed to the callbacks */
+    int (*should_stop)(void *ud);
+    /* Run packet idx (a KERNEL not in the C table, or an ERT packet); returns
+     * an HL_STATUS_* (SUCCESS or the failure status). */
+    uint64_t (*python_kernel)(void *ud, uint64_t idx, const struct hl_packet *p);
+    void (*record)(void *ud, uint64_t signal, const char *why);
+    uint32_t c_kernels;         /* bit i: C kernel i may run (0: none; a user kernel of that id wins) */
+    uint64_t packets, failures; /* out: packets run, packets failed and follow-ups dropped */
+};
+int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg);
+
+/* The C kernel table: 1 when `kernel` is a built-in C kernel id. */
+int hle_agent_has_kernel(uint32_t kernel);
+
 /* Our participant index (-1 when detached) and our owner code. */
 int hle_me(const hle_ctx *c);
 uint32_t hle_owner_code(const hle_ctx *c);

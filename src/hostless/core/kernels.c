@@ -1,0 +1,223 @@
+/*
+ * kernels.c -- the built-in cpu kernels in C (ids of hostless.kernels.CPU_KERNELS).
+ *
+ * float32 buffers ("<f4") with the shapes hostless.kernels accepts; copy
+ * takes any dtypes.  What the C kernels do not take (other dtypes, NumPy
+ * broadcasting) returns 1 and runs in the Python kernel, which has the same
+ * result; arguments wrong for every implementation (buffer counts, shapes,
+ * scalars, the work bound) fail with HL_E_VALUE and a message (the words of
+ * hostless.kernels).  Buffer convention: inputs first, the output last.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "engine.h"
+
+#define K_COPY 1u
+#define K_ADD 2u
+#define K_SCALE 3u
+#define K_RELU 4u
+#define K_GEMM 5u
+#define K_SUM 6u
+#define K_SOFTMAX 7u
+#define K_CONV2D 8u
+#define K_NORMALIZE 9u
+#define MAX_WORK (1ull << 34) /* hostless.kernels.MAX_WORK */
+
+int hle_agent_has_kernel(uint32_t kernel) { return kernel >= K_COPY && kernel <= K_NORMALIZE; }
+
+static int is_f32(const struct hle_kbuf *b) { return strcmp(b->dtype, "<f4") == 0 && b->itemsize == 4; }
+
+static int same_shape(const struct hle_kbuf *x, const struct hle_kbuf *y) {
+    if (x->ndim != y->ndim) return 0;
+    for (uint32_t i = 0; i < x->ndim; i++)
+        if (x->shape[i] != y->shape[i]) return 0;
+    return 1;
+}
+
+static double f64(uint64_t w) {
+    double d;
+    memcpy(&d, &w, sizeof d);
+    return d;
+}
+
+static int need(const char *name, int n, int want) {
+    if (n != want) return hle_fail(HL_E_VALUE, "ValueError: %s takes %d buffers, got %d", name, want, n);
+    return HL_OK;
+}
+
+static int work(const char *name, uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+    uint64_t w = a;
+    const uint64_t more[3] = {b, c, d};
+    for (int i = 0; i < 3; i++) {
+        if (more[i] && w > MAX_WORK / more[i]) w = MAX_WORK + 1;
+        else w *= more[i];
+    }
+    if (w > MAX_WORK)
+        return hle_fail(HL_E_VALUE, "ValueError: %s: more multiply-adds than MAX_WORK (%llu)", name,
+                        (unsigned long long)MAX_WORK);
+    return HL_OK;
+}
+
+/* The elementwise kernels: all f32 and every shape the output's, else Python. */
+static int unary_ok(const struct hle_kbuf *b) { return is_f32(&b[0]) && is_f32(&b[1]) && same_shape(&b[0], &b[1]); }
+
+static int k_copy(struct hle_kbuf *b, int n) {
+    int r = need("copy", n, 2);
+    if (r) return r;
+    if (b[0].nbytes != b[1].nbytes)
+        return hle_fail(HL_E_VALUE, "ValueError: copy: %llu bytes into %llu", (unsigned long long)b[0].nbytes,
+                        (unsigned long long)b[1].nbytes);
+    memmove(b[1].data, b[0].data, b[0].nbytes);
+    return HL_OK;
+}
+
+static int k_add(struct hle_kbuf *b, int n) {
+    int r = need("add", n, 3);
+    if (r) return r;
+    if (!is_f32(&b[0]) || !is_f32(&b[1]) || !is_f32(&b[2])) return 1;
+    const float *x = (const float *)b[0].data, *y = (const float *)b[1].data;
+    float *o = (float *)b[2].data;
+    uint64_t cnt = b[2].count;
+    if (same_shape(&b[0], &b[2]) && same_shape(&b[1], &b[2])) {
+        for (uint64_t i = 0; i < cnt; i++) o[i] = x[i] + y[i];
+    } else if (same_shape(&b[0], &b[2]) && b[1].count == 1 && b[1].ndim <= b[2].ndim) {
+        float v = y[0];
+        for (uint64_t i = 0; i < cnt; i++) o[i] = x[i] + v;
+    } else if (same_shape(&b[1], &b[2]) && b[0].count == 1 && b[0].ndim <= b[2].ndim) {
+        float v = x[0];
+        for (uint64_t i = 0; i < cnt; i++) o[i] = v + y[i];
+    } else {
+        return 1; /* broadcasting (or its error): NumPy's rules, in Python */
+    }
+    return HL_OK;
+}
+
+static int k_scale(struct hle_kbuf *b, int n, const uint64_t *s, int ns) {
+    int r = need("scale", n, 2);
+    if (r) return r;
+    if (ns != 1) return hle_fail(HL_E_VALUE, "ValueError: scale takes one scalar (f64)");
+    if (!unary_ok(b)) return 1;
+    float f = (float)f64(s[0]);
+    const float *x = (const float *)b[0].data;
+    float *o = (float *)b[1].data;
+    for (uint64_t i = 0; i < b[1].count; i++) o[i] = x[i] * f;
+    return HL_OK;
+}
+
+static int k_relu(struct hle_kbuf *b, int n) {
+    int r = need("relu", n, 2);
+    if (r) return r;
+    if (!unary_ok(b)) return 1;
+    const float *x = (const float *)b[0].data;
+    float *o = (float *)b[1].data;
+    for (uint64_t i = 0; i < b[1].count; i++) o[i] = x[i] > 0.0f ? x[i] : (x[i] == x[i] ? 0.0f : x[i]);
+    return HL_OK;
+}
+
+static int k_sum(struct hle_kbuf *b, int n) {
+    int r = need("sum", n, 2);
+    if (r) return r;
+    if (!is_f32(&b[0]) || !is_f32(&b[1])) return 1;
+    if (b[1].count < 1) return 1; /* NumPy's IndexError, in Python */
+    const float *x = (const float *)b[0].data;
+    double acc = 0.0;
+    for (uint64_t i = 0; i < b[0].count; i++) acc += x[i];
+    ((float *)b[1].data)[0] = (float)acc;
+    return HL_OK;
+}
+
+static int k_softmax(struct hle_kbuf *b, int n) {
+    int r = need("softmax", n, 2);
+    if (r) return r;
+    if (!unary_ok(b) || b[0].ndim < 1) return 1;
+    uint64_t last = b[0].shape[b[0].ndim - 1];
+    if (last == 0 || b[0].count == 0) return 1;
+    uint64_t rows = b[0].count / last;
+    const float *x = (const float *)b[0].data;
+    float *o = (float *)b[1].data;
+    for (uint64_t i = 0; i < rows; i++) {
+        const float *xr = x + i * last;
+        float *orow = o + i * last;
+        float m = xr[0];
+        for (uint64_t j = 1; j < last; j++)
+            if (xr[j] > m) m = xr[j];
+        float s = 0.0f;
+        for (uint64_t j = 0; j < last; j++) s += (orow[j] = expf(xr[j] - m));
+        for (uint64_t j = 0; j < last; j++) orow[j] /= s;
+    }
+    return HL_OK;
+}
+
+static int k_normalize(struct hle_kbuf *b, int n, const uint64_t *s, int ns) {
+    int r = need("normalize", n, 2);
+    if (r) return r;
+    double mean = ns > 0 ? f64(s[0]) : 0.0, std = ns > 1 ? f64(s[1]) : 1.0;
+    if (std == 0.0) return hle_fail(HL_E_VALUE, "ValueError: normalize: std is zero");
+    if (!unary_ok(b)) return 1;
+    float fm = (float)mean, fs = (float)std;
+    const float *x = (const float *)b[0].data;
+    float *o = (float *)b[1].data;
+    for (uint64_t i = 0; i < b[1].count; i++) o[i] = (x[i] - fm) / fs;
+    return HL_OK;
+}
+
+static int k_gemm(struct hle_kbuf *b, int n) {
+    int r = need("gemm", n, 3);
+    if (r) return r;
+    if (b[0].ndim != 2 || b[1].ndim != 2 || b[2].ndim != 2 || b[0].shape[1] != b[1].shape[0] ||
+        b[2].shape[0] != b[0].shape[0] || b[2].shape[1] != b[1].shape[1])
+        return hle_fail(HL_E_VALUE, "ValueError: gemm: shapes do not match");
+    uint64_t m = b[0].shape[0], kk = b[0].shape[1], nn = b[1].shape[1];
+    if ((r = work("gemm", m, kk, nn, 1))) return r;
+    if (!is_f32(&b[0]) || !is_f32(&b[1]) || !is_f32(&b[2])) return 1;
+    const float *A = (const float *)b[0].data, *W = (const float *)b[1].data;
+    float *O = (float *)b[2].data;
+    for (uint64_t i = 0; i < m; i++) {
+        float *orow = O + i * nn;
+        for (uint64_t j = 0; j < nn; j++) orow[j] = 0.0f;
+        for (uint64_t p = 0; p < kk; p++) {
+            float av = A[i * kk + p];
+            const float *wr = W + p * nn;
+            for (uint64_t j = 0; j < nn; j++) orow[j] += av * wr[j];
+        }
+    }
+    return HL_OK;
+}
+
+static int k_conv2d(struct hle_kbuf *b, int n) {
+    int r = need("conv2d", n, 3);
+    if (r) return r;
+    if (b[0].ndim != 2 || b[1].ndim != 2) return hle_fail(HL_E_VALUE, "ValueError: conv2d takes 2-D image and kernel");
+    uint64_t H = b[0].shape[0], W = b[0].shape[1], kh = b[1].shape[0], kw = b[1].shape[1];
+    if (kh > H || kw > W || b[2].ndim != 2 || b[2].shape[0] != H - kh + 1 || b[2].shape[1] != W - kw + 1)
+        return hle_fail(HL_E_VALUE, "ValueError: conv2d: the output shape does not match");
+    uint64_t oh = H - kh + 1, ow = W - kw + 1;
+    if ((r = work("conv2d", oh, ow, kh, kw))) return r;
+    if (!is_f32(&b[0]) || !is_f32(&b[1]) || !is_f32(&b[2])) return 1;
+    const float *img = (const float *)b[0].data, *ker = (const float *)b[1].data;
+    float *o = (float *)b[2].data;
+    for (uint64_t i = 0; i < oh; i++)
+        for (uint64_t j = 0; j < ow; j++) {
+            float acc = 0.0f;
+            for (uint64_t u = 0; u < kh; u++)
+                for (uint64_t v = 0; v < kw; v++) acc += img[(i + u) * W + j + v] * ker[u * kw + v];
+            o[i * ow + j] = acc;
+        }
+    return HL_OK;
+}
+
+int hle_kernel_run(uint32_t kernel, struct hle_kbuf *b, int n, const uint64_t *s, int ns) {
+    switch (kernel) {
+    case K_COPY: return k_copy(b, n);
+    case K_ADD: return k_add(b, n);
+    case K_SCALE: return k_scale(b, n, s, ns);
+    case K_RELU: return k_relu(b, n);
+    case K_GEMM: return k_gemm(b, n);
+    case K_SUM: return k_sum(b, n);
+    case K_SOFTMAX: return k_softmax(b, n);
+    case K_CONV2D: return k_conv2d(b, n);
+    case K_NORMALIZE: return k_normalize(b, n, s, ns);
+    default: return 1;
+    }
+}
