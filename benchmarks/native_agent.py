@@ -29,12 +29,13 @@ import numpy as np
 
 import hostless as hl
 from hostless import agents
+from hostless.bench.harness import summarize
 from hostless.kernels import kernel_id
 
 
 def _p(samples: np.ndarray) -> dict[str, float]:
-    s = samples[len(samples) // 10 :]
-    return {"p50": float(np.percentile(s, 50)), "p90": float(np.percentile(s, 90))}
+    """The harness's latency summary (p50, p90, ...) of the samples after a 10 % warm-up."""
+    return summarize(samples[len(samples) // 10 :])
 
 
 def _oncpu(pid: int) -> int:
