@@ -126,9 +126,11 @@ def _run_case(cfg: Config, cid: str) -> dict[str, Any]:
                     value = value[: tg.size].ljust(tg.size, b"\x00")
             data = value if isinstance(value, bytes) else int(value).to_bytes(tg.size, "little")
             rec.update(field=tg.field, target=tg.target, offset=tg.offset, size=tg.size, how=how)
-            if isinstance(value, bytes):
+            if isinstance(value, bytes) or tg.size > 8:
+                # a field wider than a word (a struct such as the name table) is recorded as its
+                # bytes: as an int it can pass the 4300-digit limit of int -> str (and of JSON)
                 rec["value"] = None
-                rec["bytes"] = value.hex()
+                rec["bytes"] = data.hex()
             else:
                 rec["value"] = int(value)
                 rec["value_hex"] = f"{int(value):#x}"
