@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from . import lowlevel
+from . import devmem, lowlevel
 from ._abi import C, handle_kind
 from .buffer import Buffer
 from .domain import Domain
@@ -199,6 +199,7 @@ class CudaPeer:
         self._k_commit = self.module.get_function("hl_commit")
         self._wake_fn = cu.CUhostFn(lowlevel.host_wake_fn())
         self._closed = False
+        devmem.register_domain(dom)
 
     # ------------------------------------------------------------ helpers
     @staticmethod
@@ -212,6 +213,13 @@ class CudaPeer:
             raise ValueError("offset outside the domain")
         return self.dbase + host_offset
 
+    def buffer_dptr(self, buf: Buffer) -> int:
+        """Device address of a buffer's data: in its GPU's memory for a device-resident
+        buffer, the registered host mapping otherwise."""
+        if getattr(buf, "device", "cpu") != "cpu":
+            return devmem.device_pointer(buf)
+        return self.dptr(buf.offset)
+
     def word_addr(self, obj: Any) -> int:
         """Device address of the completion word of a fence or timeline."""
         return self.dptr(lowlevel.completion_word_offset(self.dom, obj))
@@ -221,7 +229,10 @@ class CudaPeer:
 
     # ------------------------------------------------------------- arrays
     def array(self, buf: Buffer) -> Any:
-        """A CuPy array over a heap buffer, no copy (the GPU reads host memory)."""
+        """A CuPy array over a heap buffer, no copy: a device-resident buffer in its GPU's
+        memory (:mod:`hostless.devmem`), a host buffer read over the host link."""
+        if getattr(buf, "device", "cpu") != "cpu":
+            return devmem.cupy_array(buf)
         cp = self.cp
         mem = cp.cuda.UnownedMemory(self.dptr(buf.offset), buf.nbytes, buf, self.device)
         return cp.ndarray(buf.shape, buf.dtype, cp.cuda.MemoryPointer(mem, 0))
@@ -299,7 +310,7 @@ class CudaPeer:
         self._k_commit(
             (blocks,),
             (256,),
-            (np.uint64(self.dptr(out.offset)), scratch, np.uint64(n), gate),
+            (np.uint64(self.buffer_dptr(out)), scratch, np.uint64(n), gate),
             stream=stream or self.stream,
         )
 
@@ -350,6 +361,7 @@ class CudaPeer:
             return
         self._closed = True
         self.stream.synchronize()
+        devmem.unregister_domain(self.dom)
         try:
             self.cp.cuda.runtime.hostUnregister(self.base)
         except Exception:

@@ -54,6 +54,8 @@ class Agent:
         self.id = pid
         """The agent's participant id (use it as the owner of the fences it signals)."""
         self.user_kernels: dict[str, int] = {}
+        self.device = "cpu"
+        """Where the agent's engine reads memory: "cpu", or "cuda:N" for a cuda agent."""
         self._functions: dict[str, int] = {}  # stagefn request (JSON) -> kernel id
 
     def load_function(self, fn: Any, scalars: Sequence[Any] = (), timeout: float = 30.0) -> int:
@@ -268,4 +270,5 @@ def spawn(
         )
     a = Agent(dom, kind, q, proc, int(line))
     a.user_kernels = ids
+    a.device = f"cuda:{device}" if kind == "cuda" else "cpu"
     return a

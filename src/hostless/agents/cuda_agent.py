@@ -134,7 +134,7 @@ class CudaLoop(AgentLoop):
                     st.synchronize()
                     with st:
                         tmp = cp.empty(bufs[-1].shape, bufs[-1].dtype)
-                        fn([cp.asarray(b.numpy()) for b in bufs[:-1]], scalars, tmp)
+                        fn([_device_copy(cp, peer, b) for b in bufs[:-1]], scalars, tmp)
                         fn([peer.array(b) for b in bufs[:-1]], scalars, tmp)
                     st.synchronize()
                     self.warm.add(sig)
@@ -152,9 +152,7 @@ class CudaLoop(AgentLoop):
                     if pkt.flags & FLAG_STAGE_COPY:  # copy mode: explicit host -> device copies
                         ins = []
                         for b in bufs[:-1]:
-                            d = cp.empty(b.shape, b.dtype)
-                            d.set(b.numpy(), stream=st)
-                            ins.append(d)
+                            ins.append(_device_copy(cp, peer, b, st))
                     else:  # shared mode: the GPU reads the heap in place
                         ins = [peer.array(b) for b in bufs[:-1]]
                     out = bufs[-1]
@@ -181,6 +179,17 @@ class CudaLoop(AgentLoop):
         # argument blocks of follow-ups and device temporaries live until the GPU passed them
         self.inflight.append((st.record(), packets + [_Keep(keep)]))
         self.trace(_EV_END, self.queue.handle, idx, pkt.signal, 0, 1)
+
+
+def _device_copy(cp: Any, peer: Any, b: Any, stream: Any = None) -> Any:
+    """A private device copy of buffer ``b`` (host or device resident), queued on ``stream``."""
+    d = cp.empty(b.shape, b.dtype)
+    if getattr(b, "device", "cpu") != "cpu":
+        with stream or cp.cuda.get_current_stream():
+            cp.copyto(d, peer.array(b))
+    else:
+        d.set(b.numpy(), stream=stream)
+    return d
 
 
 class _Keep:

@@ -76,6 +76,8 @@ PyObject *hlpy_handle_set_window(Handle *b, PyObject *args);
 int hlpy_add_abi_constants(PyObject *m);
 /* handle_type.c: handle_method(i) -> Fence.signal, Fence.wait, Timeline.signal, Timeline.wait (i = 0..3) */
 PyObject *hlpy_handle_method(PyObject *m, PyObject *arg);
+/* dlpack.c: a DLPack capsule over an address (kDLCUDA, kDLCUDAHost exports) */
+PyObject *hlpy_dlpack_capsule(PyObject *m, PyObject *args);
 /* names.c: Core's name-table methods */
 PyObject *Core_name_publish(Core *c, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Core_name_remove(Core *c, PyObject *const *args, Py_ssize_t nargs);

@@ -47,6 +47,8 @@ static PyMethodDef module_methods[] = {
     {"status_valid", py_status_valid, METH_O, "hl_status_valid(s): a status a fence can complete with"},
     {"layout", py_layout, METH_VARARGS, "layout(fences, participants, queues, trace, heap) -> offsets"},
     {"handle_method", hlpy_handle_method, METH_O, "handle_method(i): Fence.signal/wait, Timeline.signal/wait (0..3)"},
+    {"dlpack_capsule", hlpy_dlpack_capsule, METH_VARARGS,
+     "dlpack_capsule(owner, data, shape, code, bits, device_type, device_id, versioned, readonly) -> capsule"},
     {NULL, NULL, 0, NULL},
 };
 

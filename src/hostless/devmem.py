@@ -1,0 +1,443 @@
+"""Device memory: the backing of a domain's device heaps, shared by every process.
+
+A domain declares its device heaps at creation (``Domain.create(...,
+device_heaps={"cuda:0": bytes})``); the engine hands out extents of them as it
+does host blocks (placement, handles, references and crash recovery are the
+host heap's: :mod:`hostless.buffer`).  This module gives those extents memory:
+
+* **One allocation per heap**, made with the CUDA virtual-memory API
+  (``cuMemCreate``, pinned device memory of the heap's GPU, exportable as a
+  POSIX file descriptor), mapped in each process with ``cuMemAddressReserve``
+  + ``cuMemMap`` + ``cuMemSetAccess``.  A buffer's device address in a process
+  is that process's mapping of its heap plus the buffer's ``device_offset``.
+* **Shared by descriptor passing.**  Every process that holds a heap's
+  allocation serves its descriptor on an abstract Unix socket named after the
+  domain, the heap and its pid (``SCM_RIGHTS``; only to peers of the same
+  uid, checked with ``SO_PEERCRED``).  A process that needs the heap asks any
+  live holder; when there is none it creates the allocation, under a creation
+  lock (another abstract socket, bound for the duration) so two processes
+  never create two.  The allocation therefore outlives its creator: it lives
+  while any participant holds it.  When every holder has exited the memory is
+  gone (as after a device reset): the heap's extents stay valid, their
+  contents are lost, and the next user creates a fresh allocation.  The
+  ``generation`` the holders pass along tells which allocation one holds.
+* **Host access is explicit.**  A device buffer has no host view
+  (:class:`~hostless.errors.DeviceBufferError`); :func:`to_host` and
+  :func:`from_host` copy, :func:`cupy_array` gives a CuPy view with no copy,
+  and ``Buffer.__dlpack__`` (:func:`export_dlpack`) hands the memory to CuPy
+  or PyTorch as ``kDLCUDA`` with no copy.
+
+A host buffer of a domain registered with a GPU in this process
+(:class:`hostless.cuda.CudaPeer`) is exported as ``kDLCUDAHost``, which CuPy
+imports with no copy (a ``kDLCPU`` export it refuses).
+
+Stream semantics (DLPack): hostless queues no work of its own on any stream
+for a buffer; readiness is the fence's.  ``__dlpack__(stream=s)`` therefore
+needs no synchronisation and accepts any stream the protocol allows
+(``None``, ``-1``, ``1``, ``2`` or a stream pointer; ``0`` is refused, as the
+protocol says).  Wait on the buffer's fence (on the host, or on the stream
+with ``CudaPeer.wait``) before reading what another participant wrote.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _core, lowlevel
+from .errors import HostlessError
+
+__all__ = [
+    "DeviceHeapBacking",
+    "backing",
+    "device_pointer",
+    "cupy_array",
+    "to_host",
+    "from_host",
+    "export_dlpack",
+    "host_export_device",
+    "parse_device",
+]
+
+KDL_CPU, KDL_CUDA, KDL_CUDA_HOST = 1, 2, 3
+_DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+_HELLO = struct.Struct("<8sQQQ16s")  # magic, size, granularity, ordinal, generation
+_MAGIC = b"HLDEVHP1"
+
+
+def parse_device(device: str) -> tuple[str, int]:
+    """``"cuda:N"`` -> ("cuda", N); ``"cpu"`` -> ("cpu", 0).  ValueError otherwise."""
+    d = device.strip().lower()
+    if d == "cpu":
+        return ("cpu", 0)
+    kind, sep, idx = d.partition(":")
+    if kind == "cuda" and (not sep or idx.isdigit()):
+        return ("cuda", int(idx) if sep else 0)
+    raise ValueError(f"unknown device {device!r}: expected 'cpu' or 'cuda:N'")
+
+
+def _cuda() -> Any:
+    from .cuda import _imports
+
+    return _imports()
+
+
+def _check(cu: Any, err: Any, what: str) -> None:
+    if int(err) != 0:
+        name = cu.cuGetErrorName(err)[1] if hasattr(cu, "cuGetErrorName") else b""
+        raise HostlessError(f"{what} failed: CUDA error {int(err)} {name!r}")
+
+
+def _domain_key(dom: Any) -> str:
+    """A name for the domain unique on this host: its path and creation time."""
+    base = lowlevel.base_address(dom)
+    created = ctypes.c_uint64.from_address(base + 112).value  # hl_header.created_ns
+    return hashlib.sha1(f"{dom.name}:{created}".encode()).hexdigest()[:20]
+
+
+def _holders(prefix: str) -> list[str]:
+    """Abstract socket names that start with ``prefix`` (from /proc/net/unix)."""
+    out = []
+    try:
+        with open("/proc/net/unix") as f:
+            next(f, None)
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 8 and parts[-1].startswith("@" + prefix):
+                    out.append(parts[-1][1:])
+    except OSError:
+        pass
+    return sorted(set(out))
+
+
+@dataclass
+class _Info:
+    size: int
+    granularity: int
+    ordinal: int
+    generation: bytes
+
+
+class DeviceHeapBacking:
+    """This process's mapping of one device heap's allocation (see the module doc).
+
+    Made by :func:`backing`; lives until the process exits or :meth:`close`.
+    ``va`` is the device address of heap offset 0 in this process."""
+
+    def __init__(self, key: str, index: int, ordinal: int, size: int, timeout: float = 30.0) -> None:
+        cp, cu = _cuda()
+        self.cp, self.cu = cp, cu
+        self.key, self.index, self.ordinal = key, index, ordinal
+        self._prefix = f"hostless/{key}/dh{index}/"
+        self._fd = -1
+        self._handle: Any = None
+        self._server: socket.socket | None = None
+        self.va = 0
+        self.created = False
+        cp.cuda.Device(ordinal).use()  # a context on the heap's device
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self._fetch()
+            if got is not None:
+                self._fd, info = got
+                break
+            lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                lock.bind("\0" + self._prefix + "create")
+            except OSError:
+                lock.close()
+                if time.monotonic() > deadline:
+                    raise HostlessError(
+                        f"device heap {index} of domain {key}: another process holds the creation "
+                        f"lock for over {timeout:.0f} s and serves no allocation"
+                    ) from None
+                time.sleep(0.005)
+                continue
+            try:
+                got = self._fetch()  # a holder may have appeared before we took the lock
+                if got is not None:
+                    self._fd, info = got
+                    break
+                self._fd, info = self._create(size)
+                self.created = True
+                self._serve(info)  # bound before the lock goes: no second creator
+            finally:
+                lock.close()
+            break
+        self.size, self.granularity, self.generation = info.size, info.granularity, info.generation
+        if info.size < size:
+            raise HostlessError(
+                f"device heap {index}: the shared allocation has {info.size} bytes, the domain {size}"
+            )
+        if info.ordinal != ordinal:
+            raise HostlessError(
+                f"device heap {index}: allocation on device {info.ordinal}, the domain says {ordinal}"
+            )
+        if self._handle is None:
+            err, self._handle = cu.cuMemImportFromShareableHandle(
+                self._fd, cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            )
+            _check(cu, err, "cuMemImportFromShareableHandle")
+        self._map()
+        if self._server is None:
+            self._serve(info)
+
+    # --------------------------------------------------------------- allocation
+    def _prop(self) -> Any:
+        cu = self.cu
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = self.ordinal
+        prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        return prop
+
+    def _create(self, size: int) -> tuple[int, _Info]:
+        cu = self.cu
+        prop = self._prop()
+        err, gran = cu.cuMemGetAllocationGranularity(
+            prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+        )
+        _check(cu, err, "cuMemGetAllocationGranularity")
+        gran = int(gran) or (2 << 20)
+        size = -(-size // gran) * gran
+        err, self._handle = cu.cuMemCreate(size, prop, 0)
+        _check(cu, err, f"cuMemCreate({size} bytes on device {self.ordinal})")
+        err, fd = cu.cuMemExportToShareableHandle(
+            self._handle, cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0
+        )
+        _check(cu, err, "cuMemExportToShareableHandle")
+        return int(fd), _Info(size, gran, self.ordinal, os.urandom(16))
+
+    def _map(self) -> None:
+        cu = self.cu
+        err, va = cu.cuMemAddressReserve(self.size, self.granularity, 0, 0)
+        _check(cu, err, "cuMemAddressReserve")
+        self.va = int(va)
+        (err,) = cu.cuMemMap(self.va, self.size, 0, self._handle, 0)
+        _check(cu, err, "cuMemMap")
+        self.grant(self.ordinal)
+
+    def grant(self, ordinal: int) -> None:
+        """Let GPU ``ordinal`` read and write this mapping (a peer over NVLink/PCIe too)."""
+        cu = self.cu
+        desc = cu.CUmemAccessDesc()
+        desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = ordinal
+        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        (err,) = cu.cuMemSetAccess(self.va, self.size, [desc], 1)
+        _check(cu, err, f"cuMemSetAccess(device {ordinal})")
+
+    # ------------------------------------------------------------- descriptors
+    def _fetch(self) -> tuple[int, _Info] | None:
+        """The descriptor from any live holder, or None when there is none."""
+        for name in _holders(self._prefix + "p"):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(2.0)
+            try:
+                s.connect("\0" + name)
+                data, fds, _f, _a = socket.recv_fds(s, _HELLO.size, 1)
+            except OSError:
+                continue  # that holder just exited; try the next
+            finally:
+                s.close()
+            if len(data) != _HELLO.size or len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
+                continue
+            magic, size, gran, ordinal, gen = _HELLO.unpack(data)
+            if magic != _MAGIC or size == 0 or gran == 0 or size % gran:
+                os.close(fds[0])
+                continue
+            return fds[0], _Info(size, gran, ordinal, gen)
+        return None
+
+    def _serve(self, info: _Info) -> None:
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(f"\0{self._prefix}p{os.getpid()}")
+        srv.listen(16)
+        self._server = srv
+        hello = _HELLO.pack(_MAGIC, info.size, info.granularity, info.ordinal, info.generation)
+        uid = os.getuid()
+        fd = self._fd
+
+        def loop() -> None:
+            while True:
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return  # closed
+                try:
+                    cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+                    _pid, peer_uid, _gid = struct.unpack("3i", cred)
+                    if peer_uid == uid:
+                        socket.send_fds(conn, [hello], [fd])
+                except OSError:
+                    pass
+                finally:
+                    conn.close()
+
+        threading.Thread(target=loop, name=f"hostless-devheap-{self.index}", daemon=True).start()
+
+    def close(self) -> None:
+        """Unmap and stop serving (the allocation lives on in other holders)."""
+        if self._server is not None:
+            try:
+                self._server.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._server.close()
+            self._server = None
+        cu = self.cu
+        if self.va:
+            cu.cuMemUnmap(self.va, self.size)
+            cu.cuMemAddressFree(self.va, self.size)
+            self.va = 0
+        if self._handle is not None:
+            cu.cuMemRelease(self._handle)
+            self._handle = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+_lock = threading.Lock()
+_backings: dict[tuple[str, int], DeviceHeapBacking] = {}
+_registered: set[int] = set()  # base addresses of domains registered with a GPU here
+
+
+def _heap_of(dom: Any, device: str) -> dict[str, Any]:
+    for h in lowlevel.device_heaps(dom):
+        if h["name"] == device:
+            return h
+    raise HostlessError(f"the domain has no {device} heap (declare it: Domain.create(..., device_heaps=...))")
+
+
+def backing(dom: Any, device: str) -> DeviceHeapBacking:
+    """This process's mapping of ``dom``'s heap on ``device`` ("cuda:N"), made on first use.
+    CudaUnavailable without CUDA; HostlessError when the domain has no such heap."""
+    heap = _heap_of(dom, device)
+    key = (_domain_key(dom), int(heap["index"]))
+    with _lock:
+        b = _backings.get(key)
+        if b is None or not b.va:
+            _kind, ordinal = parse_device(device)
+            b = DeviceHeapBacking(key[0], key[1], ordinal, int(heap["size"]))
+            _backings[key] = b
+        return b
+
+
+def device_pointer(buf: Any) -> int:
+    """Device address of ``buf``'s data in this process (a device-resident buffer)."""
+    dev = buf.device
+    if dev == "cpu":
+        raise HostlessError("device_pointer: this buffer lives in host memory (see CudaPeer.array)")
+    return backing(buf._dom, dev).va + int(buf.device_offset)
+
+
+def cupy_array(buf: Any) -> Any:
+    """A CuPy array over a device buffer's memory (no copy); it keeps ``buf`` alive."""
+    cp, _cu = _cuda()
+    b = backing(buf._dom, buf.device)
+    mem = cp.cuda.UnownedMemory(b.va + int(buf.device_offset), buf.nbytes, buf, device_id=b.ordinal)
+    return cp.ndarray(buf.shape, dtype=buf.dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
+
+
+def to_host(buf: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """A host copy of a device buffer (into ``out`` when given: C-contiguous, same nbytes)."""
+    cp, _cu = _cuda()
+    if out is None:
+        out = np.empty(buf.shape, buf.dtype)
+    if not out.flags.c_contiguous or out.nbytes != buf.nbytes:
+        raise ValueError(f"to_host: out must be C-contiguous with {buf.nbytes} bytes")
+    if buf.nbytes:
+        with cp.cuda.Device(backing(buf._dom, buf.device).ordinal):
+            cp.cuda.runtime.memcpy(out.ctypes.data, device_pointer(buf), buf.nbytes, 2)  # DtoH
+    return out
+
+
+def from_host(buf: Any, src: Any) -> None:
+    """Copy host data ``src`` (any array-like of ``buf``'s nbytes once cast to its dtype and
+    shape) into a device buffer.  Returns when the copy is complete."""
+    cp, _cu = _cuda()
+    arr = np.ascontiguousarray(np.asarray(src, dtype=buf.dtype).reshape(buf.shape))
+    if buf.nbytes:
+        with cp.cuda.Device(backing(buf._dom, buf.device).ordinal):
+            cp.cuda.runtime.memcpy(device_pointer(buf), arr.ctypes.data, buf.nbytes, 1)  # HtoD
+
+
+def _dl_dtype(dt: np.dtype) -> tuple[int, int]:
+    code = _DL_CODES.get(dt.kind)
+    if code is None or dt.byteorder == ">" or dt.fields is not None:
+        raise BufferError(f"dtype {dt} has no DLPack equivalent")
+    return code, dt.itemsize * 8
+
+
+def _check_stream(stream: Any) -> None:
+    if stream is None or stream == -1:
+        return
+    if not isinstance(stream, int) or stream == 0 or stream < -1:
+        raise BufferError(f"__dlpack__: stream {stream!r} is not a CUDA stream the protocol allows")
+
+
+def export_dlpack(
+    buf: Any,
+    *,
+    stream: Any = None,
+    max_version: tuple[int, int] | None = None,
+    dl_device: tuple[int, int] | None = None,
+    copy: bool | None = None,
+) -> Any:
+    """``Buffer.__dlpack__`` for a device buffer: a kDLCUDA capsule over its memory, no copy."""
+    _check_stream(stream)
+    b = backing(buf._dom, buf.device)
+    if dl_device is not None and tuple(dl_device) != (KDL_CUDA, b.ordinal):
+        raise BufferError(f"cannot export a cuda:{b.ordinal} buffer to device {dl_device} without a copy")
+    if copy:
+        raise BufferError("__dlpack__(copy=True) is not supported: buffers are shared by design")
+    code, bits = _dl_dtype(buf.dtype)
+    versioned = max_version is not None and max_version[0] >= 1
+    ptr = b.va + int(buf.device_offset)
+    return _core.dlpack_capsule(buf, ptr, tuple(buf.shape), code, bits, KDL_CUDA, b.ordinal, versioned, False)
+
+
+def register_domain(dom: Any) -> None:
+    """Note that ``dom``'s mapping is registered with a GPU in this process (CudaPeer)."""
+    _registered.add(lowlevel.base_address(dom))
+
+
+def unregister_domain(dom: Any) -> None:
+    """Undo :func:`register_domain` (CudaPeer.close)."""
+    try:
+        _registered.discard(lowlevel.base_address(dom))
+    except Exception:
+        pass
+
+
+def host_export_device(buf: Any) -> tuple[int, int]:
+    """The DLPack device of a host buffer: kDLCUDAHost when its domain is registered with a
+    GPU in this process (CUDA consumers then import it in place), kDLCPU otherwise."""
+    try:
+        registered = lowlevel.base_address(buf._dom) in _registered
+    except Exception:
+        registered = False
+    return (KDL_CUDA_HOST, 0) if registered else (KDL_CPU, 0)
+
+
+def export_host_dlpack(buf: Any, arr: np.ndarray, *, stream: Any, max_version: tuple[int, int] | None) -> Any:
+    """A kDLCUDAHost capsule over a registered host buffer's memory (no copy)."""
+    _check_stream(stream)
+    code, bits = _dl_dtype(arr.dtype)
+    versioned = max_version is not None and max_version[0] >= 1
+    return _core.dlpack_capsule(
+        buf, int(arr.ctypes.data), tuple(arr.shape), code, bits, KDL_CUDA_HOST, 0, versioned, False
+    )
