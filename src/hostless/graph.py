@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from . import ert, lowlevel, records, trace
+from . import devmem, ert, lowlevel, records, trace
 from .agents import Agent
 from .buffer import Buffer, bytes_buffer
 from .dag import MAX_PACKET_WAITS, Dag
@@ -224,6 +224,14 @@ def _check_cast(name: str, arr: np.ndarray, dt: np.dtype) -> None:
     )
 
 
+def _store(b: Buffer, arr: np.ndarray) -> None:
+    """Write ``arr`` into ``b``: in place for host memory, one copy for device memory."""
+    if b.device == "cpu":
+        b.numpy()[...] = arr
+    else:
+        devmem.from_host(b, arr)
+
+
 def _scalar_word(x: float | int) -> int:
     return f64(x) if isinstance(x, float) else int(x) & 0xFFFFFFFFFFFFFFFF
 
@@ -275,10 +283,11 @@ class CompiledGraph:
                 for kname, kid in a.user_kernels.items():
                     trace.name_kernel(dom, kid, kname)
         self.frame = 0
+        self.place = self._placement()
         self.consts: dict[str, Buffer] = {}
         for name, arr in g.constants.items():
-            b = dom.buffer(arr.shape, arr.dtype)
-            b.numpy()[...] = arr
+            b = dom.buffer(arr.shape, arr.dtype, device=self.place[name])
+            _store(b, arr)
             self.consts[name] = b
         self.outputs = [g.stages[k].output for k in self.dag.sinks]
         self.slots = [self._build_slot() for _ in range(inflight)]
@@ -288,13 +297,61 @@ class CompiledGraph:
     def _shape_of(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         return self.g._shape_of(name)
 
+    def _placement(self) -> dict[str, str]:
+        """Where each tensor lives ("cpu" or "cuda:N").  Copy mode: every edge is staged
+        through host memory.  Shared mode: a tensor goes to GPU N's memory when the stage
+        that writes it and every stage that reads it run on GPU N (the host writes graph
+        inputs and constants, and reads outputs, with explicit copies), and the domain has
+        a heap there; otherwise host memory, which every engine reaches."""
+        g = self.g
+        names = list(g.inputs) + list(g.constants) + [s.output for s in g.stages]
+        place = dict.fromkeys(names, "cpu")
+        if self.data != "shared":
+            return place
+        heaps = {h["name"] for h in lowlevel.device_heaps(self.dom)} if hasattr(lowlevel, "device_heaps") else set()
+        users: dict[str, set[str]] = {n: set() for n in names}
+        for s in g.stages:
+            dev = getattr(s.agent, "device", "cpu")
+            users[s.output].add(dev)
+            for i in s.inputs:
+                users[i].add(dev)
+        for n, devs in users.items():
+            if len(devs) == 1:
+                (d,) = devs
+                if d != "cpu" and d in heaps:
+                    place[n] = d
+        return place
+
+    def plan(self) -> str:
+        """Where each tensor lives and why, one line per tensor (also what ``print`` shows)."""
+        g = self.g
+        lines = [f"dispatch={self.dispatch} data={self.data} inflight={self.inflight}"]
+        for n, d in self.place.items():
+            if n in g.inputs:
+                what = "input (host writes it)"
+            elif n in g.constants:
+                what = "constant (uploaded once)"
+            else:
+                k = next(i for i, s in enumerate(g.stages) if s.output == n)
+                what = f"output of {g.stages[k].name} on {g.stages[k].agent.kind}"
+            readers = [s.name for s in g.stages if n in s.inputs]
+            if self.data == "copy":
+                why = "copy mode: staged through host memory, one private copy per reader"
+            elif d == "cpu":
+                devs = sorted({getattr(s.agent, "device", "cpu") for s in g.stages if n in s.inputs or s.output == n})
+                why = "host memory: used on " + ", ".join(devs) if devs else "host memory"
+            else:
+                why = f"{d} memory: every engine that touches it runs on {d}"
+            lines.append(f"  {n:<12} {d:<7} {what}; read by {', '.join(readers) or 'the host'}; {why}")
+        return "\n".join(lines)
+
     def _build_slot(self) -> _Slot:
         dom, g = self.dom, self.g
         sl = _Slot()
         if self.data == "shared":
             for name in list(g.inputs) + [s.output for s in g.stages]:
                 shp, dt = self._shape_of(name)
-                sl.tensors[name] = dom.buffer(shp, dt)
+                sl.tensors[name] = dom.buffer(shp, dt, device=self.place[name])
             for name, b in self.consts.items():
                 sl.tensors[name] = b
             sl.stage_in = [[sl.tensors[i] for i in s.inputs] for s in g.stages]
@@ -453,7 +510,7 @@ class CompiledGraph:
                 raise ValueError(f"input {name!r} must have shape {shp}, got {arr.shape}")
             _check_cast(name, arr, dt)
             if self.data == "shared":
-                sl.tensors[name].numpy()[...] = arr
+                _store(sl.tensors[name], arr)
             else:
                 for k, s in enumerate(g.stages):
                     for pos, i in enumerate(s.inputs):
@@ -464,7 +521,8 @@ class CompiledGraph:
         out = {}
         for k, s in enumerate(self.g.stages):
             if s.output in self.outputs:
-                out[s.output] = sl.stage_out[k].numpy().copy()
+                b = sl.stage_out[k]
+                out[s.output] = b.numpy().copy() if b.device == "cpu" else devmem.to_host(b)
         return out
 
     def _wait_stage(self, k: int, value: int, timeout: float | None) -> None:
