@@ -105,35 +105,55 @@ def plain_cupy(chain: Chain, n: int, frames: int, seed: int = 0) -> tuple[dict[s
     return _stats(ts), out
 
 
+def _torch_ops(torch: Any, chain: Chain, x: Any, ws: list[Any]) -> Any:
+    wi = 0
+    for kern, nw, sc in chain:
+        if kern == "normalize":
+            x = (x - sc[0]) / sc[1]
+        elif kern == "gemm":
+            x = x @ ws[wi]
+        elif kern == "relu":
+            x = torch.relu(x)
+        elif kern == "softmax":
+            x = torch.softmax(x, dim=-1)
+        else:
+            raise ValueError(kern)
+        wi += nw
+    return x
+
+
 def cuda_graph(chain: Chain, n: int, frames: int, seed: int = 0) -> tuple[dict[str, float], np.ndarray]:
-    """The same ops captured once as a CUDA graph, replayed per frame (upload, replay, download)."""
-    import cupy as cp
+    """The same ops captured once as a CUDA graph, replayed per frame (upload, replay,
+    download).  Captured with PyTorch: CuPy refuses cuBLAS calls inside a stream capture."""
+    import torch
 
     rng = np.random.default_rng(seed)
-    ws = [cp.asarray(w) for w in _weights(chain, n, rng)]
+    dev = torch.device("cuda:0")
+    torch.backends.cuda.matmul.allow_tf32 = False  # the same FP32 math as CuPy's GEMM
+    ws = [torch.from_numpy(w).to(dev) for w in _weights(chain, n, rng)]
     frame = rng.standard_normal((n, n)).astype(np.float32)
-    host_in = cp.cuda.alloc_pinned_memory(frame.nbytes)
-    hin = np.frombuffer(host_in, np.float32, frame.size).reshape(frame.shape)
-    host_out = cp.cuda.alloc_pinned_memory(frame.nbytes)
-    hout = np.frombuffer(host_out, np.float32, frame.size).reshape(frame.shape)
-    s = cp.cuda.Stream(non_blocking=True)
-    x = cp.empty((n, n), cp.float32)
-    with s:
-        _cupy_ops(cp, chain, x, ws)  # warm-up outside the capture (kernel compilation)
-        s.synchronize()
-        s.begin_capture()
-        y = _cupy_ops(cp, chain, x, ws)
-        g = s.end_capture()
+    hin = torch.from_numpy(frame).pin_memory()
+    hout = torch.empty((n, n), dtype=torch.float32).pin_memory()
+    x = torch.empty((n, n), dtype=torch.float32, device=dev)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            _torch_ops(torch, chain, x, ws)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = _torch_ops(torch, chain, x, ws)
     ts = []
     for _ in range(frames + 1):
         t0 = time.perf_counter()
-        hin[...] = frame
-        x.set(hin, stream=s)
-        g.launch(s)
-        y.get(stream=s, out=hout)
-        s.synchronize()
+        hin.copy_(torch.from_numpy(frame))
+        x.copy_(hin, non_blocking=True)
+        g.replay()
+        hout.copy_(y, non_blocking=True)
+        torch.cuda.synchronize()
         ts.append(time.perf_counter() - t0)
-    return _stats(ts[1:]), hout.copy()
+    return _stats(ts[1:]), hout.numpy().copy()
 
 
 def hostless_modes(
