@@ -158,6 +158,35 @@ extern "C" __global__ void hl_commit(unsigned char *out, const unsigned char *sr
 """
 
 
+class _DeviceView:
+    """A host buffer of a registered domain seen as GPU memory (DLPack kDLCUDA)."""
+
+    __slots__ = ("buf", "ptr", "ordinal")
+
+    def __init__(self, buf: Buffer, ptr: int, ordinal: int) -> None:
+        self.buf, self.ptr, self.ordinal = buf, ptr, ordinal
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (devmem.KDL_CUDA, self.ordinal)
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"this view is on cuda:{self.ordinal}, not {dl_device}")
+        if copy:
+            raise BufferError("__dlpack__(copy=True) is not supported: buffers are shared by design")
+        b = self.buf
+        return devmem.capsule(
+            b, self.ptr, b.shape, b.dtype, self.__dlpack_device__(), stream=stream, max_version=max_version
+        )
+
+
 class CudaPeer:
     """The GPU ``device`` as a peer of ``dom``, in this process (for users who own a CUDA context)."""
 
@@ -203,7 +232,6 @@ class CudaPeer:
         # device arrays of the completion-word addresses of input sets seen recently (graphs
         # reuse the same sets every frame): no host-to-device copy per packet
         self._gates: OrderedDict[Any, tuple[Any, Any]] = OrderedDict()
-        devmem.register_domain(dom)
 
     # ------------------------------------------------------------ helpers
     @staticmethod
@@ -240,6 +268,15 @@ class CudaPeer:
         cp = self.cp
         mem = cp.cuda.UnownedMemory(self.dptr(buf.offset), buf.nbytes, buf, self.device)
         return cp.ndarray(buf.shape, buf.dtype, cp.cuda.MemoryPointer(mem, 0))
+
+    def dlpack(self, buf: Buffer) -> Any:
+        """An object CUDA consumers import with no copy: ``cupy.from_dlpack(peer.dlpack(b))``,
+        ``torch.from_dlpack(...)``.  A device-resident buffer is its own exporter (kDLCUDA);
+        a host buffer is exported as kDLCUDA over its registered device address (CuPy and
+        PyTorch refuse kDLCUDAHost), keeping ``buf`` alive while a consumer holds it."""
+        if getattr(buf, "device", "cpu") != "cpu":
+            return buf
+        return _DeviceView(buf, self.dptr(buf.offset), self.device)
 
     # ------------------------------------------------------ waits/signals
     def wait(self, obj: Any, value: int = 1, stream: Any = None) -> None:
@@ -374,7 +411,6 @@ class CudaPeer:
             return
         self._closed = True
         self.stream.synchronize()
-        devmem.unregister_domain(self.dom)
         try:
             self.cp.cuda.runtime.hostUnregister(self.base)
         except Exception:

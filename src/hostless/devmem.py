@@ -27,9 +27,12 @@ host heap's: :mod:`hostless.buffer`).  This module gives those extents memory:
   and ``Buffer.__dlpack__`` (:func:`export_dlpack`) hands the memory to CuPy
   or PyTorch as ``kDLCUDA`` with no copy.
 
-A host buffer of a domain registered with a GPU in this process
-(:class:`hostless.cuda.CudaPeer`) is exported as ``kDLCUDAHost``, which CuPy
-imports with no copy (a ``kDLCPU`` export it refuses).
+A host buffer stays ``kDLCPU`` (NumPy, PyTorch CPU).  For CUDA consumers,
+``CudaPeer.dlpack(buf)`` exports a host buffer of a registered domain as
+``kDLCUDA`` over its device address (unified addressing: the registered host
+pages), with no copy.  ``kDLCUDAHost``, the type meant for this, is refused
+by CuPy 13 ("Unsupported array type: 3") and PyTorch 2 ("Unsupported
+device_type: 3"), measured on the H200 machine, so it is not used.
 
 Stream semantics (DLPack): hostless queues no work of its own on any stream
 for a buffer; readiness is the fence's.  ``__dlpack__(stream=s)`` therefore
@@ -64,11 +67,11 @@ __all__ = [
     "to_host",
     "from_host",
     "export_dlpack",
-    "host_export_device",
+    "capsule",
     "parse_device",
 ]
 
-KDL_CPU, KDL_CUDA, KDL_CUDA_HOST = 1, 2, 3
+KDL_CPU, KDL_CUDA = 1, 2
 _DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
 _HELLO = struct.Struct("<8sQQQ16s")  # magic, size, granularity, ordinal, generation
 _MAGIC = b"HLDEVHP1"
@@ -312,7 +315,6 @@ class DeviceHeapBacking:
 
 _lock = threading.Lock()
 _backings: dict[tuple[str, int], DeviceHeapBacking] = {}
-_registered: set[int] = set()  # base addresses of domains registered with a GPU here
 
 
 def _heap_of(dom: Any, device: str) -> dict[str, Any]:
@@ -389,6 +391,24 @@ def _check_stream(stream: Any) -> None:
         raise BufferError(f"__dlpack__: stream {stream!r} is not a CUDA stream the protocol allows")
 
 
+def capsule(
+    owner: Any,
+    ptr: int,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    device: tuple[int, int],
+    *,
+    stream: Any = None,
+    max_version: tuple[int, int] | None = None,
+) -> Any:
+    """A DLPack capsule over ``ptr`` (C-contiguous ``shape`` of ``dtype`` on ``device``) that
+    keeps ``owner`` alive while a consumer holds it (versioned when ``max_version`` >= 1)."""
+    _check_stream(stream)
+    code, bits = _dl_dtype(np.dtype(dtype))
+    versioned = max_version is not None and max_version[0] >= 1
+    return _core.dlpack_capsule(owner, ptr, tuple(shape), code, bits, device[0], device[1], versioned, False)
+
+
 def export_dlpack(
     buf: Any,
     *,
@@ -404,40 +424,5 @@ def export_dlpack(
         raise BufferError(f"cannot export a cuda:{b.ordinal} buffer to device {dl_device} without a copy")
     if copy:
         raise BufferError("__dlpack__(copy=True) is not supported: buffers are shared by design")
-    code, bits = _dl_dtype(buf.dtype)
-    versioned = max_version is not None and max_version[0] >= 1
     ptr = b.va + int(buf.device_offset)
-    return _core.dlpack_capsule(buf, ptr, tuple(buf.shape), code, bits, KDL_CUDA, b.ordinal, versioned, False)
-
-
-def register_domain(dom: Any) -> None:
-    """Note that ``dom``'s mapping is registered with a GPU in this process (CudaPeer)."""
-    _registered.add(lowlevel.base_address(dom))
-
-
-def unregister_domain(dom: Any) -> None:
-    """Undo :func:`register_domain` (CudaPeer.close)."""
-    try:
-        _registered.discard(lowlevel.base_address(dom))
-    except Exception:
-        pass
-
-
-def host_export_device(buf: Any) -> tuple[int, int]:
-    """The DLPack device of a host buffer: kDLCUDAHost when its domain is registered with a
-    GPU in this process (CUDA consumers then import it in place), kDLCPU otherwise."""
-    try:
-        registered = lowlevel.base_address(buf._dom) in _registered
-    except Exception:
-        registered = False
-    return (KDL_CUDA_HOST, 0) if registered else (KDL_CPU, 0)
-
-
-def export_host_dlpack(buf: Any, arr: np.ndarray, *, stream: Any, max_version: tuple[int, int] | None) -> Any:
-    """A kDLCUDAHost capsule over a registered host buffer's memory (no copy)."""
-    _check_stream(stream)
-    code, bits = _dl_dtype(arr.dtype)
-    versioned = max_version is not None and max_version[0] >= 1
-    return _core.dlpack_capsule(
-        buf, int(arr.ctypes.data), tuple(arr.shape), code, bits, KDL_CUDA_HOST, 0, versioned, False
-    )
+    return capsule(buf, ptr, tuple(buf.shape), buf.dtype, (KDL_CUDA, b.ordinal), max_version=max_version)

@@ -308,10 +308,10 @@ class CompiledGraph:
         place = dict.fromkeys(names, "cpu")
         if self.data != "shared":
             return place
-        heaps = {h["name"] for h in lowlevel.device_heaps(self.dom)} if hasattr(lowlevel, "device_heaps") else set()
+        heaps = {h["name"] for h in lowlevel.device_heaps(self.dom)}
         users: dict[str, set[str]] = {n: set() for n in names}
         for s in g.stages:
-            dev = getattr(s.agent, "device", "cpu")
+            dev = s.agent.device
             users[s.output].add(dev)
             for i in s.inputs:
                 users[i].add(dev)
@@ -338,7 +338,7 @@ class CompiledGraph:
             if self.data == "copy":
                 why = "copy mode: staged through host memory, one private copy per reader"
             elif d == "cpu":
-                devs = sorted({getattr(s.agent, "device", "cpu") for s in g.stages if n in s.inputs or s.output == n})
+                devs = sorted({s.agent.device for s in g.stages if n in s.inputs or s.output == n})
                 why = "host memory: used on " + ", ".join(devs) if devs else "host memory"
             else:
                 why = f"{d} memory: every engine that touches it runs on {d}"
