@@ -230,3 +230,30 @@ def test_mixed_graph_keeps_shared_edges_in_host_memory(dom):
     finally:
         gpu.stop()
         cpu.stop()
+
+
+def test_host_buffer_dlpack_through_the_peer(dom):
+    import cupy as cp
+
+    peer = cuda.CudaPeer(dom, 0)
+    try:
+        b = dom.buffer((16, 16), "f4")
+        b.numpy()[...] = 1.0
+        assert np.from_dlpack(b).ctypes.data == b.numpy().ctypes.data  # CPU consumers: kDLCPU
+        c = cp.from_dlpack(peer.dlpack(b))
+        assert c.data.ptr == peer.dptr(b.offset)
+        with peer.stream:
+            c *= 4
+        peer.stream.synchronize()
+        assert (b.numpy() == 4.0).all()  # the GPU wrote the host buffer in place
+        torch = pytest.importorskip("torch")
+        t = torch.from_dlpack(peer.dlpack(b))
+        assert t.data_ptr() == peer.dptr(b.offset)
+        # a device buffer is its own exporter
+        d = dom.buffer((4,), "f4", device="cuda:0")
+        assert peer.dlpack(d) is d
+        del c, t
+        d.release()
+        b.release()
+    finally:
+        peer.close()
