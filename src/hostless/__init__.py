@@ -28,6 +28,8 @@ from .errors import (
     InvalidOperation,
     NameTaken,
     OutOfMemory,
+    DeviceBufferError,
+    DeviceHeapFull,
     QueueFull,
 )
 from .fence import Fence
@@ -66,6 +68,8 @@ __all__ = [
     "AlreadySignaled",
     "InvalidOperation",
     "OutOfMemory",
+    "DeviceBufferError",
+    "DeviceHeapFull",
     "NameTaken",
     "parse_size",
     "abi_header_path",
