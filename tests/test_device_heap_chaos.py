@@ -168,7 +168,12 @@ def test_device_heap_chaos(domain_name: str, tmp_path: Path) -> None:
     hfile = tmp_path / "handles"
     hfile.write_text("")
     d = hl.Domain.create(
-        domain_name, fences=2048, participants=24, heap="2M", device_heaps=dict(DEVICES), watchdog_interval=0.02
+        domain_name,
+        fences=2048,
+        participants=24,
+        heap="2M",
+        device_heaps=dict(DEVICES),
+        watchdog_interval=0.02,
     )
     zygote = subprocess.Popen(
         [sys.executable, "-c", ZYGOTE_CODE],
@@ -185,11 +190,15 @@ def test_device_heap_chaos(domain_name: str, tmp_path: Path) -> None:
     counts = {"kills": 0, "locks": 0, "spawned": 0}
     lineq = _line_queue(zygote)
     try:
-        mine = [d.buffer((n,), "<f4", device=dev) for n, dev in ((10, "cuda:0"), (300_000, "cuda:1"), (5, "cpu"))]
+        mine = [
+            d.buffer((n,), "<f4", device=dev) for n, dev in ((10, "cuda:0"), (300_000, "cuda:1"), (5, "cpu"))
+        ]
         placed = [(b.device, b.device_offset) for b in mine]
         with open(hfile, "a") as fh:
             for b in mine:
-                fh.write(f"{b.handle} {b.device} {b.device_offset} {'x'.join(map(str, b.shape))} {b.dtype.str}\n")
+                fh.write(
+                    f"{b.handle} {b.device} {b.device_offset} {'x'.join(map(str, b.shape))} {b.dtype.str}\n"
+                )
         own_used = {dev: d.heap_stats(dev)["used"] for dev in DEVICES}
 
         def handle(line: str) -> None:

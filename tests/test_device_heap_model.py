@@ -28,7 +28,12 @@ from hostless._abi import C
 G = int(C.DEVICE_GRANULE)
 DEVICES = {"cuda:0": 2 << 20, "cuda:7": 4 << 20}
 MAX_LIVE = 60
-SIZES = {"tiny": (1, G), "small": (G + 1, 16 * G), "medium": (16 * G + 1, 1 << 18), "large": ((1 << 18) + 1, 3 << 20)}
+SIZES = {
+    "tiny": (1, G),
+    "small": (G + 1, 16 * G),
+    "medium": (16 * G + 1, 1 << 18),
+    "large": ((1 << 18) + 1, 3 << 20),
+}
 
 
 @dataclass
@@ -54,7 +59,12 @@ class DeviceHeapMachine(RuleBasedStateMachine):
         super().__init__()
         self.name = unique_name("hldevheap")
         a = hl.Domain.create(
-            self.name, fences=256, participants=4, heap="256K", device_heaps=dict(DEVICES), watchdog_interval=0
+            self.name,
+            fences=256,
+            participants=4,
+            heap="256K",
+            device_heaps=dict(DEVICES),
+            watchdog_interval=0,
         )
         self.doms = {"A": a, "B": hl.Domain.open(self.name, label="B", watchdog_interval=0)}
         self.live: dict[int, Entry] = {}
@@ -96,7 +106,9 @@ class DeviceHeapMachine(RuleBasedStateMachine):
             b = self.doms[who].buffer(shape, dt, device=device)
         except hl.DeviceHeapFull as e:
             event(f"{device} full")
-            assert not fits, f"{nbytes} bytes refused with a free run of {self._largest_free(device)} granules: {e}"
+            assert not fits, (
+                f"{nbytes} bytes refused with a free run of {self._largest_free(device)} granules: {e}"
+            )
             assert device in str(e)
             return
         assert fits, f"{nbytes} bytes allocated in {device} although the model has no run of {need} granules"

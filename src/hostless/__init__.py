@@ -21,6 +21,8 @@ from .domain import Domain, Participant, parse_size
 from .errors import (
     AlreadySignaled,
     CorruptDomain,
+    DeviceBufferError,
+    DeviceHeapFull,
     DomainClosed,
     DomainFull,
     HostlessError,
@@ -28,8 +30,6 @@ from .errors import (
     InvalidOperation,
     NameTaken,
     OutOfMemory,
-    DeviceBufferError,
-    DeviceHeapFull,
     QueueFull,
 )
 from .fence import Fence

@@ -10,7 +10,8 @@ def layout(
 def handle_method(i: int) -> Any: ...
 def set_status(cls: type, members: dict[int, Any]) -> None: ...
 def status_valid(s: int) -> bool: ...
-# test hooks: device_store(core, h, word), queue_reserve_stuck(core, q, sig), heap_lock_forever(core[, device])
+# test hooks: device_store(core, h, word), queue_reserve_stuck(core, q, sig),
+# heap_lock_forever(core[, device])
 testing: Any
 
 class Core:

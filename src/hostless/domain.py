@@ -98,7 +98,7 @@ class Domain:
         cls,
         fd: int,
         name: str | None,
-        init: tuple[int, ...] | None,
+        init: tuple[object, ...] | None,
         label: str | None,
         kind: str,
         watchdog_interval: float,
@@ -198,7 +198,9 @@ class Domain:
             label = f"pid{os.getpid()}"
         _check_join_args(label, kind, watchdog_interval, spin)
         path = _path(name)
-        devs = shm.parse_device_heaps({"cuda:0": DEFAULT_DEVICE_HEAP} if device_heaps is None else device_heaps)
+        devs = shm.parse_device_heaps(
+            {"cuda:0": DEFAULT_DEVICE_HEAP} if device_heaps is None else device_heaps
+        )
         fd, init = shm.create_file(
             path, fences, participants, mode, (queues, trace, heap), poll_interval, replace_stale, devs
         )
@@ -562,7 +564,9 @@ class Domain:
                 except TypeError:  # unhashable shape or dtype spec
                     pass
         if device == "cpu":
-            b: Buffer = self._core.new_buffer(Buffer, self, nbytes, meta, self._raw_map(), fmt, dt.itemsize, shp)
+            b: Buffer = self._core.new_buffer(
+                Buffer, self, nbytes, meta, self._raw_map(), fmt, dt.itemsize, shp
+            )
             b._init_layout(shp, dt, nbytes, b._window_off)
             return b
         dev = self._device_index(device)

@@ -78,10 +78,10 @@ def domain_info(dom: Any) -> dict[str, Any]:
     place = (table["err"].astype(np.uint64) & np.uint64(0xFF)).astype(np.int64)
     dev_bufs = (state == int(C.SLOT_LIVE)) & (kind == int(C.KIND_BUFFER))
     device_heaps = [
-        {**dh._asdict(), "buffers": int(np.count_nonzero(dev_bufs & (place == dh.index + 1)))}
+        {**dh._asdict(), "buffers": int(np.count_nonzero(dev_bufs & (place == dh.heap_index + 1)))}
         for dh in lowlevel.device_heaps(dom)
     ]
-    dev_names = {int(d["index"]): str(d["name"]) for d in device_heaps}
+    dev_names = {int(d["heap_index"]): str(d["name"]) for d in device_heaps}
     if heap["size"]:
         heap["buffers"] -= sum(int(d["buffers"]) for d in device_heaps)  # host-placed ones
 

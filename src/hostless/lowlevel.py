@@ -69,7 +69,7 @@ class DeviceHeap(NamedTuple):
 
     name: str
     """``"cuda:N"``."""
-    index: int
+    heap_index: int
     """Its index in the domain (``Buffer.device_heap``)."""
     kind: int
     """DLPack device type (``C.DEVICE_CUDA`` = kDLCUDA)."""
@@ -98,8 +98,17 @@ def device_heaps(dom: Domain) -> list[DeviceHeap]:
         st = dom._core.heap_stats(i + 1)
         out.append(
             DeviceHeap(
-                f"cuda:{ordinal}", i, int(kind), int(ordinal), int(st["size"]), int(st["granule"]),
-                int(st["used"]), int(st["free"]), int(st["largest_free"]), int(st["allocs"]), int(st["repairs"]),
+                f"cuda:{ordinal}",
+                i,
+                int(kind),
+                int(ordinal),
+                int(st["size"]),
+                int(st["granule"]),
+                int(st["used"]),
+                int(st["free"]),
+                int(st["largest_free"]),
+                int(st["allocs"]),
+                int(st["repairs"]),
             )
         )
     return out

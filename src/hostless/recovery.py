@@ -243,7 +243,14 @@ def check_heap(bitmap: bytes, slots: bytes, used: int, granules: int) -> list[st
 
 
 def check_device_heap(
-    index: int, name: str, granule: int, bitmap: bytes, slots: bytes, used: int, granules: int, nheaps: int = 1
+    index: int,
+    name: str,
+    granule: int,
+    bitmap: bytes,
+    slots: bytes,
+    used: int,
+    granules: int,
+    nheaps: int = 1,
 ) -> list[str]:
     """Invariants of device heap ``index`` (``name``, e.g. "cuda:0"): every buffer placed in it
     owns an extent inside it that holds its bytes, extents do not overlap, the bitmap marks
@@ -260,7 +267,7 @@ def check_device_heap(
     bufs = (state != int(C.SLOT_FREE)) & (kind == int(C.KIND_BUFFER))
     if index == 0:
         for ii in np.nonzero(bufs & (place > nheaps))[0]:
-            out.append(f"buffer slot {int(ii)} names device heap {int(place[ii]) - 1}, which does not exist")
+            out.append(f"buffer slot {int(ii)} names device heap {int(place[ii]) - 1}: there is none")
     for ii in np.nonzero(bufs & (place == index + 1))[0]:
         i = int(ii)
         word, nbytes, e = int(fences[i]["word"]), int(fences[i]["aux"]), int(fences[i]["err"])
@@ -274,18 +281,20 @@ def check_device_heap(
             continue
         g = word // granule
         if g + n > granules:
-            out.append(f"buffer slot {i} has an extent [{g}, {g + n}) outside device heap {name} ({granules} granules)")
+            out.append(f"buffer slot {i}: extent [{g}, {g + n}) outside device heap {name} ({granules} g)")
             continue
         if nbytes > n * granule:
-            out.append(f"buffer slot {i}: {nbytes} bytes do not fit its extent of {n * granule} bytes ({name})")
+            out.append(f"buffer slot {i}: {nbytes} bytes do not fit its extent of {n * granule} B ({name})")
         if expect[g : g + n].any():
-            out.append(f"buffer slot {i}: extent [{g}, {g + n}) overlaps another buffer in device heap {name}")
+            out.append(f"buffer slot {i}: extent [{g}, {g + n}) overlaps another buffer ({name})")
         expect[g : g + n] = True
         total += n
     if (bits & ~expect).any():
-        out.append(f"device heap {name} bitmap marks {int((bits & ~expect).sum())} granules that no buffer owns (leak)")
+        n_leak = int((bits & ~expect).sum())
+        out.append(f"device heap {name} bitmap marks {n_leak} granules that no buffer owns (leak)")
     if (expect & ~bits).any():
-        out.append(f"device heap {name} bitmap misses {int((expect & ~bits).sum())} granules owned by buffers")
+        n_miss = int((expect & ~bits).sum())
+        out.append(f"device heap {name} bitmap misses {n_miss} granules owned by buffers")
     if used != total:
         out.append(f"device heap {name} used counter {used} != granules owned by buffers {total}")
     return out

@@ -142,7 +142,9 @@ def parse_device_heaps(spec: object) -> list[tuple[int, int]]:
     if spec is None:
         return []
     if not isinstance(spec, dict):
-        raise TypeError(f'device_heaps must be a dict such as {{"cuda:0": "256M"}}, got {type(spec).__name__}')
+        raise TypeError(
+            f'device_heaps must be a dict such as {{"cuda:0": "256M"}}, got {type(spec).__name__}'
+        )
     if len(spec) > int(C.MAX_DEVICE_HEAPS):
         raise ValueError(f"at most {int(C.MAX_DEVICE_HEAPS)} device heaps, got {len(spec)}")
     out: list[tuple[int, int]] = []
@@ -152,7 +154,9 @@ def parse_device_heaps(spec: object) -> list[tuple[int, int]]:
             raise ValueError(f'device heap {key!r}: a device heap is on a GPU, "cuda:N"')
         n = parse_size(size)
         if not 0 < n <= int(C.DEVICE_MAX_SIZE):
-            raise ValueError(f"device heap {key!r}: size must be in 1..{int(C.DEVICE_MAX_SIZE)} bytes, got {size!r}")
+            raise ValueError(
+                f"device heap {key!r}: size must be in 1..{int(C.DEVICE_MAX_SIZE)} bytes, got {size!r}"
+            )
         out.append((ordinal, -(-n // DEVICE_ALIGN) * DEVICE_ALIGN))
     return out
 
@@ -200,7 +204,16 @@ def create_file(
     if len(set(ords)) != len(ords):
         raise ValueError(f"device heaps name a GPU twice: {ords}")
     lay = _core.layout(fences, participants, qsize, tsize, hsize, devs)
-    init = (fences, participants, qsize, tsize, hsize, secrets.randbelow(255) + 1, int(poll_interval * 1e9), devs)
+    init = (
+        fences,
+        participants,
+        qsize,
+        tsize,
+        hsize,
+        secrets.randbelow(255) + 1,
+        int(poll_interval * 1e9),
+        devs,
+    )
     check_space(lay["total_size"])
     if replace:
         replace_stale(path)
