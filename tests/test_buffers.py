@@ -245,10 +245,18 @@ def test_oversize(hdom: hl.Domain) -> None:
 
 
 def test_domain_without_heap(domain_name: str) -> None:
-    with hl.Domain.create(domain_name, fences=16) as d:
+    with hl.Domain.create(domain_name, fences=16, device_heaps={}) as d:
         with pytest.raises(hl.OutOfMemory):
             d.buffer(16)
         assert d.heap_stats()["size"] == 0
+        assert d.check() == []
+    # with device heaps (the default) and no heap=, the small heap holds only device buffers' metadata
+    with hl.Domain.create(domain_name + "m", fences=16, unlink_on_close=True) as d:
+        with pytest.raises(hl.OutOfMemory, match="no heap"):
+            d.buffer(16)
+        with pytest.raises(hl.OutOfMemory, match="no heap"):
+            d.queue(4)
+        d.buffer(16, device="cuda:0").release()
         assert d.check() == []
 
 
@@ -995,9 +1003,29 @@ def test_cli_info_heap_section(hdom: hl.Domain, capsys: pytest.CaptureFixture[st
 def test_cli_info_without_heap(domain_name: str, capsys: pytest.CaptureFixture[str]) -> None:
     from hostless.cli import main
 
-    with hl.Domain.create(domain_name, fences=16):
+    with hl.Domain.create(domain_name, fences=16, device_heaps={}):
         assert main(["info", domain_name, "--json"]) == 0
         info = json.loads(capsys.readouterr().out)
-        assert info["heap"]["size"] == 0
+        assert info["heap"]["size"] == 0 and info["device_heaps"] == []
         assert main(["--plain", "info", domain_name]) == 0
-        assert "no heap" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "no heap" in out and "device heaps: none" in out
+
+
+def test_cli_info_metadata_heap(domain_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A default domain (device heap cuda:0, no heap=) has a small heap for device buffers'
+    metadata only: info says so, and counts device buffers under their device."""
+    from hostless.cli import main
+
+    with hl.Domain.create(domain_name, fences=16) as d:
+        b = d.buffer((10, 10), "f4", device="cuda:0")
+        assert main(["info", domain_name, "--json"]) == 0
+        info = json.loads(capsys.readouterr().out)
+        assert info["heap"]["metadata_only"] is True and info["heap"]["buffers"] == 0
+        (dh,) = info["device_heaps"]
+        assert dh["name"] == "cuda:0" and dh["buffers"] == 1 and dh["used"] == 512 and dh["granule"] == 256
+        assert info["live"]["buffer"] == {"in cuda:0": 1}
+        assert main(["--plain", "info", domain_name]) == 0
+        out = capsys.readouterr().out
+        assert "metadata of device buffers only" in out and "cuda:0" in out
+        b.release()

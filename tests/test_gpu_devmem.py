@@ -48,7 +48,7 @@ def dom(name):
 
 
 def _used(dom, dev="cuda:0"):
-    return next(h for h in lowlevel.device_heaps(dom) if h["name"] == dev)["used"]
+    return next(h for h in lowlevel.device_heaps(dom) if h.name == dev).used
 
 
 def _child(code: str, name: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

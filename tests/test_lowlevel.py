@@ -15,9 +15,11 @@ from hostless import lowlevel, trace, wire
 from hostless._abi import C
 
 DOCUMENTED = [
+    "DeviceHeap",
     "QueueView",
     "base_address",
     "completion_word_offset",
+    "device_heaps",
     "doorbell_address",
     "handle_index",
     "handle_kind",

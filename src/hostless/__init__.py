@@ -21,6 +21,8 @@ from .domain import Domain, Participant, parse_size
 from .errors import (
     AlreadySignaled,
     CorruptDomain,
+    DeviceBufferError,
+    DeviceHeapFull,
     DomainClosed,
     DomainFull,
     HostlessError,
@@ -66,6 +68,8 @@ __all__ = [
     "AlreadySignaled",
     "InvalidOperation",
     "OutOfMemory",
+    "DeviceBufferError",
+    "DeviceHeapFull",
     "NameTaken",
     "parse_size",
     "abi_header_path",

@@ -15,6 +15,7 @@ __all__ = [
     "HEADER_DTYPE",
     "PARTICIPANT_DTYPE",
     "FENCE_DTYPE",
+    "DEVHEAP_DTYPE",
     "owner_code",
     "split_participant_id",
     "handle_kind",
@@ -55,9 +56,31 @@ HEADER_DTYPE = _dtype(
         ("epoch", C.H_EPOCH, "<u8"),
         ("ready", C.H_READY, "<u4"),
         ("stats_recovered", C.H_STATS_RECOVERED, "<u8"),
+        ("devheap_offset", C.H_DEVHEAP_OFFSET, "<u8"),
+        ("devheap_size", C.H_DEVHEAP_SIZE, "<u8"),
+        ("devheap_count", C.H_DEVHEAP_COUNT, "<u4"),
     ],
     C.HEADER_SIZE,
 )
+
+DEVHEAP_DTYPE = _dtype(
+    [
+        ("magic", C.DH_MAGIC, "<u8"),
+        ("lock", C.DH_LOCK, "<u8"),
+        ("device_kind", C.DH_DEVICE_KIND, "<u4"),
+        ("device_ordinal", C.DH_DEVICE_ORDINAL, "<u4"),
+        ("granule", C.DH_GRANULE, "<u8"),
+        ("granules", C.DH_GRANULES, "<u8"),
+        ("size", C.DH_SIZE, "<u8"),
+        ("used_granules", C.DH_USED_GRANULES, "<u8"),
+        ("hint", C.DH_HINT, "<u8"),
+        ("repairs", C.DH_REPAIRS, "<u8"),
+        ("allocs", C.DH_ALLOCS, "<u8"),
+        ("bitmap_offset", C.DH_BITMAP_OFFSET, "<u8"),
+    ],
+    C.DEVHEAP_SIZE,
+)
+"""struct hl_devheap: one device heap's descriptor (hostless_layout.h, "Device heaps")."""
 
 PARTICIPANT_DTYPE = _dtype(
     [

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import _core
 from ._abi import C
-from .errors import DomainClosed, InvalidHandle
+from .errors import DeviceBufferError, DomainClosed, InvalidHandle
 
 __all__ = [
     "Buffer",
@@ -41,6 +41,7 @@ __all__ = [
 
 ShapeLike = Union[int, Sequence[int]]  # noqa: UP007 (a runtime alias on Python 3.10)
 _KDL_CPU = 1
+_KDL_CUDA = int(C.DEVICE_CUDA)  # DLPack's kDLCUDA: device kinds in the ABI are DLPack's
 
 
 def normalize_layout(shape: ShapeLike, dtype: Any) -> tuple[tuple[int, ...], np.dtype, int]:
@@ -186,34 +187,114 @@ class _Views(_core.Handle):
 
 
 class Buffer(_Views):
-    """One reference to a block of the shared heap.  Create with ``Domain.buffer()``
-    or ``Domain.import_buffer()``; ``release()`` or ``with`` drops it.  The block
-    returns to the heap when no participant holds the buffer any more."""
+    """One reference to a buffer: a block of the shared heap, or an extent of a
+    device heap (``Domain.buffer(..., device="cuda:N")``).  Create with
+    ``Domain.buffer()`` or ``Domain.import_buffer()``; ``release()`` or ``with``
+    drops it.  Its memory returns to its heap when no participant holds the
+    buffer any more (a device buffer's device extent and metadata block both).
 
-    __slots__ = ("shape", "dtype", "nbytes", "offset")
+    A device buffer's data is GPU memory: every host view (``numpy()``,
+    ``np.asarray``, the buffer protocol, ``memoryview``, ``copy_to``) raises
+    :class:`DeviceBufferError`; ``to_host()`` copies it, DLPack
+    (``__dlpack__``, kDLCUDA) hands it to CuPy or PyTorch without a copy."""
 
-    offset: int
-    """Offset of the data from the start of the domain mapping."""
+    __slots__ = ("shape", "dtype", "nbytes", "_offset", "_device_name", "_heap", "_device_offset")
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Buffer:
         raise TypeError("use Domain.buffer() or Domain.import_buffer()")
 
-    def _init_layout(self, shape: tuple[int, ...], dtype: np.dtype, nbytes: int, offset: int) -> None:
-        self.shape, self.dtype, self.nbytes, self.offset = shape, dtype, nbytes, offset
+    def _init_layout(
+        self,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        nbytes: int,
+        offset: int,
+        device: str = "cpu",
+        heap: int | None = None,
+        device_offset: int | None = None,
+    ) -> None:
+        self.shape, self.dtype, self.nbytes, self._offset = shape, dtype, nbytes, offset
+        self._device_name, self._heap, self._device_offset = device, heap, device_offset
+
+    @property
+    def offset(self) -> int:
+        """Offset of the data from the start of the domain mapping (host buffers;
+        DeviceBufferError for a device buffer, whose data is not in the mapping)."""
+        if self._heap is not None:
+            raise self._device_error()
+        return self._offset
+
+    @property
+    def device(self) -> str:
+        """Where the data lives: ``"cpu"`` (the shared heap) or ``"cuda:N"``."""
+        return self._device_name
+
+    @property
+    def device_offset(self) -> int | None:
+        """Bytes from the start of its device heap to the data (a multiple of 256) for a
+        device buffer; None for a host buffer."""
+        return self._device_offset
+
+    @property
+    def device_heap(self) -> int | None:
+        """Index of its device heap in the domain (``lowlevel.device_heaps``); None for a host buffer."""
+        return self._heap
+
+    def _device_error(self) -> DeviceBufferError:
+        return DeviceBufferError(
+            f"buffer {self.handle:#x} lives in GPU memory ({self._device_name}): the host cannot view it; "
+            "copy it with to_host(), or hand it to a GPU library through DLPack"
+        )
 
     def numpy(self, *, readonly: bool = False) -> np.ndarray:
         if not self._held:
             raise InvalidHandle(f"buffer {self.handle:#x} was released")
         if self._dom._closed:
             raise DomainClosed("the buffer's domain is closed")
+        if self._heap is not None:
+            raise self._device_error()
         return super().numpy(readonly=readonly)
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """DLPack capsule over the same memory: kDLCPU for a host buffer, kDLCUDA for a device
+        buffer (through :mod:`hostless.devmem`, which maps the device heap in this process)."""
+        if self._heap is None:
+            return super().__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+        from .devmem import export_dlpack  # type: ignore[import-not-found,unused-ignore]
+
+        return export_dlpack(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        if self._heap is None:
+            return (_KDL_CPU, 0)
+        return (_KDL_CUDA, int(self._device_name.split(":", 1)[1]))
+
+    def to_host(self, *args: Any, **kwargs: Any) -> Any:
+        """A host copy of a device buffer's data (:func:`hostless.devmem.to_host`)."""
+        from .devmem import to_host  # type: ignore[import-not-found,unused-ignore]
+
+        return to_host(self, *args, **kwargs)
+
+    def from_host(self, *args: Any, **kwargs: Any) -> Any:
+        """Copy host data into a device buffer (:func:`hostless.devmem.from_host`)."""
+        from .devmem import from_host  # type: ignore[import-not-found,unused-ignore]
+
+        return from_host(self, *args, **kwargs)
 
     def __len__(self) -> int:
         return self.nbytes
 
     def __repr__(self) -> str:
         state = "" if self._held else " released"
-        return f"<hostless.Buffer {self.handle:#x} shape={self.shape} dtype={self.dtype}{state}>"
+        where = "" if self._heap is None else f" device={self._device_name}"
+        return f"<hostless.Buffer {self.handle:#x} shape={self.shape} dtype={self.dtype}{where}{state}>"
 
 
 class PrivateBuffer(_Views):

@@ -114,6 +114,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:
         print("objects: none")
     _print_heap(info["heap"], args.plain)
+    _print_device_heaps(info.get("device_heaps", []), args.plain)
     nrows = [[n, e["kind"], e["handle"]] for n, e in sorted(info["names"].items())]
     if nrows:
         _print_table("names (Domain.publish / lookup)", ["name", "kind", "handle"], nrows, args.plain)
@@ -148,7 +149,31 @@ def _print_heap(heap: dict[str, Any], plain: bool) -> None:
         "allocs",
         "repairs",
     ]
-    _print_table("heap (fragmentation = 1 - largest free run / free)", headers, [row], plain)
+    what = "heap (fragmentation = 1 - largest free run / free)"
+    if heap.get("metadata_only"):
+        what = "heap: metadata of device buffers only (no heap for host buffers; create with heap=...)"
+    _print_table(what, headers, [row], plain)
+
+
+def _print_device_heaps(heaps: list[dict[str, Any]], plain: bool) -> None:
+    if not heaps:
+        print("device heaps: none")
+        return
+    rows = [
+        [
+            h["name"],
+            _size(h["size"]),
+            f"{_size(h['used'])} ({h['used'] / h['size']:.1%})",
+            _size(h["largest_free"]),
+            str(h["granule"]),
+            str(h["buffers"]),
+            str(h["allocs"]),
+            str(h["repairs"]),
+        ]
+        for h in heaps
+    ]
+    headers = ["device", "size", "used", "largest free run", "granule", "buffers", "allocs", "repairs"]
+    _print_table("device heaps (bookkeeping; memory mapped by hostless.devmem)", headers, rows, plain)
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -317,9 +317,9 @@ _lock = threading.Lock()
 _backings: dict[tuple[str, int], DeviceHeapBacking] = {}
 
 
-def _heap_of(dom: Any, device: str) -> dict[str, Any]:
+def _heap_of(dom: Any, device: str) -> Any:
     for h in lowlevel.device_heaps(dom):
-        if h["name"] == device:
+        if h.name == device:
             return h
     raise HostlessError(f"the domain has no {device} heap (declare it: Domain.create(..., device_heaps=...))")
 
@@ -328,12 +328,11 @@ def backing(dom: Any, device: str) -> DeviceHeapBacking:
     """This process's mapping of ``dom``'s heap on ``device`` ("cuda:N"), made on first use.
     CudaUnavailable without CUDA; HostlessError when the domain has no such heap."""
     heap = _heap_of(dom, device)
-    key = (_domain_key(dom), int(heap["index"]))
+    key = (_domain_key(dom), int(heap.heap_index))
     with _lock:
         b = _backings.get(key)
         if b is None or not b.va:
-            _kind, ordinal = parse_device(device)
-            b = DeviceHeapBacking(key[0], key[1], ordinal, int(heap["size"]))
+            b = DeviceHeapBacking(key[0], key[1], int(heap.ordinal), int(heap.size))
             _backings[key] = b
         return b
 

@@ -48,6 +48,9 @@ _KIND_TIMELINE = int(C.KIND_TIMELINE)
 _KIND_BUFFER = int(C.KIND_BUFFER)
 _KIND_QUEUE = int(C.KIND_QUEUE)
 
+DEFAULT_DEVICE_HEAP = 256 << 20
+"""Size of the ``"cuda:0"`` device heap of a domain created without ``device_heaps``."""
+
 _live: weakref.WeakSet[Domain] = weakref.WeakSet()
 _path = path_of  # (hostless.fuzz imports it from here)
 
@@ -84,6 +87,7 @@ class Domain:
     _index: int
     _incarnation: int
     _spin: float
+    _devices: dict[str, int]
 
     def __init__(self, *_: Any, **__: Any) -> None:
         raise TypeError("use Domain.create(), Domain.open() or Domain.from_fd()")
@@ -94,7 +98,7 @@ class Domain:
         cls,
         fd: int,
         name: str | None,
-        init: tuple[int, ...] | None,
+        init: tuple[object, ...] | None,
         label: str | None,
         kind: str,
         watchdog_interval: float,
@@ -120,6 +124,8 @@ class Domain:
         except BaseException:
             os.close(fd)  # the core did not take it
             raise
+        # the device heaps as validated at attach: "cuda:N" -> heap index
+        self._devices = {f"cuda:{o}": i for i, (_k, o) in enumerate(self._core.device_heaps())}
         try:
             self._fd = fd
             self.spin = spin
@@ -145,6 +151,7 @@ class Domain:
         participants: int = 64,
         mode: int = 0o600,
         heap: int | str = 0,
+        device_heaps: dict[str, int | str] | None = None,
         queues: int | str = 0,
         trace: int | str = 0,
         poll_interval: float = 1e-3,
@@ -159,6 +166,14 @@ class Domain:
 
         ``fences``: fence/timeline slots (1..2**24).  ``participants``: at most
         64 processes joined at once.  ``mode``: file permissions.
+        ``heap``: bytes of the shared (host) heap, 0 for none.
+        ``device_heaps``: GPU memory for ``buffer(..., device="cuda:N")``, as
+        ``{"cuda:N": bytes}`` (at most 8 heaps; sizes rounded up to 2 MiB, at
+        most 1 TiB each); default ``{"cuda:0": 256 MiB}``, ``{}`` for none.
+        The domain file holds only their bookkeeping (one bit per 256 bytes);
+        the device memory itself is allocated by :mod:`hostless.devmem` when a
+        process first touches it.  A domain with device heaps and ``heap=0``
+        gets a 256 KiB host heap for the device buffers' metadata.
         ``poll_interval``: the longest a sleeping host waiter goes without
         re-reading a word (bounds how late it sees a device's plain store),
         1 us .. 0.1 s.
@@ -176,15 +191,18 @@ class Domain:
         removed: FileExistsError says which it is.
 
         Raises FileExistsError if the name exists (and is not replaced),
-        ValueError on bad sizes, OutOfMemory when the domain is larger than the
+        ValueError on bad sizes or device names, OutOfMemory when the domain is larger than the
         free space of /dev/shm.
         """
         if label is None:
             label = f"pid{os.getpid()}"
         _check_join_args(label, kind, watchdog_interval, spin)
         path = _path(name)
+        devs = shm.parse_device_heaps(
+            {"cuda:0": DEFAULT_DEVICE_HEAP} if device_heaps is None else device_heaps
+        )
         fd, init = shm.create_file(
-            path, fences, participants, mode, (queues, trace, heap), poll_interval, replace_stale
+            path, fences, participants, mode, (queues, trace, heap), poll_interval, replace_stale, devs
         )
         try:
             st = os.fstat(fd)
@@ -335,12 +353,14 @@ class Domain:
 
     @property
     def capacity(self) -> dict[str, int]:
-        """Table capacities: fences, participants, heap/queue/trace bytes."""
+        """Table capacities: fences, participants, heap/queue/trace bytes (heap: 0 when
+        the domain has only the small heap of its device buffers' metadata; the device
+        heaps are in :attr:`devices` and ``lowlevel.device_heaps``)."""
         h = self.header()
         return {
             "fences": int(h["fence_capacity"]),
             "participants": int(h["participant_capacity"]),
-            "heap": int(h["heap_size"]),
+            "heap": 0 if self._core.info()["meta_heap"] else int(h["heap_size"]),
             "queues": int(h["queues_size"]),
             "trace": int(h["trace_size"]),
         }
@@ -515,12 +535,19 @@ class Domain:
         return t
 
     # --------------------------------------------------------------- buffers
-    def buffer(self, shape: ShapeLike, dtype: Any = None) -> Buffer:
-        """Allocate a buffer from the shared heap: ``buffer(nbytes)`` or ``buffer(shape, dtype)``.
+    def buffer(self, shape: ShapeLike, dtype: Any = None, *, device: str = "cpu") -> Buffer:
+        """Allocate a buffer: ``buffer(nbytes)`` or ``buffer(shape, dtype)``.
 
-        Data is 64-byte aligned, 4096-byte aligned from 64 KiB up; contents are
-        not zeroed.  Raises ValueError for a non-positive size or unknown
-        dtype, OutOfMemory (with the free space) when the heap cannot hold it,
+        ``device="cpu"`` (the default): from the shared heap; data 64-byte
+        aligned, 4096-byte aligned from 64 KiB up.  ``device="cuda:N"``: in
+        the domain's device heap for GPU N (256-byte aligned; the slot
+        records the placement and a small host block its dtype and shape, so
+        every participant that imports it sees the same device, offset and
+        layout); the host cannot view it (:class:`DeviceBufferError`).
+        Contents are not zeroed.  Raises ValueError for a non-positive size,
+        an unknown dtype or device, or a GPU without a device heap in this
+        domain; OutOfMemory (with the free space) when the heap cannot hold
+        it, DeviceHeapFull (naming the device) when the device heap cannot;
         DomainFull when the slot table is full.
         """
         self._check_open()
@@ -536,15 +563,40 @@ class Domain:
                     self._layouts[key] = (shp, dt, nbytes, meta, fmt)
                 except TypeError:  # unhashable shape or dtype spec
                     pass
-        b: Buffer = self._core.new_buffer(Buffer, self, nbytes, meta, self._raw_map(), fmt, dt.itemsize, shp)
-        b._init_layout(shp, dt, nbytes, b._window_off)
+        if device == "cpu":
+            b: Buffer = self._core.new_buffer(
+                Buffer, self, nbytes, meta, self._raw_map(), fmt, dt.itemsize, shp
+            )
+            b._init_layout(shp, dt, nbytes, b._window_off)
+            return b
+        dev = self._device_index(device)
+        b = self._core.new_buffer(Buffer, self, nbytes, meta, None, fmt, dt.itemsize, shp, dev)
+        b._init_layout(shp, dt, nbytes, -1, device, dev, b._window_off)
         return b
 
+    def _device_index(self, device: str) -> int:
+        """The index of ``device``'s heap (ValueError: not a device, or no heap for it here)."""
+        try:
+            return self._devices[device]
+        except (KeyError, TypeError):
+            pass
+        if shm.parse_device(device) is None:
+            raise ValueError('device "cpu" is the host heap')
+        have = ", ".join(self._devices) or "none"
+        raise ValueError(f"this domain has no device heap for {device} (device heaps: {have})")
+
+    @property
+    def devices(self) -> list[str]:
+        """The devices this domain has heaps for (``"cuda:N"``), in heap-index order."""
+        return list(self._devices)
+
     def import_buffer(self, handle: int) -> Buffer:
-        """Take a reference to the buffer ``handle`` (InvalidHandle when stale, forged or not a buffer)."""
+        """Take a reference to the buffer ``handle`` (InvalidHandle when stale, forged or not a buffer).
+
+        A device buffer comes back with its device, offset, shape and dtype."""
         self._check_open()
         b: Buffer = self._core.adopt(Buffer, self, _handle(handle), _KIND_BUFFER)
-        off, nbytes, meta = self._core.buffer_info(b.handle)
+        off, nbytes, meta, dev, doff = self._core.buffer_info(b.handle)
         try:
             shp, dt, n = unpack_meta(meta)
             if n != nbytes:
@@ -552,6 +604,11 @@ class Domain:
         except BaseException:
             b.release()
             raise
+        if dev >= 0:
+            name = next(k for k, i in self._devices.items() if i == dev)
+            b._device = dev + 1
+            b._init_layout(shp, dt, nbytes, -1, name, dev, doff)
+            return b
         b._set_window(self._raw_map(), off, nbytes, False, *pep3118(dt), shp)
         b._init_layout(shp, dt, nbytes, off)
         return b
@@ -577,11 +634,14 @@ class Domain:
         """True when the domain was created with a trace ring (``trace=...``)."""
         return bool(self._core.trace_enabled())
 
-    def heap_stats(self) -> dict[str, int | float]:
+    def heap_stats(self, device: str = "cpu") -> dict[str, int | float]:
         """Heap figures: size, used, free, largest_free, free_runs, fragmentation
-        (1 - largest free run / free bytes), allocs, repairs (lock breaks after a death)."""
+        (1 - largest free run / free bytes), allocs, repairs (lock breaks after a death),
+        granule.  ``device="cuda:N"``: the figures of that device heap (ValueError when
+        the domain has none)."""
         self._check_open()
-        st: dict[str, int | float] = dict(self._core.heap_stats())
+        pool = 0 if device == "cpu" else self._device_index(device) + 1
+        st: dict[str, int | float] = dict(self._core.heap_stats(pool))
         free = st.get("free", 0)
         st["fragmentation"] = (1.0 - st["largest_free"] / free) if free else 0.0
         return st

@@ -10,6 +10,8 @@ __all__ = [
     "AlreadySignaled",
     "InvalidOperation",
     "OutOfMemory",
+    "DeviceHeapFull",
+    "DeviceBufferError",
     "DomainClosed",
     "QueueFull",
     "NameTaken",
@@ -42,6 +44,16 @@ class InvalidOperation(HostlessError):
 
 class OutOfMemory(HostlessError, MemoryError):
     """The shared heap cannot satisfy an allocation."""
+
+
+class DeviceHeapFull(OutOfMemory):
+    """A device heap (``"cuda:N"``) cannot satisfy an allocation; the message names the device
+    and its free space."""
+
+
+class DeviceBufferError(HostlessError, BufferError):
+    """Host access (NumPy, the buffer protocol, ``copy_to``) to a buffer whose data lives in
+    GPU memory.  Copy it with ``to_host()``, or hand it to a GPU library through DLPack."""
 
 
 class DomainClosed(InvalidOperation):

@@ -308,7 +308,7 @@ class CompiledGraph:
         place = dict.fromkeys(names, "cpu")
         if self.data != "shared":
             return place
-        heaps = {h["name"] for h in lowlevel.device_heaps(self.dom)}
+        heaps = {h.name for h in lowlevel.device_heaps(self.dom)}
         users: dict[str, set[str]] = {n: set() for n in names}
         for s in g.stages:
             dev = s.agent.device

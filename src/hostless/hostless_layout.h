@@ -22,6 +22,7 @@
  *   queues_offset        queues_size bytes (reserved for command queues)
  *   trace_offset         trace_size bytes (reserved for the trace ring)
  *   heap_offset          heap_size bytes (shared heap, page aligned)
+ *   devheap_offset       devheap_size bytes (device-heap descriptors and bitmaps; ABI 4)
  *
  * Every region starts on a 4096-byte boundary.  A reader must check magic,
  * abi_version, header_size, the slot sizes and that every region lies inside
@@ -129,7 +130,7 @@ typedef uint8_t hl_u8;
 #endif
 
 #define HL_MAGIC 0x3153534c54534f48ULL /* "HOSTLSS1" little-endian */
-#define HL_ABI_VERSION 3u /* 2: timeline wake sequence, write rule (see above); 3: the name table */
+#define HL_ABI_VERSION 4u /* 2: timeline wake sequence, write rule (see above); 3: the name table; 4: device heaps */
 #define HL_HEADER_SIZE 4096u
 #define HL_PAGE 4096u
 #define HL_CACHELINE 64u
@@ -261,14 +262,18 @@ struct hl_header {
     hl_u64 heap_offset;           /*  88 */
     hl_u64 heap_size;             /*  96 */
     hl_u32 tag;                   /* 104 handle tag, 1..255 */
-    hl_u32 flags;                 /* 108 reserved, 0 */
+    hl_u32 flags;                 /* 108 HL_FLAG_* */
     hl_u64 created_ns;            /* 112 CLOCK_REALTIME at creation */
     hl_u64 poll_ns;               /* 120 longest host sleep before re-reading a word */
     hl_u64 epoch;                 /* 128 bumped by every completed recovery */
     hl_u32 alloc_hint;            /* 136 where fence allocation starts scanning */
     hl_u32 ready;                 /* 140 1 once the creator finished initialising */
     hl_u64 stats_recovered;       /* 144 participants recovered so far */
-    hl_u8 reserved[HL_NAMES_OFFSET - 152];
+    hl_u64 devheap_offset;        /* 152 the device-heap region (see "Device heaps") */
+    hl_u64 devheap_size;          /* 160 its size in bytes, 0 = none */
+    hl_u32 devheap_count;         /* 168 descriptors at its start, <= HL_MAX_DEVICE_HEAPS */
+    hl_u32 pad0;                  /* 172 0 */
+    hl_u8 reserved[HL_NAMES_OFFSET - 176];
     struct hl_names names;        /* 1024 the name table (above) */
 };
 
@@ -310,7 +315,7 @@ struct hl_fence {
  *   aux         nbytes requested
  *   parents[0]  first granule of the block
  *   parents[1]  number of granules of the block (0 = no block owned)
- *   err         0
+ *   err         0 (a host buffer; see "Device heaps" below for the others)
  *
  * The block starts with a struct hl_buffer_meta (dtype and shape, for
  * importers); data follows at +128 bytes (64-byte aligned) for blocks under
@@ -340,6 +345,79 @@ struct hl_heap {
     hl_u64 repairs;        /* 64 times the bitmap was rebuilt after a holder died */
     hl_u64 allocs;         /* 72 allocations so far */
     hl_u8 reserved[128 - 80];
+};
+
+/* ------------------------------------------------------------------------
+ * Device heaps (ABI 4).
+ *
+ * A domain declares up to HL_MAX_DEVICE_HEAPS device heaps at creation (one
+ * per GPU, say "cuda:0"): each is an address range [0, size) of device memory
+ * (a CUDA virtual-memory allocation shared by every process of the domain;
+ * the allocation itself is made and mapped by hostless.devmem, outside this
+ * layout).  The domain file holds only the bookkeeping: the region
+ * (devheap_offset, devheap_size) starts with devheap_count struct
+ * hl_devheap descriptors (128 bytes each), followed by their allocation
+ * bitmaps (one bit per HL_DEVICE_GRANULE bytes of device memory), each at
+ * its descriptor's bitmap_offset (from the start of the region, 8-byte
+ * aligned).  Nothing on the host dereferences a device offset.
+ *
+ * A descriptor's lock, used_granules, hint, repairs and allocs follow the
+ * rules of hl_heap's (same offsets): the bitmap is derived state, changed
+ * only under the lock; a lock whose holder died is broken and the bitmap
+ * rebuilt from the buffer slots.  Validation (hl_attach, once): magic, kind,
+ * granule == HL_DEVICE_GRANULE, size == granules * granule, a multiple of
+ * HL_DEVICE_ALIGN, at most HL_DEVICE_MAX_SIZE, bitmaps inside the region
+ * after the descriptors and disjoint, no (kind, ordinal) twice.
+ *
+ * A device buffer is a buffer slot (HL_KIND_BUFFER) whose placement, in err,
+ * names a device heap:
+ *
+ *   err[7:0]    0: a host buffer (the data is in its heap block; err = 0);
+ *               i + 1: the data is in device heap i
+ *   err[63:8]   device buffers: granules of the device extent (0 once freed)
+ *   word        device buffers: byte offset of the data from the start of
+ *               device heap i (a multiple of HL_DEVICE_GRANULE)
+ *   aux         nbytes requested, as for every buffer
+ *   parents[0..1]  the host heap block, which for a device buffer holds only
+ *               its struct hl_buffer_meta (at the block's start)
+ *
+ * A domain created with device heaps but no heap gets a heap of
+ * HL_DEVICE_META_HEAP bytes for these metadata blocks, and HL_FLAG_META_HEAP
+ * in hl_header.flags: its participants allocate no host buffer or queue there.
+ *
+ * So a device buffer owns two extents: its device extent (under the device
+ * heap's lock) and its metadata block (under the host heap's lock); freeing
+ * the slot frees both, each idempotently, and recovery treats it as any
+ * buffer.  hl_buffer_data() returns 0 for a device buffer (no host memory);
+ * hl_buffer_device() gives its heap and offset.
+ */
+#define HL_MAX_DEVICE_HEAPS 8u
+#define HL_DEVICE_META_HEAP (256u << 10) /* heap of a domain created with device heaps and no heap */
+#define HL_FLAG_META_HEAP 1u /* hl_header.flags: the heap holds only device buffers' metadata */
+#define HL_DEVHEAP_SIZE 128u
+#define HL_DEVHEAP_MAGIC 0x5041454856454448ULL /* "HDEVHEAP" */
+#define HL_DEVICE_GRANULE 256u
+#define HL_DEVICE_ALIGN (2ULL << 20)     /* a device heap's size is a multiple of 2 MiB */
+#define HL_DEVICE_MAX_SIZE (1ULL << 40)  /* 1 TiB per device heap */
+#define HL_DEVICE_CUDA 2u                /* device kinds are DLPack's: kDLCUDA */
+#define HL_PLACE(heap, granules) (((hl_u64)(granules) << 8) | ((hl_u64)(heap) + 1u))
+#define HL_PLACE_HEAP(e) ((int)((e) & 0xffu) - 1) /* -1: host */
+#define HL_PLACE_GRANULES(e) ((e) >> 8)
+
+struct hl_devheap {
+    hl_u64 magic;          /*  0 HL_DEVHEAP_MAGIC */
+    hl_u64 lock;           /*  8 as hl_heap.lock: 0 = free, else HL_OWNER of the holder */
+    hl_u32 device_kind;    /* 16 HL_DEVICE_CUDA */
+    hl_u32 device_ordinal; /* 20 N of "cuda:N" */
+    hl_u64 granule;        /* 24 HL_DEVICE_GRANULE */
+    hl_u64 granules;       /* 32 bits in the bitmap */
+    hl_u64 size;           /* 40 granules * granule: the device range [0, size) */
+    hl_u64 used_granules;  /* 48 maintained under the lock (hl_heap's offset) */
+    hl_u64 hint;           /* 56 granule where the next search starts */
+    hl_u64 repairs;        /* 64 times the bitmap was rebuilt after a holder died */
+    hl_u64 allocs;         /* 72 allocations so far */
+    hl_u64 bitmap_offset;  /* 80 from the start of the device-heap region */
+    hl_u8 reserved[HL_DEVHEAP_SIZE - 88];
 };
 
 struct hl_buffer_meta {
@@ -487,9 +565,11 @@ _Static_assert(sizeof(struct hl_trace_event) == 64, "hl_trace_event size");
 
 #if defined(__cplusplus) && __cplusplus >= 201103L
 static_assert(sizeof(struct hl_heap) == 128, "hl_heap size");
+static_assert(sizeof(struct hl_devheap) == HL_DEVHEAP_SIZE, "hl_devheap size");
 static_assert(sizeof(struct hl_buffer_meta) == HL_BUFFER_META_SIZE, "hl_buffer_meta size");
 #elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
 _Static_assert(sizeof(struct hl_heap) == 128, "hl_heap size");
+_Static_assert(sizeof(struct hl_devheap) == HL_DEVHEAP_SIZE, "hl_devheap size");
 _Static_assert(sizeof(struct hl_buffer_meta) == HL_BUFFER_META_SIZE, "hl_buffer_meta size");
 #endif
 

@@ -50,7 +50,8 @@
  *   Checks the shared header at base against this ABI and the mapping's size:
  *   magic, abi_version, header_size, total_size == size, slot sizes,
  *   capacities, tag (1..255), poll_ns (HL_POLL_MIN_NS..HL_POLL_MAX_NS), every
- *   region page aligned, inside the mapping and overlapping no other one.
+ *   region page aligned, inside the mapping and overlapping no other one,
+ *   devheap_count <= HL_MAX_DEVICE_HEAPS descriptors inside their region.
  *   Ordering: plain reads (call it before sharing the mapping with other
  *   threads, or accept that a concurrent writer makes it fail).
  *   Returns HL_OK, or HL_E_CORRUPT on the first mismatch.  Reads only the
@@ -75,18 +76,21 @@ HL_INLINE int hl_domain_validate(const void *base, hl_u64 size) {
     if (!hl_region_ok(h->queues_offset, h->queues_size, size)) return HL_E_CORRUPT;
     if (!hl_region_ok(h->trace_offset, h->trace_size, size)) return HL_E_CORRUPT;
     if (!hl_region_ok(h->heap_offset, h->heap_size, size)) return HL_E_CORRUPT;
+    if (!hl_region_ok(h->devheap_offset, h->devheap_size, size)) return HL_E_CORRUPT;
+    if (h->devheap_count > HL_MAX_DEVICE_HEAPS || h->devheap_size / HL_DEVHEAP_SIZE < h->devheap_count) return HL_E_CORRUPT;
     if (h->participants_offset < HL_HEADER_SIZE || h->fences_offset < HL_HEADER_SIZE) return HL_E_CORRUPT;
     {
         /* the regions must not overlap (each one was checked to lie inside the mapping above) */
-        hl_u64 off[5], len[5];
+        hl_u64 off[6], len[6];
         int i, j;
         off[0] = h->participants_offset, len[0] = (hl_u64)h->participant_capacity * HL_PARTICIPANT_SIZE;
         off[1] = h->fences_offset, len[1] = (hl_u64)h->fence_capacity * HL_FENCE_SIZE;
         off[2] = h->queues_offset, len[2] = h->queues_size;
         off[3] = h->trace_offset, len[3] = h->trace_size;
         off[4] = h->heap_offset, len[4] = h->heap_size;
-        for (i = 0; i < 5; i++)
-            for (j = i + 1; j < 5; j++)
+        off[5] = h->devheap_offset, len[5] = h->devheap_size;
+        for (i = 0; i < 6; i++)
+            for (j = i + 1; j < 6; j++)
                 if (len[i] && len[j] && off[i] < off[j] + len[j] && off[j] < off[i] + len[i]) return HL_E_CORRUPT;
     }
     return HL_OK;
@@ -118,18 +122,59 @@ struct hl_dom {
     hl_u64 heap_data_size;         /* heap_granules * HL_GRANULE */
     struct hl_trace *trace;        /* 0: no trace ring */
     hl_u64 trace_capacity;         /* events */
+    hl_u32 devheap_count;          /* device heaps (0..HL_MAX_DEVICE_HEAPS) */
+    hl_u32 pad1_;
+    struct hl_devheap *devheap[HL_MAX_DEVICE_HEAPS];     /* descriptors */
+    hl_u64 *devheap_bitmap[HL_MAX_DEVICE_HEAPS];         /* their bitmaps */
+    hl_u64 devheap_granules[HL_MAX_DEVICE_HEAPS];        /* bits of each bitmap */
+    hl_u32 devheap_kind[HL_MAX_DEVICE_HEAPS];            /* HL_DEVICE_CUDA */
+    hl_u32 devheap_ordinal[HL_MAX_DEVICE_HEAPS];         /* N of cuda:N */
 };
 
 /* hl_attach(d, base, size)
  *   Validates the domain mapped at base (size bytes: the whole mapping) with
  *   hl_domain_validate, then the heap header (magic, bitmap and data area
  *   inside the heap region) when heap_size != 0, and fills the private view
- *   *d, which every other operation takes.  A trace ring whose header does not
+ *   *d, which every other operation takes.  Device-heap descriptors are
+ *   checked too (hl_devheaps_attach: each field read once, every offset and
+ *   size checked by subtraction).  A trace ring whose header does not
  *   check out is left out of the view (d->trace = 0), not an error.
  *   Ordering: plain reads, once; nothing is written to shared memory.
- *   Returns HL_OK, or HL_E_CORRUPT (header, heap header inconsistent or not
- *   inside the mapping).  *d is zeroed first, so on an error it names no
+ *   Returns HL_OK, or HL_E_CORRUPT (header, heap header or a device-heap
+ *   descriptor inconsistent or not inside the mapping).  *d is zeroed first, so on an error it names no
  *   memory at all. */
+
+/* The device-heap descriptors of the validated header h into d (part of hl_attach). */
+HL_INLINE int hl_devheaps_attach(struct hl_dom *d, const struct hl_header *h) {
+    hl_u64 roff = h->devheap_offset, rsize = h->devheap_size; /* read once */
+    hl_u32 n = h->devheap_count, i, j;
+    hl_u64 lo[HL_MAX_DEVICE_HEAPS], hi[HL_MAX_DEVICE_HEAPS];
+    if (n == 0) return HL_OK;
+    if (n > HL_MAX_DEVICE_HEAPS || !hl_region_ok(roff, rsize, d->size) || rsize / HL_DEVHEAP_SIZE < n) return HL_E_CORRUPT;
+    for (i = 0; i < n; i++) {
+        const struct hl_devheap *dh = (const struct hl_devheap *)(d->base + roff + (hl_u64)i * HL_DEVHEAP_SIZE);
+        hl_u64 magic = dh->magic, gran = dh->granule, g = dh->granules, sz = dh->size, bmo = dh->bitmap_offset;
+        hl_u32 kind = dh->device_kind, ord = dh->device_ordinal;
+        hl_u64 bm_bytes;
+        if (magic != HL_DEVHEAP_MAGIC || kind != HL_DEVICE_CUDA || ord > 255u || gran != HL_DEVICE_GRANULE) return HL_E_CORRUPT;
+        if (g == 0 || g > HL_DEVICE_MAX_SIZE / HL_DEVICE_GRANULE || sz != g * HL_DEVICE_GRANULE || sz % HL_DEVICE_ALIGN)
+            return HL_E_CORRUPT;
+        bm_bytes = (g + 63) / 64 * 8;
+        if (bmo % 8 || bmo < (hl_u64)n * HL_DEVHEAP_SIZE || bmo > rsize || bm_bytes > rsize - bmo) return HL_E_CORRUPT;
+        for (j = 0; j < i; j++) {
+            if (d->devheap_kind[j] == kind && d->devheap_ordinal[j] == ord) return HL_E_CORRUPT;
+            if (bmo < hi[j] && lo[j] < bmo + bm_bytes) return HL_E_CORRUPT; /* bitmaps overlap */
+        }
+        lo[i] = bmo, hi[i] = bmo + bm_bytes;
+        d->devheap[i] = (struct hl_devheap *)dh;
+        d->devheap_bitmap[i] = (hl_u64 *)(d->base + roff + bmo);
+        d->devheap_granules[i] = g;
+        d->devheap_kind[i] = kind;
+        d->devheap_ordinal[i] = ord;
+    }
+    d->devheap_count = n;
+    return HL_OK;
+}
 
 HL_INLINE int hl_attach(struct hl_dom *d, void *base, hl_u64 size) {
     const struct hl_header *h = (const struct hl_header *)base;
@@ -159,6 +204,10 @@ HL_INLINE int hl_attach(struct hl_dom *d, void *base, hl_u64 size) {
         d->heap_granules = g;
         d->heap_data = d->base + h->heap_offset + dato;
         d->heap_data_size = dsz;
+    }
+    if (hl_devheaps_attach(d, h) != HL_OK) {
+        for (i = 0; i < sizeof *d; i++) ((char *)d)[i] = 0;
+        return HL_E_CORRUPT;
     }
     if (h->trace_size >= 128) {
         const struct hl_trace *t = (const struct hl_trace *)(d->base + h->trace_offset);
@@ -371,21 +420,54 @@ HL_INLINE int hl_timeline_poll(const struct hl_dom *d, hl_u64 handle, hl_u64 *wo
  * hl_buffer_data(d, handle, *nbytes)
  *   Address of the data of the live buffer `handle` names, or 0 when the
  *   handle is not a live buffer of this domain (tag, index, kind,
- *   generation), the domain has no heap, or the buffer's extent (offset and
- *   length read from its slot) leaves the heap's data area (checked against
- *   the private view, by subtraction).  *nbytes (optional) receives its size
- *   on success.  Ordering: acquire loads of ctl, word (offset) and aux
- *   (size).  The caller must hold the buffer while it uses the address. */
+ *   generation), the domain has no heap, the buffer lives in a device heap
+ *   (no host address: see hl_buffer_device), or the buffer's extent (offset
+ *   and length read from its slot) leaves the heap's data area (checked
+ *   against the private view, by subtraction).  *nbytes (optional) receives
+ *   its size on success.  Ordering: acquire loads of ctl, err (placement),
+ *   word (offset) and aux (size).  The caller must hold the buffer while it
+ *   uses the address.
+ *
+ * hl_buffer_device(d, handle, *heap, *offset, *nbytes)
+ *   Placement of the live device buffer `handle` names: *heap = its device
+ *   heap index (0..devheap_count-1: d->devheap_kind / _ordinal name the
+ *   device), *offset = byte offset of its data from the start of that heap,
+ *   *nbytes = its size.  Returns HL_OK; HL_E_HANDLE (not a live buffer of
+ *   this domain); HL_E_VALUE (a host buffer: nothing is written);
+ *   HL_E_CORRUPT (placement or extent outside the heap, checked against the
+ *   private view by subtraction).  Ordering and holding as hl_buffer_data. */
 
 HL_INLINE void *hl_buffer_data(const struct hl_dom *d, hl_u64 handle, hl_u64 *nbytes) {
     struct hl_fence *f = hl_fence_slot(d, handle, HL_KIND_BUFFER);
     hl_u64 off, n;
     if (!f || !hl_fence_matches(f, handle) || !d->heap) return 0;
+    if (HL_PLACE_HEAP(hl_load64(&f->err)) >= 0) return 0; /* device memory */
     off = hl_load64(&f->word);
     n = hl_load64(&f->aux);
     if (off > d->heap_data_size || n > d->heap_data_size - off) return 0;
     if (nbytes) *nbytes = n;
     return d->heap_data + off;
+}
+
+HL_INLINE int hl_buffer_device(const struct hl_dom *d, hl_u64 handle, hl_u32 *heap, hl_u64 *offset, hl_u64 *nbytes) {
+    struct hl_fence *f = hl_fence_slot(d, handle, HL_KIND_BUFFER);
+    hl_u64 e, off, n, size;
+    int i;
+    if (!f || !hl_fence_matches(f, handle)) return HL_E_HANDLE;
+    e = hl_load64(&f->err);
+    i = HL_PLACE_HEAP(e);
+    if (i < 0) return HL_E_VALUE;
+    if ((hl_u32)i >= d->devheap_count) return HL_E_CORRUPT;
+    off = hl_load64(&f->word);
+    n = hl_load64(&f->aux);
+    size = d->devheap_granules[i] * HL_DEVICE_GRANULE;
+    if (off % HL_DEVICE_GRANULE || off > size || n > size - off || HL_PLACE_GRANULES(e) > (size - off) / HL_DEVICE_GRANULE ||
+        n > HL_PLACE_GRANULES(e) * HL_DEVICE_GRANULE)
+        return HL_E_CORRUPT;
+    *heap = (hl_u32)i;
+    *offset = off;
+    *nbytes = n;
+    return HL_OK;
 }
 
 #endif /* HOSTLESS_OPS_H */

@@ -40,8 +40,13 @@ def domain_info(dom: Any) -> dict[str, Any]:
     live ones down by completion (fences: ACTIVE or their status; timelines:
     active or failed with a status).  ``heap`` holds the shared heap's figures
     (``Domain.heap_stats``: size, used, free, largest_free, free_runs,
-    fragmentation, allocs, repairs; bytes) and ``buffers``, the number of
-    live buffers; ``{"size": 0}`` for a domain without a heap.
+    fragmentation, allocs, repairs; bytes), ``buffers``, the number of
+    live host buffers, and ``metadata_only`` (the small heap of a domain
+    created with device heaps and no heap: it holds only device buffers'
+    metadata); ``{"size": 0}`` for a domain without a heap.
+    ``device_heaps`` lists each device heap (``lowlevel.device_heaps``: name,
+    size, granule, used, free, largest_free, allocs, repairs) with
+    ``buffers``, the live buffers placed in it.
     """
     from hostless import lowlevel
     from hostless._abi import FENCE_DTYPE, C
@@ -70,12 +75,24 @@ def domain_info(dom: Any) -> dict[str, Any]:
     if heap["size"]:
         heap["buffers"] = int(np.count_nonzero((state == int(C.SLOT_LIVE)) & (kind == int(C.KIND_BUFFER))))
 
+    place = (table["err"].astype(np.uint64) & np.uint64(0xFF)).astype(np.int64)
+    dev_bufs = (state == int(C.SLOT_LIVE)) & (kind == int(C.KIND_BUFFER))
+    device_heaps = [
+        {**dh._asdict(), "buffers": int(np.count_nonzero(dev_bufs & (place == dh.heap_index + 1)))}
+        for dh in lowlevel.device_heaps(dom)
+    ]
+    dev_names = {int(d["heap_index"]): str(d["name"]) for d in device_heaps}
+    if heap["size"]:
+        heap["buffers"] -= sum(int(d["buffers"]) for d in device_heaps)  # host-placed ones
+
     live: dict[str, dict[str, int]] = {}
     failed_bit = int(C.TIMELINE_FAILED)
     for i in np.nonzero(state == int(C.SLOT_LIVE))[0]:
         k = _KIND_NAMES.get(int(kind[i]), f"kind{int(kind[i])}")
         w = int(words[i])
-        if k in ("buffer", "queue"):
+        if k == "buffer" and place[i]:
+            key = f"in {dev_names.get(int(place[i]) - 1, 'a device heap')}"
+        elif k in ("buffer", "queue"):
             key = "in the heap"
         elif k == "timeline":
             key = f"failed {_status_name(w & 0xFFFFFFFF)}" if w & failed_bit else "active"
@@ -113,6 +130,7 @@ def domain_info(dom: Any) -> dict[str, Any]:
         "free_slots": free,
         "live": live,
         "heap": heap,
+        "device_heaps": device_heaps,
         "names": {
             n: {"handle": hex(h), "kind": _KIND_NAMES.get((h >> 48) & 0xFF, "?")}
             for n, h in dom.names().items()
@@ -139,4 +157,6 @@ def _heap_info(dom: Any) -> dict[str, Any]:
     if not st.get("size"):
         return {"size": 0}
     keys = ("size", "used", "free", "largest_free", "free_runs", "fragmentation", "allocs", "repairs")
-    return {k: (float(st[k]) if k == "fragmentation" else int(st[k])) for k in keys}
+    out: dict[str, Any] = {k: (float(st[k]) if k == "fragmentation" else int(st[k])) for k in keys}
+    out["metadata_only"] = bool(dom._core.info()["meta_heap"])
+    return out

@@ -67,8 +67,9 @@ def check(dom: Domain, settle: float = 5.0) -> list[str]:
         p[2] == int(C.PART_RECOVERING) and p[9] for p in dom._core.participants()
     ):
         time.sleep(0.002)
-    heap = dom._core.heap_snapshot()
-    return check_tables(bytes(dom.raw()), dom._core.lock_held, dom._index, heap, dom._core.view())
+    heap = dom._core.heap_snapshot(0)
+    devs = [(name, int(C.DEVICE_GRANULE), dom._core.heap_snapshot(i + 1)) for name, i in dom._devices.items()]
+    return check_tables(bytes(dom.raw()), dom._core.lock_held, dom._index, heap, dom._core.view(), devs)
 
 
 def owner_error(dom: Domain, pid: int) -> ValueError:

@@ -32,6 +32,8 @@ __all__ = [
     "QueueView",
     "base_address",
     "completion_word_offset",
+    "DeviceHeap",
+    "device_heaps",
     "doorbell_address",
     "handle_index",
     "handle_kind",
@@ -60,6 +62,56 @@ class QueueView(NamedTuple):
     """Address of the packet array (``capacity`` x ``struct hl_packet``)."""
     capacity: int
     """Packets the ring holds (a power of two)."""
+
+
+class DeviceHeap(NamedTuple):
+    """One device heap of a domain, as :func:`device_heaps` reports it (bytes)."""
+
+    name: str
+    """``"cuda:N"``."""
+    heap_index: int
+    """Its index in the domain (``Buffer.device_heap``)."""
+    kind: int
+    """DLPack device type (``C.DEVICE_CUDA`` = kDLCUDA)."""
+    ordinal: int
+    """N of ``cuda:N``."""
+    size: int
+    """The device range [0, size) its buffers' offsets are taken in."""
+    granule: int
+    """Allocation unit (and alignment) of its extents."""
+    used: int
+    free: int
+    largest_free: int
+    allocs: int
+    """Allocations so far."""
+    repairs: int
+    """Times its bitmap was rebuilt after a lock holder died."""
+
+
+def device_heaps(dom: Domain) -> list[DeviceHeap]:
+    """The domain's device heaps in index order, with their figures (read under each heap's
+    lock).  Descriptors come from the layout validated at join; an empty list when the domain
+    has none."""
+    dom._check_open()
+    out = []
+    for i, (kind, ordinal) in enumerate(dom._core.device_heaps()):
+        st = dom._core.heap_stats(i + 1)
+        out.append(
+            DeviceHeap(
+                f"cuda:{ordinal}",
+                i,
+                int(kind),
+                int(ordinal),
+                int(st["size"]),
+                int(st["granule"]),
+                int(st["used"]),
+                int(st["free"]),
+                int(st["largest_free"]),
+                int(st["allocs"]),
+                int(st["repairs"]),
+            )
+        )
+    return out
 
 
 def _handle_of(obj: Any) -> int:

@@ -29,7 +29,7 @@ import numpy as np
 from . import _core
 from ._abi import FENCE_DTYPE, HEADER_DTYPE, PARTICIPANT_DTYPE, C
 
-__all__ = ["check_tables"]
+__all__ = ["check_tables", "check_heap", "check_device_heap"]
 
 def _status_ok(w: int) -> bool:
     return bool(_core.status_valid(w))
@@ -44,6 +44,7 @@ def check_tables(
     me: int,
     heap: tuple[bytes, bytes, int, int] | None = None,
     view: dict[str, int] | None = None,
+    device_heaps: list[tuple[str, int, tuple[bytes, bytes, int, int]]] | None = None,
 ) -> list[str]:
     """Return every invariant violation in a snapshot ``buf`` of a domain.
 
@@ -53,7 +54,8 @@ def check_tables(
     followed.  Without it (a file checked offline) the header is validated
     here.  ``heap`` is ``(bitmap, slot table, used granules, granules)``
     copied under the heap lock (``Core.heap_snapshot``); with it the heap is
-    checked too.
+    checked too.  ``device_heaps`` holds ``(name, granule, snapshot)`` for each
+    device heap, in index order, each snapshot taken under that heap's lock.
     """
     out: list[str] = []
     if len(buf) < int(C.HEADER_SIZE):
@@ -190,6 +192,8 @@ def check_tables(
                 )
     if heap is not None:
         out += check_heap(*heap)
+    for i, (name, granule, snap) in enumerate(device_heaps or []):
+        out += check_device_heap(i, name, granule, *snap, nheaps=len(device_heaps or []))
     return out
 
 
@@ -217,9 +221,14 @@ def check_heap(bitmap: bytes, slots: bytes, used: int, granules: int) -> list[st
         if g + n > granules:
             out.append(f"buffer slot {i} has a block [{g}, {g + n}) outside the heap ({granules} granules)")
             continue
-        head = 4096 if nbytes >= large else int(C.BUFFER_META_SIZE)
-        if word != g * gran + head or nbytes > n * gran - head:
-            out.append(f"buffer slot {i}: data offset {word} / size {nbytes} do not fit its block")
+        if kind[i] == int(C.KIND_BUFFER) and int(fences[i]["err"]) & 0xFF:
+            # a device buffer: its block holds only the metadata (check_device_heap does its data)
+            if n * gran < int(C.BUFFER_META_SIZE):
+                out.append(f"device buffer slot {i}: its block [{g}, {g + n}) cannot hold the metadata")
+        else:
+            head = 4096 if nbytes >= large else int(C.BUFFER_META_SIZE)
+            if word != g * gran + head or nbytes > n * gran - head:
+                out.append(f"buffer slot {i}: data offset {word} / size {nbytes} do not fit its block")
         if expect[g : g + n].any():
             out.append(f"buffer slot {i}: block [{g}, {g + n}) overlaps another buffer")
         expect[g : g + n] = True
@@ -230,4 +239,62 @@ def check_heap(bitmap: bytes, slots: bytes, used: int, granules: int) -> list[st
         out.append(f"heap bitmap misses {int((expect & ~bits).sum())} granules owned by buffers")
     if used != total:
         out.append(f"heap used counter {used} != granules owned by buffers {total}")
+    return out
+
+
+def check_device_heap(
+    index: int,
+    name: str,
+    granule: int,
+    bitmap: bytes,
+    slots: bytes,
+    used: int,
+    granules: int,
+    nheaps: int = 1,
+) -> list[str]:
+    """Invariants of device heap ``index`` (``name``, e.g. "cuda:0"): every buffer placed in it
+    owns an extent inside it that holds its bytes, extents do not overlap, the bitmap marks
+    exactly them and ``used`` counts them; no buffer names a device heap that does not exist."""
+    out: list[str] = []
+    fences = np.frombuffer(slots, dtype=FENCE_DTYPE)
+    ctl = fences["ctl"].astype(np.uint64)
+    state = (ctl & np.uint64(0xFF)).astype(np.int64)
+    kind = ((ctl >> np.uint64(24)) & np.uint64(0xFF)).astype(np.int64)
+    place = (fences["err"].astype(np.uint64) & np.uint64(0xFF)).astype(np.int64)
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")[:granules].astype(bool)
+    expect = np.zeros(granules, dtype=bool)
+    total = 0
+    bufs = (state != int(C.SLOT_FREE)) & (kind == int(C.KIND_BUFFER))
+    if index == 0:
+        for ii in np.nonzero(bufs & (place > nheaps))[0]:
+            out.append(f"buffer slot {int(ii)} names device heap {int(place[ii]) - 1}: there is none")
+    for ii in np.nonzero(bufs & (place == index + 1))[0]:
+        i = int(ii)
+        word, nbytes, e = int(fences[i]["word"]), int(fences[i]["aux"]), int(fences[i]["err"])
+        n = e >> 8
+        if n == 0:
+            if state[i] == int(C.SLOT_LIVE):
+                out.append(f"live buffer slot {i} owns no extent of device heap {name}")
+            continue
+        if word % granule:
+            out.append(f"buffer slot {i}: device offset {word} is not a multiple of {granule} ({name})")
+            continue
+        g = word // granule
+        if g + n > granules:
+            out.append(f"buffer slot {i}: extent [{g}, {g + n}) outside device heap {name} ({granules} g)")
+            continue
+        if nbytes > n * granule:
+            out.append(f"buffer slot {i}: {nbytes} bytes do not fit its extent of {n * granule} B ({name})")
+        if expect[g : g + n].any():
+            out.append(f"buffer slot {i}: extent [{g}, {g + n}) overlaps another buffer ({name})")
+        expect[g : g + n] = True
+        total += n
+    if (bits & ~expect).any():
+        n_leak = int((bits & ~expect).sum())
+        out.append(f"device heap {name} bitmap marks {n_leak} granules that no buffer owns (leak)")
+    if (expect & ~bits).any():
+        n_miss = int((expect & ~bits).sum())
+        out.append(f"device heap {name} bitmap misses {n_miss} granules owned by buffers")
+    if used != total:
+        out.append(f"device heap {name} used counter {used} != granules owned by buffers {total}")
     return out

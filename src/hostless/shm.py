@@ -27,6 +27,8 @@ __all__ = [
     "check_space",
     "replace_stale",
     "create_file",
+    "parse_device",
+    "parse_device_heaps",
     "open_file",
 ]
 
@@ -131,6 +133,49 @@ def replace_stale(path: str) -> None:
         raise FileExistsError(f"{path} exists and was not replaced: {found.state} ({found.reason})")
 
 
+DEVICE_ALIGN = int(C.DEVICE_ALIGN)
+
+
+def parse_device_heaps(spec: object) -> list[tuple[int, int]]:
+    """``{"cuda:0": "256M", ...}`` -> ``[(ordinal, bytes rounded up to 2 MiB), ...]`` in the
+    given order (heap index = position).  ValueError / TypeError on anything else."""
+    if spec is None:
+        return []
+    if not isinstance(spec, dict):
+        raise TypeError(
+            f'device_heaps must be a dict such as {{"cuda:0": "256M"}}, got {type(spec).__name__}'
+        )
+    if len(spec) > int(C.MAX_DEVICE_HEAPS):
+        raise ValueError(f"at most {int(C.MAX_DEVICE_HEAPS)} device heaps, got {len(spec)}")
+    out: list[tuple[int, int]] = []
+    for key, size in spec.items():
+        ordinal = parse_device(key)
+        if ordinal is None:
+            raise ValueError(f'device heap {key!r}: a device heap is on a GPU, "cuda:N"')
+        n = parse_size(size)
+        if not 0 < n <= int(C.DEVICE_MAX_SIZE):
+            raise ValueError(
+                f"device heap {key!r}: size must be in 1..{int(C.DEVICE_MAX_SIZE)} bytes, got {size!r}"
+            )
+        out.append((ordinal, -(-n // DEVICE_ALIGN) * DEVICE_ALIGN))
+    return out
+
+
+_DEVICE_RE = re.compile(r"^cuda:(\d{1,3})$")
+
+
+def parse_device(device: object) -> int | None:
+    """``"cpu"`` -> None (host memory), ``"cuda:N"`` -> N (0..255); ValueError otherwise."""
+    if not isinstance(device, str):
+        raise TypeError(f'a device is a string, "cpu" or "cuda:N", got {type(device).__name__}')
+    if device == "cpu":
+        return None
+    m = _DEVICE_RE.fullmatch(device)
+    if not m or int(m.group(1)) > 255:
+        raise ValueError(f'unknown device {device!r}: use "cpu" or "cuda:N" (N = 0..255)')
+    return int(m.group(1))
+
+
 def create_file(
     path: str,
     fences: int,
@@ -139,7 +184,8 @@ def create_file(
     sizes: tuple[int | str, int | str, int | str],
     poll_interval: float,
     replace: bool,
-) -> tuple[int, tuple[int, ...]]:
+    device_heaps: list[tuple[int, int]] | None = None,
+) -> tuple[int, tuple[object, ...]]:
     """Check a creator's arguments, then make the domain file at ``path`` (``O_EXCL``,
     sized; with ``replace``, after removing a stale domain there).  Returns the fd and
     the core's init tuple; nothing is left behind on an error."""
@@ -153,8 +199,21 @@ def create_file(
     if not lo <= poll_interval <= hi:
         raise ValueError(f"poll_interval must be in {lo:g}..{hi:g} s, got {poll_interval!r}")
     qsize, tsize, hsize = (parse_size(x) for x in sizes)
-    lay = _core.layout(fences, participants, qsize, tsize, hsize)
-    init = (fences, participants, qsize, tsize, hsize, secrets.randbelow(255) + 1, int(poll_interval * 1e9))
+    devs = list(device_heaps or [])
+    ords = [o for o, _ in devs]
+    if len(set(ords)) != len(ords):
+        raise ValueError(f"device heaps name a GPU twice: {ords}")
+    lay = _core.layout(fences, participants, qsize, tsize, hsize, devs)
+    init = (
+        fences,
+        participants,
+        qsize,
+        tsize,
+        hsize,
+        secrets.randbelow(255) + 1,
+        int(poll_interval * 1e9),
+        devs,
+    )
     check_space(lay["total_size"])
     if replace:
         replace_stale(path)

@@ -33,6 +33,7 @@ typedef struct {
     Py_ssize_t bb_off;
     Py_ssize_t bb_len;
     int bb_readonly;
+    int bb_device; /* a device buffer: device heap index + 1 (no host memory), 0: host */
     int bb_ndim; /* 0: plain bytes */
     Py_ssize_t bb_itemsize;
     Py_ssize_t bb_shape[HL_BUFFER_MAX_DIMS];
@@ -71,6 +72,11 @@ PyObject *Core_new_buffer(Core *c, PyObject *const *args, Py_ssize_t nargs);
 /* buffer_export.c: Handle's buffer protocol and _set_window */
 extern PyBufferProcs hlpy_handle_as_buffer;
 PyObject *hlpy_handle_set_window(Handle *b, PyObject *args);
+
+/* module.c: parse [(ordinal, bytes), ...] into in->ndev / dev_*; -1 with an exception */
+int hlpy_parse_devheaps(PyObject *devs, struct hle_init *in);
+/* errors.c: DeviceBufferError (borrowed) */
+PyObject *hlpy_device_buffer_error(void);
 
 /* abi_table.c: add the ABI constants to module m; -1 on error. */
 int hlpy_add_abi_constants(PyObject *m);

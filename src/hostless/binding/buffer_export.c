@@ -2,6 +2,8 @@
  * buffer_export.c -- the buffer protocol of Handle: a window of the domain's
  * mmap object, typed and shaped (C-contiguous) when its layout is known;
  * each export pins the mmap, so the mapping cannot be closed under a view.
+ * A device buffer (bb_device) has no host window: its export raises
+ * DeviceBufferError.
  */
 #include "binding.h"
 
@@ -12,6 +14,18 @@ struct export {
 };
 
 static int Handle_getbuffer(Handle *b, Py_buffer *view, int flags) {
+    if (b->bb_device && b->held) {
+        uint32_t i = (uint32_t)b->bb_device - 1;
+        const struct hl_dom *d = b->core ? &b->core->ctx.dv : NULL;
+        unsigned ord = d && i < d->devheap_count ? d->devheap_ordinal[i] : i;
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "buffer 0x%llx lives in GPU memory (cuda:%u): the host cannot view it; "
+                 "copy it with to_host(), or hand it to a GPU library through DLPack",
+                 (unsigned long long)b->handle, ord);
+        PyErr_SetString(hlpy_device_buffer_error(), msg);
+        return -1;
+    }
     if (!b->bb_map) {
         PyErr_SetString(PyExc_BufferError, b->held ? "this object has no memory" : "buffer was released");
         return -1;

@@ -30,8 +30,10 @@ static PyObject *Core_attach(Core *c, PyObject *args) {
     struct hle_init in, *inp = NULL;
     if (init != Py_None) {
         unsigned long long f, p, q, t, hs, tag, poll;
-        if (!PyArg_ParseTuple(init, "KKKKKKK", &f, &p, &q, &t, &hs, &tag, &poll)) return NULL;
-        in = (struct hle_init){f, p, q, t, hs, tag, poll};
+        PyObject *devs = NULL;
+        if (!PyArg_ParseTuple(init, "KKKKKKK|O", &f, &p, &q, &t, &hs, &tag, &poll, &devs)) return NULL;
+        in = (struct hle_init){f, p, q, t, hs, tag, poll, 0, {0}, {0}};
+        if (hlpy_parse_devheaps(devs, &in) < 0) return NULL;
         inp = &in;
     }
     int r = hle_attach(&c->ctx, fd, inp, label, kind, wd_ns);
@@ -251,9 +253,9 @@ static PyObject *Core_lock_held(Core *c, PyObject *arg) {
 static PyObject *Core_info(Core *c, PyObject *noargs) {
     NEED_ATTACHED(c);
     hle_ctx *x = &c->ctx;
-    return Py_BuildValue("{s:i,s:I,s:K,s:I,s:I,s:I,s:K}", "me", x->me, "incarnation", x->inc, "size",
+    return Py_BuildValue("{s:i,s:I,s:K,s:I,s:I,s:I,s:K,s:O}", "me", x->me, "incarnation", x->inc, "size",
                          (unsigned long long)x->size, "fences", x->cap, "participants", x->pcap, "tag", x->tag,
-                         "poll_ns", (unsigned long long)x->poll_ns);
+                         "poll_ns", (unsigned long long)x->poll_ns, "meta_heap", x->meta_heap ? Py_True : Py_False);
 }
 
 /* view() -> the private layout of this domain (struct hl_dom), validated at
@@ -291,43 +293,70 @@ static PyObject *Core_address(Core *c, PyObject *noargs) {
     return PyLong_FromVoidPtr(c->ctx.base);
 }
 
-/* buffer_info(handle) -> (absolute data offset in the mapping, nbytes, meta bytes) */
+/* buffer_info(handle) -> (absolute data offset in the mapping (0 for a device
+ * buffer), nbytes, meta bytes, device heap index (-1: host), device offset) */
 static PyObject *Core_buffer_info(Core *c, PyObject *arg) {
     NEED_ATTACHED(c);
     uint64_t h = PyLong_AsUnsignedLongLong(arg);
     if (PyErr_Occurred()) return NULL;
     int64_t idx = hle_check_handle(&c->ctx, h, HL_KIND_BUFFER, 1);
     if (idx < 0) return hlpy_raise((int)idx);
-    uint64_t nbytes = 0;
+    const struct hl_dom *d = &c->ctx.dv;
+    uint64_t nbytes = 0, doff = 0;
+    uint32_t dev = 0;
+    int r = hl_buffer_device(d, h, &dev, &doff, &nbytes);
+    if (r == HL_OK) {
+        /* its metadata: the start of its heap block (checked against the view) */
+        struct hl_fence *f = slot(&c->ctx, (uint32_t)idx);
+        uint64_t g = ld(&f->parents[0]), n = ld(&f->parents[1]);
+        if (!d->heap || g > d->heap_granules || n > d->heap_granules - g || n * HL_GRANULE < HL_BUFFER_META_SIZE) {
+            hle_fail(HL_E_CORRUPT, "device buffer 0x%llx has a metadata block outside the heap", (unsigned long long)h);
+            return hlpy_raise(HL_E_CORRUPT);
+        }
+        return Py_BuildValue("(KKy#iK)", 0ull, (unsigned long long)nbytes, d->heap_data + g * HL_GRANULE,
+                             (Py_ssize_t)HL_BUFFER_META_SIZE, (int)dev, (unsigned long long)doff);
+    }
+    if (r != HL_E_VALUE) {
+        hle_fail(HL_E_CORRUPT, "buffer 0x%llx has a device placement outside its device heap", (unsigned long long)h);
+        return hlpy_raise(HL_E_CORRUPT);
+    }
     char *base = c->ctx.base;
-    char *p = (char *)hl_buffer_data(&c->ctx.dv, h, &nbytes);
+    char *p = (char *)hl_buffer_data(d, h, &nbytes);
     if (!p || (uint64_t)(p - base) < HL_BUFFER_META_SIZE) {
         hle_fail(HL_E_CORRUPT, "buffer 0x%llx has an extent outside the heap", (unsigned long long)h);
         return hlpy_raise(HL_E_CORRUPT);
     }
-    return Py_BuildValue("(KKy#)", (unsigned long long)(p - base), (unsigned long long)nbytes,
-                         p - HL_BUFFER_META_SIZE, (Py_ssize_t)HL_BUFFER_META_SIZE);
+    return Py_BuildValue("(KKy#iK)", (unsigned long long)(p - base), (unsigned long long)nbytes,
+                         p - HL_BUFFER_META_SIZE, (Py_ssize_t)HL_BUFFER_META_SIZE, -1, 0ull);
 }
 
-static PyObject *Core_heap_stats(Core *c, PyObject *noargs) {
+/* heap_stats([pool]) -> dict (pool 0: the heap; i + 1: device heap i) */
+static PyObject *Core_heap_stats(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     NEED_ATTACHED(c);
+    long pi = nargs >= 1 ? PyLong_AsLong(args[0]) : 0;
+    if (PyErr_Occurred()) return NULL;
     struct hle_heap_stats s;
-    if (!heap(&c->ctx)) return Py_BuildValue("{s:K}", "size", 0ull);
-    int r = hle_heap_stats(&c->ctx, &s);
+    struct hle_pool pool;
+    if (pi < 0 || pi >= HLE_POOLS || !hle_pool(&c->ctx, (int)pi, &pool)) return Py_BuildValue("{s:K}", "size", 0ull);
+    int r = hle_pool_stats(&c->ctx, (int)pi, &s);
     if (r) return hlpy_raise(r);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size", (unsigned long long)s.size, "used",
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "size", (unsigned long long)s.size, "used",
                          (unsigned long long)s.used, "free", (unsigned long long)s.free, "largest_free",
                          (unsigned long long)s.largest_free, "free_runs", (unsigned long long)s.free_runs, "repairs",
                          (unsigned long long)s.repairs, "allocs", (unsigned long long)s.allocs, "data_offset",
-                         (unsigned long long)s.data_offset);
+                         (unsigned long long)s.data_offset, "granule", (unsigned long long)s.granule);
 }
 
-/* heap_snapshot() -> (bitmap bytes, fence table bytes, used granules, granules) under the heap lock, for check() */
-static PyObject *Core_heap_snapshot(Core *c, PyObject *noargs) {
+/* heap_snapshot([pool]) -> (bitmap bytes, fence table bytes, used granules, granules) under
+ * the pool's lock, for check(); None when the domain has no such pool */
+static PyObject *Core_heap_snapshot(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     NEED_ATTACHED(c);
     hle_ctx *x = &c->ctx;
-    if (!heap(x)) Py_RETURN_NONE;
-    PyObject *bits = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)hle_heap_bitmap_bytes(x));
+    long pi = nargs >= 1 ? PyLong_AsLong(args[0]) : 0;
+    if (PyErr_Occurred()) return NULL;
+    struct hle_pool pool;
+    if (pi < 0 || pi >= HLE_POOLS || !hle_pool(x, (int)pi, &pool)) Py_RETURN_NONE;
+    PyObject *bits = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)hle_pool_bitmap_bytes(x, (int)pi));
     if (!bits) return NULL;
     PyObject *slots = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((uint64_t)x->cap * HL_FENCE_SIZE));
     if (!slots) {
@@ -335,14 +364,30 @@ static PyObject *Core_heap_snapshot(Core *c, PyObject *noargs) {
         return NULL;
     }
     uint64_t used = 0;
-    int has;
-    int r = hle_heap_snapshot(x, PyBytes_AS_STRING(bits), PyBytes_AS_STRING(slots), &used, &has);
+    int r = hle_pool_snapshot(x, (int)pi, PyBytes_AS_STRING(bits), PyBytes_AS_STRING(slots), &used);
     if (r) {
         Py_DECREF(bits);
         Py_DECREF(slots);
         return hlpy_raise(r);
     }
-    return Py_BuildValue("(NNKK)", bits, slots, (unsigned long long)used, (unsigned long long)x->dv.heap_granules);
+    return Py_BuildValue("(NNKK)", bits, slots, (unsigned long long)used, (unsigned long long)pool.granules);
+}
+
+/* device_heaps() -> [(kind, ordinal), ...]: the device heaps validated at attach (private view) */
+static PyObject *Core_device_heaps(Core *c, PyObject *noargs) {
+    NEED_ATTACHED(c);
+    const struct hl_dom *d = &c->ctx.dv;
+    PyObject *out = PyList_New((Py_ssize_t)d->devheap_count);
+    if (!out) return NULL;
+    for (uint32_t i = 0; i < d->devheap_count; i++) {
+        PyObject *t = Py_BuildValue("(II)", d->devheap_kind[i], d->devheap_ordinal[i]);
+        if (!t) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+    return out;
 }
 
 /* ---- queues ---- */
@@ -515,8 +560,9 @@ static PyMethodDef Core_methods[] = {
     {"wrap", FAST(Core_wrap), NULL},
     {"new_buffer", FAST(Core_new_buffer), NULL},
     {"buffer_info", (PyCFunction)Core_buffer_info, METH_O, NULL},
-    {"heap_stats", (PyCFunction)Core_heap_stats, METH_NOARGS, NULL},
-    {"heap_snapshot", (PyCFunction)Core_heap_snapshot, METH_NOARGS, NULL},
+    {"heap_stats", FAST(Core_heap_stats), NULL},
+    {"heap_snapshot", FAST(Core_heap_snapshot), NULL},
+    {"device_heaps", (PyCFunction)Core_device_heaps, METH_NOARGS, NULL},
     {"attach", (PyCFunction)Core_attach, METH_VARARGS, NULL},
     {"leave", (PyCFunction)Core_leave, METH_NOARGS, NULL},
     {"abandon", (PyCFunction)Core_abandon, METH_NOARGS, NULL},

@@ -10,6 +10,8 @@
 
 #include <pythread.h>
 
+#define HLPY_E_DEVICE_BUFFER -1000 /* binding only: host access to a device buffer */
+
 static const struct {
     int code;
     const char *name;   /* class in hostless.errors, or NULL */
@@ -34,6 +36,8 @@ static const struct {
     {HL_E_RANGE, NULL, &PyExc_IndexError},
     {HL_E_EXISTS, "NameTaken", &PyExc_KeyError},
     {HL_E_NOT_FOUND, NULL, &PyExc_KeyError},
+    {HL_E_DEVICE_FULL, "DeviceHeapFull", &PyExc_MemoryError},
+    {HLPY_E_DEVICE_BUFFER, "DeviceBufferError", &PyExc_BufferError},
 };
 #define NCODES (sizeof table / sizeof table[0])
 static PyObject *classes[NCODES];
@@ -62,6 +66,8 @@ PyObject *hlpy_exc(int code) {
         if (table[i].code == code) return classes[i] ? classes[i] : *table[i].builtin;
     return PyExc_RuntimeError;
 }
+
+PyObject *hlpy_device_buffer_error(void) { return hlpy_exc(HLPY_E_DEVICE_BUFFER); }
 
 PyObject *hlpy_raise(int code) {
     if (code == HL_E_INTR) {

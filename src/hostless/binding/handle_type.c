@@ -341,6 +341,18 @@ static PyObject *Handle_get_core(Handle *o, void *closure) {
 }
 static PyObject *Handle_get_nbytes(Handle *o, void *closure) { return PyLong_FromSsize_t(o->bb_len); }
 static PyObject *Handle_get_offset(Handle *o, void *closure) { return PyLong_FromSsize_t(o->bb_off); }
+static PyObject *Handle_get_device(Handle *o, void *closure) { return PyLong_FromLong(o->bb_device); }
+/* _device = device heap index + 1 marks a device buffer (its host views refuse); 0: host */
+static int Handle_set_device(Handle *o, PyObject *v, void *closure) {
+    long d = v ? PyLong_AsLong(v) : -1;
+    if (d == -1 && PyErr_Occurred()) return -1;
+    if (d < 0 || d > (long)HL_MAX_DEVICE_HEAPS) {
+        PyErr_SetString(PyExc_ValueError, "_device is a device heap index + 1, or 0");
+        return -1;
+    }
+    o->bb_device = (int)d;
+    return 0;
+}
 
 static PyGetSetDef Handle_getset[] = {
     {"handle", (getter)Handle_get_handle, NULL, "global 64-bit handle, valid in every participant", NULL},
@@ -349,6 +361,7 @@ static PyGetSetDef Handle_getset[] = {
     {"_core", (getter)Handle_get_core, NULL, NULL, NULL},
     {"_window_len", (getter)Handle_get_nbytes, NULL, NULL, NULL},
     {"_window_off", (getter)Handle_get_offset, NULL, NULL, NULL},
+    {"_device", (getter)Handle_get_device, (setter)Handle_set_device, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -477,26 +490,32 @@ PyObject *Core_adopt(Core *c, PyObject *const *args, Py_ssize_t nargs) {
 /* Core.new_buffer(cls, dom, nbytes, meta, mmap) -> instance with its window set */
 PyObject *Core_new_buffer(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     NEED_ATTACHED(c);
-    if ((nargs != 5 && nargs != 8) || !PyType_Check(args[0]) || !PyBytes_Check(args[3]) ||
+    if ((nargs != 5 && nargs != 8 && nargs != 9) || !PyType_Check(args[0]) || !PyBytes_Check(args[3]) ||
         PyBytes_GET_SIZE(args[3]) != HL_BUFFER_META_SIZE) {
-        PyErr_SetString(PyExc_TypeError, "new_buffer(cls, dom, nbytes, meta: 128 bytes, mmap[, fmt, itemsize, shape])");
+        PyErr_SetString(PyExc_TypeError,
+                        "new_buffer(cls, dom, nbytes, meta: 128 bytes, mmap[, fmt, itemsize, shape[, device]])");
         return NULL;
     }
     unsigned long long nbytes = PyLong_AsUnsignedLongLong(args[2]);
     if (PyErr_Occurred()) return NULL;
+    long dev = nargs == 9 ? PyLong_AsLong(args[8]) : -1;
+    if (dev == -1 && PyErr_Occurred()) return NULL;
     uint64_t h, off;
-    int r = hle_block_new(&c->ctx, HL_KIND_BUFFER, nbytes, PyBytes_AS_STRING(args[3]), 0, &h, &off);
+    int r = dev < 0 ? hle_block_new(&c->ctx, HL_KIND_BUFFER, nbytes, PyBytes_AS_STRING(args[3]), 0, &h, &off)
+                    : hle_device_buffer_new(&c->ctx, dev > 1000 ? 1000 : (int)dev, nbytes, PyBytes_AS_STRING(args[3]),
+                                            &h, &off);
     if (r) return hlpy_raise(r);
     Handle *o = hlpy_handle_make((PyTypeObject *)args[0], c, args[1], h);
     if (!o) {
         hle_release(&c->ctx, h);
         return NULL;
     }
-    o->bb_map = Py_NewRef(args[4]);
+    if (dev < 0) o->bb_map = Py_NewRef(args[4]); /* a device buffer has no host window: bb_off is its device offset */
     o->bb_off = (Py_ssize_t)off;
     o->bb_len = (Py_ssize_t)nbytes;
     o->bb_readonly = 0;
-    if (nargs == 8) {
+    o->bb_device = dev < 0 ? 0 : (int)dev + 1;
+    if (nargs >= 8) {
         const char *fmt = PyUnicode_AsUTF8(args[5]);
         Py_ssize_t itemsize = PyLong_AsSsize_t(args[6]);
         if (!fmt || PyErr_Occurred() || hlpy_set_layout(o, fmt, itemsize, args[7], (Py_ssize_t)nbytes) < 0) {

@@ -5,19 +5,56 @@
  */
 #include "binding.h"
 
-/* layout(fences, participants, queues_size, trace_size, heap_size) -> dict of offsets */
+/* Parse a device-heap list [(ordinal, bytes), ...] (None or empty: none) into in. */
+int hlpy_parse_devheaps(PyObject *devs, struct hle_init *in) {
+    in->ndev = 0;
+    if (!devs || devs == Py_None) return 0;
+    PyObject *seq = PySequence_Fast(devs, "device heaps: a sequence of (ordinal, bytes)");
+    if (!seq) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > HL_MAX_DEVICE_HEAPS) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "at most %u device heaps", HL_MAX_DEVICE_HEAPS);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned int ord;
+        unsigned long long size;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IK", &ord, &size)) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (ord > 255 || size == 0 || size > HL_DEVICE_MAX_SIZE) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "device heap %u of %llu bytes: ordinals are 0..255, sizes 1..%llu bytes",
+                         ord, size, (unsigned long long)HL_DEVICE_MAX_SIZE);
+            return -1;
+        }
+        in->dev_ordinal[i] = ord;
+        in->dev_size[i] = size;
+    }
+    in->ndev = (uint32_t)n;
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* layout(fences, participants, queues_size, trace_size, heap_size[, device_heaps]) -> dict of offsets */
 static PyObject *py_layout(PyObject *m, PyObject *args) {
     unsigned long long f, p, q, t, hs;
-    if (!PyArg_ParseTuple(args, "KKKKK", &f, &p, &q, &t, &hs)) return NULL;
+    PyObject *devs = NULL;
+    if (!PyArg_ParseTuple(args, "KKKKK|O", &f, &p, &q, &t, &hs, &devs)) return NULL;
+    struct hle_init in = {f, p, q, t, hs, 0, 0};
+    if (hlpy_parse_devheaps(devs, &in) < 0) return NULL;
     struct hl_header h;
-    hle_layout(f, p, q, t, hs, &h);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "total_size", (unsigned long long)h.total_size,
+    hle_layout_init(&in, &h, NULL);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "total_size", (unsigned long long)h.total_size,
                          "participants_offset", (unsigned long long)h.participants_offset, "fences_offset",
                          (unsigned long long)h.fences_offset, "queues_offset", (unsigned long long)h.queues_offset,
                          "queues_size", (unsigned long long)h.queues_size, "trace_offset",
                          (unsigned long long)h.trace_offset, "trace_size", (unsigned long long)h.trace_size,
                          "heap_offset", (unsigned long long)h.heap_offset, "heap_size",
-                         (unsigned long long)h.heap_size);
+                         (unsigned long long)h.heap_size, "devheap_offset", (unsigned long long)h.devheap_offset,
+                         "devheap_size", (unsigned long long)h.devheap_size);
 }
 
 static PyObject *py_host_wake_fn(PyObject *m, PyObject *noargs) {
@@ -97,13 +134,20 @@ static PyObject *t_queue_reserve_stuck(PyObject *m, PyObject *const *args, Py_ss
     return PyLong_FromUnsignedLongLong(w);
 }
 
-/* heap_lock_forever(core): take the heap lock and never give it back (as a
- * holder killed inside the critical section would). */
-static PyObject *t_heap_lock_forever(PyObject *m, PyObject *arg) {
-    Core *c = core_arg(arg);
+/* heap_lock_forever(core[, device]): take the heap lock (device >= 0: that
+ * device heap's) and never give it back (as a holder killed inside the
+ * critical section would). */
+static PyObject *t_heap_lock_forever(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "heap_lock_forever(core[, device])");
+        return NULL;
+    }
+    Core *c = core_arg(args[0]);
     if (!c) return NULL;
     NEED_ATTACHED(c);
-    int r = hle_heap_lock_forever(&c->ctx);
+    long dev = nargs == 2 ? PyLong_AsLong(args[1]) : -1;
+    if (PyErr_Occurred()) return NULL;
+    int r = hle_pool_lock_forever(&c->ctx, dev < 0 ? 0 : (int)(dev + 1 > HLE_POOLS ? HLE_POOLS : dev + 1));
     if (r) return hlpy_raise(r);
     Py_RETURN_NONE;
 }
@@ -111,7 +155,7 @@ static PyObject *t_heap_lock_forever(PyObject *m, PyObject *arg) {
 static PyMethodDef testing_methods[] = {
     {"device_store", (PyCFunction)(void (*)(void))t_device_store, METH_FASTCALL, NULL},
     {"queue_reserve_stuck", (PyCFunction)(void (*)(void))t_queue_reserve_stuck, METH_FASTCALL, NULL},
-    {"heap_lock_forever", (PyCFunction)t_heap_lock_forever, METH_O, NULL},
+    {"heap_lock_forever", (PyCFunction)(void (*)(void))t_heap_lock_forever, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

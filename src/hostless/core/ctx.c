@@ -123,7 +123,26 @@ int hle_layout(uint64_t fences, uint64_t parts, uint64_t qsize, uint64_t tsize, 
         h->heap_size = 0;
     }
     off += h->heap_size;
+    h->devheap_offset = off;
     h->total_size = off;
+    return 0;
+}
+
+int hle_layout_init(const struct hle_init *in, struct hl_header *h, uint64_t *dev_bitmap) {
+    uint32_t n = in->ndev < HL_MAX_DEVICE_HEAPS ? in->ndev : HL_MAX_DEVICE_HEAPS;
+    int meta = n && !in->heap_size; /* the device buffers' metadata needs a heap */
+    hle_layout(in->fences, in->participants, in->queues_size, in->trace_size, meta ? HL_DEVICE_META_HEAP : in->heap_size, h);
+    if (!n) return 0;
+    if (meta) h->flags |= HL_FLAG_META_HEAP;
+    uint64_t r = (uint64_t)n * HL_DEVHEAP_SIZE;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t g = ALIGN_UP(in->dev_size[i], HL_DEVICE_ALIGN) / HL_DEVICE_GRANULE;
+        if (dev_bitmap) dev_bitmap[i] = r;
+        r += (g + 63) / 64 * 8;
+    }
+    h->devheap_count = n;
+    h->devheap_size = ALIGN_UP(r, HL_PAGE);
+    h->total_size = h->devheap_offset + h->devheap_size;
     return 0;
 }
 
@@ -154,8 +173,9 @@ int hle_attach(hle_ctx *c, int fd, const struct hle_init *init, const char *labe
     size_t size = (size_t)sb.st_size;
     if (init) {
         struct hl_header hh;
-        uint64_t hs = init->heap_size;
-        hle_layout(init->fences, init->participants, init->queues_size, init->trace_size, hs, &hh);
+        uint64_t dev_bm[HL_MAX_DEVICE_HEAPS];
+        hle_layout_init(init, &hh, dev_bm);
+        uint64_t hs = (hh.flags & HL_FLAG_META_HEAP) ? HL_DEVICE_META_HEAP : init->heap_size;
         if (hh.total_size != size)
             return hle_fail(HL_E_CORRUPT, "file size %zu does not match layout size %llu", size,
                             (unsigned long long)hh.total_size);
@@ -179,6 +199,16 @@ int hle_attach(hle_ctx *c, int fd, const struct hle_init *init, const char *labe
             hle_heap_layout(hs, &hp->bitmap_offset, &hp->granules, &hp->data_offset, &region);
             hp->data_size = hp->granules * HL_GRANULE;
             hp->magic = HL_HEAP_MAGIC;
+        }
+        for (uint32_t i = 0; i < hh.devheap_count; i++) {
+            struct hl_devheap *dh = (struct hl_devheap *)((char *)b + hh.devheap_offset + (uint64_t)i * HL_DEVHEAP_SIZE);
+            dh->device_kind = HL_DEVICE_CUDA;
+            dh->device_ordinal = init->dev_ordinal[i];
+            dh->granule = HL_DEVICE_GRANULE;
+            dh->granules = ALIGN_UP(init->dev_size[i], HL_DEVICE_ALIGN) / HL_DEVICE_GRANULE;
+            dh->size = dh->granules * HL_DEVICE_GRANULE;
+            dh->bitmap_offset = dev_bm[i];
+            dh->magic = HL_DEVHEAP_MAGIC;
         }
         __atomic_store_n(&((struct hl_header *)b)->ready, 1, __ATOMIC_SEQ_CST);
         c->base = (char *)b;
@@ -205,7 +235,7 @@ int hle_attach(hle_ctx *c, int fd, const struct hle_init *init, const char *labe
         else if (h->ready != 1)
             snprintf(why, sizeof why, "creator has not finished initialising it");
         else if (hl_domain_validate(c->base, size) == HL_OK)
-            snprintf(why, sizeof why, "the heap header is inconsistent");
+            snprintf(why, sizeof why, "the heap header or a device-heap descriptor is inconsistent");
         else
             snprintf(why, sizeof why, "header sizes or offsets do not match a %zu-byte domain", size);
         hle_guard_remove(c);
@@ -221,6 +251,7 @@ int hle_attach(hle_ctx *c, int fd, const struct hle_init *init, const char *labe
     c->tag = c->dv.tag;
     c->poll_ns = c->dv.poll_ns; /* within [HL_POLL_MIN_NS, HL_POLL_MAX_NS] */
     c->trace = c->dv.trace;
+    c->meta_heap = (__atomic_load_n(&c->h->flags, __ATOMIC_RELAXED) & HL_FLAG_META_HEAP) != 0; /* read once */
     c->trace_cap = c->dv.trace_capacity;
     c->lrefs = calloc(c->cap, sizeof(uint32_t));
     c->lgen = calloc(c->cap, sizeof(uint32_t));

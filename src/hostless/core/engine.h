@@ -96,6 +96,7 @@ struct hle_ctx {
     struct hl_dom dv;       /* the layout, validated once at attach (hostless.h): never re-read */
     struct hl_trace *trace; /* NULL when the domain has no trace ring */
     uint64_t trace_cap;     /* its capacity in events, validated at attach (private copy) */
+    int meta_heap;          /* HL_FLAG_META_HEAP at attach: the heap holds device buffers' metadata only */
     int closing;            /* leave() in progress: GIL-free loops bail out */
     int busy;               /* threads inside GIL-free sections */
     pthread_mutex_t reap_mu; /* one recovery at a time in this process */
@@ -185,6 +186,9 @@ void hle_ctx_destroy(hle_ctx *c);
 /* Compute the layout of a domain of these sizes into *h (a zeroed header with
  * magic, version, sizes and offsets).  Always 0. */
 int hle_layout(uint64_t fences, uint64_t parts, uint64_t qsize, uint64_t tsize, uint64_t hsize, struct hl_header *h);
+/* The same for a whole struct hle_init (device heaps included; the bitmap
+ * offset of device heap i into dev_bitmap[i] when it is not NULL). */
+int hle_layout_init(const struct hle_init *in, struct hl_header *h, uint64_t *dev_bitmap);
 /* Unmap and close without touching shared state (stops the watchdog). */
 void hle_unmap(hle_ctx *c);
 /* Forget the mapping without touching shared state or the watchdog thread
@@ -282,13 +286,27 @@ extern __thread uint32_t hle_tls_rec_inc; /* its incarnation (24 bits) */
 extern __thread int hle_tls_deferred;     /* a finalize of this thread could not free its block */
 /* Layout of a heap region able to hold `want` data bytes. */
 void hle_heap_layout(uint64_t want, uint64_t *bitmap_off, uint64_t *granules, uint64_t *data_off, uint64_t *region);
-/* Take the heap lock within timeout_ns: 1 taken, 0 a live holder kept it.
+/* One allocator of granule extents: the host heap (pool 0) or device heap i
+ * (pool i + 1).  Built from the private view (granules, bitmap address); the
+ * shared words (lock, counters) are reached through pointers, so the host
+ * heap and the device heaps share the lock, search, repair and free code. */
+#define HLE_POOLS (1 + HL_MAX_DEVICE_HEAPS)
+struct hle_pool {
+    uint64_t *lock, *used, *hint, *repairs, *allocs; /* shared words */
+    uint64_t *bm;                                     /* shared bitmap */
+    uint64_t granules, granule;                       /* private (validated at attach) */
+    int dev;                                          /* -1: the host heap, else the device heap index */
+};
+/* Pool p of c into *out: 1 when the domain has it, else 0. */
+int hle_pool(hle_ctx *c, int p, struct hle_pool *out);
+/* Take a pool's lock within timeout_ns: 1 taken, 0 a live holder kept it.
  * A dead (or corrupt) holder's lock is broken and the bitmap rebuilt. */
-int hle_heap_lock_for(hle_ctx *c, struct hl_heap *hp, uint64_t timeout_ns);
-void hle_heap_unlock(struct hl_heap *hp);
-/* HL_E_LOCKED with the message naming the holder of a kept heap lock. */
-int hle_heap_lock_error(hle_ctx *c, struct hl_heap *hp);
-/* Free the block of buffer slot idx (idempotent): 1 done, 0 lock kept. */
+int hle_pool_lock_for(hle_ctx *c, const struct hle_pool *p, uint64_t timeout_ns);
+void hle_pool_unlock(const struct hle_pool *p);
+/* HL_E_LOCKED with the message naming the holder of a kept pool lock. */
+int hle_pool_lock_error(hle_ctx *c, const struct hle_pool *p);
+/* Free the extents of block slot idx (its heap block and, for a device
+ * buffer, its device extent; each idempotent): 1 done, 0 a lock was kept. */
 int hle_heap_free_block(hle_ctx *c, uint32_t idx);
 void hle_defer_free(hle_ctx *c, uint32_t idx, uint64_t dying);
 void hle_retry_deferred(hle_ctx *c);
@@ -298,17 +316,23 @@ void hle_retry_deferred(hle_ctx *c);
  * HL_E_VALUE (0 bytes); HL_E_TABLE_FULL; HL_E_LOCKED. */
 int hle_block_new(hle_ctx *c, uint32_t kind, uint64_t nbytes, const void *meta, uint32_t qcap, uint64_t *handle,
                   uint64_t *abs_off);
+/* Allocate a buffer of nbytes in device heap dev: its data extent there and
+ * a heap block holding its 128-byte metadata.  HL_OK with *handle and the
+ * data's byte offset in the device heap; HL_E_RANGE (no such device heap);
+ * HL_E_DEVICE_FULL (no free run there); the codes of hle_block_new. */
+int hle_device_buffer_new(hle_ctx *c, int dev, uint64_t nbytes, const void *meta, uint64_t *handle,
+                          uint64_t *dev_off);
 struct hle_heap_stats {
-    uint64_t size, used, free, largest_free, free_runs, repairs, allocs, data_offset;
+    uint64_t size, used, free, largest_free, free_runs, repairs, allocs, data_offset, granule;
 };
-/* Heap statistics under the lock.  HL_OK (size 0 without a heap); HL_E_LOCKED. */
-int hle_heap_stats(hle_ctx *c, struct hle_heap_stats *s);
-/* Copy the bitmap (bitmap_bytes) and the fence table (cap * HL_FENCE_SIZE)
- * under the heap lock.  HL_OK; HL_E_LOCKED.  *has_heap 0: nothing copied. */
-int hle_heap_snapshot(hle_ctx *c, void *bits, void *slots, uint64_t *used, int *has_heap);
-uint64_t hle_heap_bitmap_bytes(hle_ctx *c);
-/* Test hook: take the heap lock and never give it back.  HL_OK; HL_E_LOCKED. */
-int hle_heap_lock_forever(hle_ctx *c);
+/* Statistics of pool p under its lock.  HL_OK (size 0 without that pool); HL_E_LOCKED. */
+int hle_pool_stats(hle_ctx *c, int p, struct hle_heap_stats *s);
+/* Copy pool p's bitmap (hle_pool_bitmap_bytes) and the fence table (cap *
+ * HL_FENCE_SIZE) under its lock.  HL_OK; HL_E_LOCKED; HL_E_RANGE (no such pool). */
+int hle_pool_snapshot(hle_ctx *c, int p, void *bits, void *slots, uint64_t *used);
+uint64_t hle_pool_bitmap_bytes(hle_ctx *c, int p);
+/* Test hook: take pool p's lock and never give it back.  HL_OK; HL_E_LOCKED; HL_E_RANGE. */
+int hle_pool_lock_forever(hle_ctx *c, int p);
 
 /* ---- waits (wait.c) ---- */
 /* One blocking wait, written once: poll() is called every iteration (1:

@@ -47,6 +47,7 @@ extern "C" {
 #define HL_E_RANGE -42       /* an index argument is out of range */
 #define HL_E_EXISTS -43      /* a name is published already (for another object) */
 #define HL_E_NOT_FOUND -44   /* no live object has that name */
+#define HL_E_DEVICE_FULL -45 /* a device heap cannot satisfy the allocation */
 
 typedef struct hle_ctx hle_ctx;
 
@@ -63,6 +64,11 @@ void hle_ctx_free(hle_ctx *c);
 /* Parameters of a domain to initialise (hle_attach with init != NULL). */
 struct hle_init {
     uint64_t fences, participants, queues_size, trace_size, heap_size, tag, poll_ns;
+    /* device heaps (ABI 4): ndev <= HL_MAX_DEVICE_HEAPS, each of dev_size bytes
+     * (rounded up to HL_DEVICE_ALIGN) on CUDA device dev_ordinal */
+    uint32_t ndev;
+    uint32_t dev_ordinal[HL_MAX_DEVICE_HEAPS];
+    uint64_t dev_size[HL_MAX_DEVICE_HEAPS];
 };
 
 /* Map the domain file `fd` (initialising it first when init != NULL: the file

@@ -2,7 +2,7 @@
  * recovery.c -- recovering a dead participant: its ALLOC slots are freed, its
  * DYING slots finished or rolled back, the fences and timelines it owned fail
  * with OWNER_DIED, its references are dropped, its queue cells skipped and
- * its queues unbound, a heap lock it held broken; then its slot is FREE.  Any
+ * its queues unbound, a heap or device-heap lock it held broken; then its slot is FREE.  Any
  * live participant (joined or not) does it, one at a time per dead
  * participant (its liveness lock), idempotently.  And the watchdog thread
  * that runs it periodically.
@@ -179,12 +179,13 @@ static int hle_recover_participant_(hle_ctx *c, int d, uint64_t pctl) {
     }
     if (hle_tls_deferred) complete = 0;
     if (!complete) return 0;
-    struct hl_heap *hp = heap(c);
-    if (hp) {
-        uint64_t l = ld(&hp->lock);
+    struct hle_pool pool; /* the heap and the device heaps */
+    for (int pi = 0; pi < (int)HLE_POOLS; pi++) {
+        if (!hle_pool(c, pi, &pool)) continue;
+        uint64_t l = ld(pool.lock);
         if (l && HL_OWNER_INDEX((uint32_t)l) == d && !hle_owner_alive(c, l)) {
-            if (hle_heap_lock_for(c, hp, HEAP_LOCK_WAIT_NS)) /* breaks it and rebuilds the bitmap */
-                hle_heap_unlock(hp);
+            if (hle_pool_lock_for(c, &pool, HEAP_LOCK_WAIT_NS)) /* breaks it and rebuilds the bitmap */
+                hle_pool_unlock(&pool);
             else
                 return 0;
         }
