@@ -183,7 +183,13 @@ class _DeviceView:
             raise BufferError("__dlpack__(copy=True) is not supported: buffers are shared by design")
         b = self.buf
         return devmem.capsule(
-            b, self.ptr, b.shape, b.dtype, self.__dlpack_device__(), stream=stream, max_version=max_version
+            devmem.own_reference(b),
+            self.ptr,
+            b.shape,
+            b.dtype,
+            self.__dlpack_device__(),
+            stream=stream,
+            max_version=max_version,
         )
 
 

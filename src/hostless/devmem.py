@@ -51,6 +51,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -315,6 +316,8 @@ class DeviceHeapBacking:
 
 _lock = threading.Lock()
 _backings: dict[tuple[str, int], DeviceHeapBacking] = {}
+# (id(domain), device) -> (weak reference to the domain, its backing): the per-call fast path
+_fast: dict[tuple[int, str], tuple[weakref.ref[Any], DeviceHeapBacking]] = {}
 
 
 def _heap_of(dom: Any, device: str) -> Any:
@@ -327,6 +330,9 @@ def _heap_of(dom: Any, device: str) -> Any:
 def backing(dom: Any, device: str) -> DeviceHeapBacking:
     """This process's mapping of ``dom``'s heap on ``device`` ("cuda:N"), made on first use.
     CudaUnavailable without CUDA; HostlessError when the domain has no such heap."""
+    fast = _fast.get((id(dom), device))
+    if fast is not None and fast[0]() is dom and fast[1].va:
+        return fast[1]
     heap = _heap_of(dom, device)
     key = (_domain_key(dom), int(heap.heap_index))
     with _lock:
@@ -334,6 +340,7 @@ def backing(dom: Any, device: str) -> DeviceHeapBacking:
         if b is None or not b.va:
             b = DeviceHeapBacking(key[0], key[1], int(heap.ordinal), int(heap.size))
             _backings[key] = b
+        _fast[(id(dom), device)] = (weakref.ref(dom), b)
         return b
 
 
@@ -408,6 +415,12 @@ def capsule(
     return _core.dlpack_capsule(owner, ptr, tuple(shape), code, bits, device[0], device[1], versioned, False)
 
 
+def own_reference(buf: Any) -> Any:
+    """A second reference to ``buf`` in its domain, for a consumer to hold: the memory stays
+    allocated while the consumer's tensor lives, even after the caller's ``release()``."""
+    return buf._dom.import_buffer(buf.handle)
+
+
 def export_dlpack(
     buf: Any,
     *,
@@ -424,4 +437,6 @@ def export_dlpack(
     if copy:
         raise BufferError("__dlpack__(copy=True) is not supported: buffers are shared by design")
     ptr = b.va + int(buf.device_offset)
-    return capsule(buf, ptr, tuple(buf.shape), buf.dtype, (KDL_CUDA, b.ordinal), max_version=max_version)
+    return capsule(
+        own_reference(buf), ptr, tuple(buf.shape), buf.dtype, (KDL_CUDA, b.ordinal), max_version=max_version
+    )

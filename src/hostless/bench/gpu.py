@@ -49,6 +49,7 @@ SMALL: Chain = [
     ("softmax", 0, ()),
 ]
 GEMM: Chain = [("gemm", 1, ()), ("gemm", 1, ()), ("gemm", 1, ()), ("relu", 0, ())]
+MIXED: Chain = [("gemm", 1, ()), ("relu", 0, ()), ("softmax", 0, ())]
 
 
 def _stats(ts: list[float]) -> dict[str, float]:
@@ -218,7 +219,7 @@ def run(
         for name, chain, n, frames, use_npu in (
             ("small", SMALL, n_small, frames_small, False),
             ("gemm", GEMM, n_gemm, frames_gemm, False),
-            ("mixed", [("gemm", 1, ()), ("relu", 0, ()), ("softmax", 0, ())], 256, frames_small, True),
+            ("mixed", MIXED, 256, frames_small, True),
         ):
             if only and name not in only:
                 continue
