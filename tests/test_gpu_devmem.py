@@ -114,8 +114,9 @@ def test_another_process_writes_the_parent_reads(dom, name):
         assert b.device == "cuda:0", b.device
         a = devmem.cupy_array(b)
         assert float(a.sum()) == 0.0
-        a[...] = np.arange(1000)
-        import cupy; cupy.cuda.runtime.deviceSynchronize()
+        import cupy
+        a[...] = cupy.asarray(np.arange(1000, dtype="f8"))
+        cupy.cuda.runtime.deviceSynchronize()
         print(devmem.device_pointer(b) != 0)
         b.release(); d.close()
         """,
