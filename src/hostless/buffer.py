@@ -267,7 +267,7 @@ class Buffer(_Views):
         buffer (through :mod:`hostless.devmem`, which maps the device heap in this process)."""
         if self._heap is None:
             return super().__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
-        from .devmem import export_dlpack  # type: ignore[import-not-found,unused-ignore]
+        from .devmem import export_dlpack
 
         return export_dlpack(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
@@ -277,14 +277,16 @@ class Buffer(_Views):
         return (_KDL_CUDA, int(self._device_name.split(":", 1)[1]))
 
     def to_host(self, *args: Any, **kwargs: Any) -> Any:
-        """A host copy of a device buffer's data (:func:`hostless.devmem.to_host`)."""
-        from .devmem import to_host  # type: ignore[import-not-found,unused-ignore]
+        """A host copy of the buffer's data, for a device buffer one device-to-host copy
+        (:func:`hostless.devmem.to_host`)."""
+        from .devmem import to_host
 
         return to_host(self, *args, **kwargs)
 
     def from_host(self, *args: Any, **kwargs: Any) -> Any:
-        """Copy host data into a device buffer (:func:`hostless.devmem.from_host`)."""
-        from .devmem import from_host  # type: ignore[import-not-found,unused-ignore]
+        """Copy host data into the buffer, for a device buffer one host-to-device copy
+        (:func:`hostless.devmem.from_host`)."""
+        from .devmem import from_host
 
         return from_host(self, *args, **kwargs)
 

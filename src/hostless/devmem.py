@@ -361,12 +361,16 @@ def cupy_array(buf: Any) -> Any:
 
 
 def to_host(buf: Any, out: np.ndarray | None = None) -> np.ndarray:
-    """A host copy of a device buffer (into ``out`` when given: C-contiguous, same nbytes)."""
-    cp, _cu = _cuda()
+    """A host copy of a buffer's data (into ``out`` when given: C-contiguous, same nbytes).
+    Returns when the copy is complete; a host buffer is copied with NumPy (no CUDA needed)."""
     if out is None:
         out = np.empty(buf.shape, buf.dtype)
     if not out.flags.c_contiguous or out.nbytes != buf.nbytes:
         raise ValueError(f"to_host: out must be C-contiguous with {buf.nbytes} bytes")
+    if buf.device == "cpu":
+        out.reshape(-1).view(np.uint8)[...] = buf.numpy().reshape(-1).view(np.uint8)
+        return out
+    cp, _cu = _cuda()
     if buf.nbytes:
         with cp.cuda.Device(backing(buf._dom, buf.device).ordinal):
             cp.cuda.runtime.memcpy(out.ctypes.data, device_pointer(buf), buf.nbytes, 2)  # DtoH
@@ -375,9 +379,13 @@ def to_host(buf: Any, out: np.ndarray | None = None) -> np.ndarray:
 
 def from_host(buf: Any, src: Any) -> None:
     """Copy host data ``src`` (any array-like of ``buf``'s nbytes once cast to its dtype and
-    shape) into a device buffer.  Returns when the copy is complete."""
-    cp, _cu = _cuda()
+    shape) into a buffer.  Returns when the copy is complete; a host buffer is written with
+    NumPy (no CUDA needed)."""
     arr = np.ascontiguousarray(np.asarray(src, dtype=buf.dtype).reshape(buf.shape))
+    if buf.device == "cpu":
+        buf.numpy()[...] = arr
+        return
+    cp, _cu = _cuda()
     if buf.nbytes:
         with cp.cuda.Device(backing(buf._dom, buf.device).ordinal):
             cp.cuda.runtime.memcpy(device_pointer(buf), arr.ctypes.data, buf.nbytes, 1)  # HtoD
