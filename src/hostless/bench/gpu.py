@@ -193,7 +193,12 @@ def _check(out: np.ndarray, ref: np.ndarray) -> bool:
 
 
 def run(
-    n_small: int, n_gemm: int, frames_small: int, frames_gemm: int, only: tuple[str, ...] = ()
+    n_small: int,
+    n_gemm: int,
+    frames_small: int,
+    frames_gemm: int,
+    only: tuple[str, ...] = (),
+    agent_spin: float = 5e-3,
 ) -> dict[str, Any]:
     import cupy as cp
 
@@ -213,8 +218,9 @@ def run(
         "cupy": cp.__version__,
         "chains": {},
     }
-    gpu = agents.spawn(dom, "cuda", device=0)
-    npu = agents.spawn(dom, "npu")
+    gpu = agents.spawn(dom, "cuda", device=0, spin=agent_spin)
+    npu = agents.spawn(dom, "npu", spin=agent_spin)
+    out["agent_spin_s"] = agent_spin
     try:
         for name, chain, n, frames, use_npu in (
             ("small", SMALL, n_small, frames_small, False),
@@ -300,7 +306,8 @@ def report(res: dict[str, Any]) -> str:
     lines = [
         f"# GPU placement benchmark ({res['gpu']}, {res['machine']}, {res['date']})",
         "",
-        "Latency per frame, one frame at a time (host input in, host output out); p50 [p10-p90] us.",
+        "Latency per frame, one frame at a time (host input in, host output out); p50 [p10-p90] us; "
+        f"agents poll their queue {res.get('agent_spin_s', 0) * 1e3:g} ms before they park.",
         "",
     ]
     for name, e in res["chains"].items():
@@ -348,6 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames-gemm", type=int, default=20)
     ap.add_argument("--tag", default="h200")
     ap.add_argument("--only", default="", help="comma-separated chains (small,gemm,mixed); default all")
+    ap.add_argument(
+        "--agent-spin",
+        type=float,
+        default=5e-3,
+        help="seconds an idle agent polls its queue before it parks (default 5 ms: polling agents)",
+    )
     a = ap.parse_args(argv)
     from hostless.cuda import available
 
@@ -356,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no GPU benchmark: {why}", file=sys.stderr)
         return 2
     only = tuple(x for x in a.only.split(",") if x)
-    res = run(a.n_small, a.n_gemm, a.frames_small, a.frames_gemm, only)
+    res = run(a.n_small, a.n_gemm, a.frames_small, a.frames_gemm, only, a.agent_spin)
     os.makedirs(a.out, exist_ok=True)
     stem = os.path.join(a.out, f"gpu-placement-{a.tag}-{time.strftime('%Y-%m-%d-%H%M')}")
     with open(stem + ".json", "w") as f:
