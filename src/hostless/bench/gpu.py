@@ -221,6 +221,7 @@ def run(
     gpu = agents.spawn(dom, "cuda", device=0, spin=agent_spin)
     npu = agents.spawn(dom, "npu", spin=agent_spin)
     out["agent_spin_s"] = agent_spin
+    dom.spin = agent_spin  # the host's waits for stage outputs poll as long before they park
     try:
         for name, chain, n, frames, use_npu in (
             ("small", SMALL, n_small, frames_small, False),
