@@ -48,6 +48,14 @@ and a frame is done when every sink stage is.
   stage with a successor it does not push also signals a second timeline
   when its copies are done, and that successor waits on it (not on the
   stage's own timeline, which is reached before the copies).
+* Per frame, the host runs one *frame program* (:class:`hostless.wire.FrameOps`,
+  ``core/frame.c``), built and validated by the engine at compile time (every
+  handle held and of its kind, every patched word inside its argument
+  block): it writes the frame number into the prepared packets' value words,
+  pushes the root packets (direct) or every stage's packet, waiting for each
+  and copying between them (host, in the order above, which depends on the
+  DAG only), and waits for the sinks: one C call with the GIL released, no
+  packet encoded or parsed in Python.
 * Failures: a failing stage fails its descendants (a failed input passes its
   failure on; the follow-ups that never run have their signals failed), and
   :class:`StageFailed` names the failed stage among the ancestors of the
@@ -507,9 +515,9 @@ class CompiledGraph:
     # ------------------------------------------------------------- running
     def _write_inputs(self, sl: _Slot, inputs: Mapping[str, np.ndarray]) -> None:
         g = self.g
-        unknown = sorted(name for name in inputs if name not in g.inputs)
+        unknown = [name for name in inputs if name not in g.inputs]
         if unknown:
-            raise KeyError(f"unknown graph input(s) {unknown}; the graph's inputs are {sorted(g.inputs)}")
+            raise KeyError(f"unknown graph input(s) {sorted(unknown)}; the graph's inputs are {sorted(g.inputs)}")
         for name, (shp, dt) in g.inputs.items():
             if name not in inputs:
                 raise KeyError(f"missing graph input {name!r}")
