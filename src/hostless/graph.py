@@ -515,9 +515,9 @@ class CompiledGraph:
     # ------------------------------------------------------------- running
     def _write_inputs(self, sl: _Slot, inputs: Mapping[str, np.ndarray]) -> None:
         g = self.g
-        unknown = [name for name in inputs if name not in g.inputs]
+        unknown = sorted(name for name in inputs if name not in g.inputs)
         if unknown:
-            raise KeyError(f"unknown graph input(s) {sorted(unknown)}; the graph's inputs are {sorted(g.inputs)}")
+            raise KeyError(f"unknown graph input(s) {unknown}; the graph's inputs are {sorted(g.inputs)}")
         for name, (shp, dt) in g.inputs.items():
             if name not in inputs:
                 raise KeyError(f"missing graph input {name!r}")
