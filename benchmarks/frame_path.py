@@ -17,6 +17,13 @@ configuration once and prints (or writes) a JSON list of records:
   the Python npu agent of the demo);
 * modes: dispatch host / direct times data copy / shared (direct: 2 in flight).
 
+Plus ``submit``: the host's CPU time for the submit alone of a direct-dispatch
+frame (identity2 and demo5, shared), measured apart from every wake-up: the
+graph's stages sit on a queue the host itself consumes (bound, drained
+outside the timed region), so the figure is the Python + C work of patching
+and pushing one frame (old: set the values, encode, push; new: one frame
+program call), not the futex wake of an agent.
+
 Per configuration: ``run`` one frame at a time (after a warm-up), each call
 timed with ``perf_counter_ns`` (frame latency) and ``thread_time_ns`` (the
 host thread's CPU time for the frame: encode / patch / push / wait / copy /
@@ -99,6 +106,46 @@ def _measure_one(cg: Any, inp: dict[str, np.ndarray], n: int) -> dict[str, Any]:
     }
 
 
+def _submit_only(dom: Any, n: int) -> list[dict[str, Any]]:
+    """Per-frame host CPU of a direct frame's submit, with no agent to wake (see above)."""
+    from types import SimpleNamespace
+
+    q = dom.queue(1024)
+    q.bind()
+    me = SimpleNamespace(kind="cpu", queue=q, user_kernels={}, id=dom.participant_id)
+    recs = []
+    try:
+        for wl in ("identity2", "demo5"):
+            g, _ = _graphs(dom, me, me, np.random.default_rng(3))[wl]
+            with g.compile(dispatch="direct", data="shared", inflight=2) as cg:
+                cpu = np.empty(n, dtype=np.int64)
+                for i in range(n + 20):
+                    cg.frame += 1
+                    sl = cg.slots[cg.frame % cg.inflight]
+                    c0 = time.thread_time_ns()
+                    if hasattr(cg, "_exec"):  # this change: one frame program call
+                        cg._exec(sl.submit, cg.frame, None)
+                    else:  # before it: set the values, encode and push in Python
+                        cg._submit(sl, cg.frame, None)
+                    c1 = time.thread_time_ns()
+                    if i >= 20:
+                        cpu[i - 20] = c1 - c0
+                    while q.pop_raw(0, 0) is not None:
+                        pass
+            recs.append(
+                {
+                    "workload": wl,
+                    "agents": "none",
+                    "mode": "direct+shared submit only",
+                    "submit_cpu_p50_us": float(np.median(cpu)) / 1e3,
+                    "submit_cpu_p90_us": float(np.percentile(cpu, 90)) / 1e3,
+                }
+            )
+    finally:
+        q.release()
+    return recs
+
+
 def measure(n: int) -> list[dict[str, Any]]:
     import hostless as hl
     from hostless import agents
@@ -108,6 +155,7 @@ def measure(n: int) -> list[dict[str, Any]]:
     dom = hl.Domain.create(name, heap="64M", label="host", spin=0.0, unlink_on_close=True)
     recs: list[dict[str, Any]] = []
     try:
+        recs += _submit_only(dom, n)
         for kind in ("native", "python"):
             if kind == "native":
                 a = agents.spawn(dom, "cpu", native=True, label="cpu A")
@@ -139,7 +187,15 @@ def _key(r: dict[str, Any]) -> str:
     return f"{r['workload']} {r['agents']} {r['mode']}"
 
 
-FIGS = ["run_cpu_p50_us", "latency_p50_us", "latency_p90_us", "stream_cpu_per_frame_us", "stream_fps"]
+FIGS = [
+    "submit_cpu_p50_us",
+    "submit_cpu_p90_us",
+    "run_cpu_p50_us",
+    "latency_p50_us",
+    "latency_p90_us",
+    "stream_cpu_per_frame_us",
+    "stream_fps",
+]
 
 
 def ab(old: str, new: str, rounds: int, n: int, outdir: str, name: str) -> int:
@@ -163,11 +219,14 @@ def ab(old: str, new: str, rounds: int, n: int, outdir: str, name: str) -> int:
             for rec in rr:
                 d = table.setdefault(_key(rec), {"old": {}, "new": {}})
                 for f in FIGS:
-                    d[which].setdefault(f, []).append(rec[f])
+                    if f in rec:
+                        d[which].setdefault(f, []).append(rec[f])
     summary: dict[str, dict[str, Any]] = {}
     for k, d in table.items():
         s: dict[str, Any] = {}
         for f in FIGS:
+            if f not in d["old"] or f not in d["new"]:
+                continue
             o, w = d["old"][f], d["new"][f]
             mo, mw = statistics.median(o), statistics.median(w)
             s[f] = {
@@ -198,6 +257,7 @@ def ab(old: str, new: str, rounds: int, n: int, outdir: str, name: str) -> int:
         "",
         f"`{meta['command']}`; {meta['machine']}.",
         "Per figure: median over rounds of each round's figure [range over rounds]; new/old.",
+        "submit CPU = host thread CPU per direct frame's submit with no agent to wake (see the script);",
         "run CPU = host thread CPU time per `run()` call (p50); latency = `run()` wall time per frame;",
         "stream CPU = host process CPU per frame while streaming (direct: 2 frames in flight).",
         "",
@@ -206,6 +266,8 @@ def ab(old: str, new: str, rounds: int, n: int, outdir: str, name: str) -> int:
     ]
     for k in sorted(summary):
         for f in FIGS:
+            if f not in summary[k]:
+                continue
             x = summary[k][f]
             lines.append(
                 f"| {k} | {f} | {x['old_median']:.1f} [{x['old_range'][0]:.1f}-{x['old_range'][1]:.1f}] "

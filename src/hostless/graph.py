@@ -535,7 +535,7 @@ class CompiledGraph:
         """Run one of a slot's frame programs for frame ``value`` (one C call, the GIL
         released); StageFailed, TimeoutError and the push errors as the host path
         always raised them."""
-        stop = prog[0].run(value, _timeout_ns(timeout))
+        stop = prog[0].run(value, -1 if timeout is None else _timeout_ns(timeout))
         if stop is None:
             return
         k: int = prog[1][stop[0]]
