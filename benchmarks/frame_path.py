@@ -2,6 +2,7 @@
 
     python benchmarks/frame_path.py measure [-n FRAMES] [--json PATH]
     python benchmarks/frame_path.py ab OLD_SITE NEW_SITE [--rounds R] [-n FRAMES] [-o DIR] [--name NAME]
+    python benchmarks/frame_path.py report DIR/NAME.json      # rewrite the Markdown report
 
 ``measure`` runs, with whichever ``hostless`` is importable, every
 configuration once and prints (or writes) a JSON list of records:
@@ -241,7 +242,8 @@ def ab(old: str, new: str, rounds: int, n: int, outdir: str, name: str) -> int:
         summary[k] = s
     meta = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()} ({os.cpu_count()} CPUs), load average {os.getloadavg()}",
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs), load average "
+        + " ".join(f"{x:.1f}" for x in os.getloadavg()),
         "python": sys.version.split()[0],
         "command": f"python benchmarks/frame_path.py ab {old} {new} --rounds {rounds} -n {n}",
         "frames_per_config": n,
@@ -250,32 +252,56 @@ def ab(old: str, new: str, rounds: int, n: int, outdir: str, name: str) -> int:
         "new": new,
     }
     os.makedirs(outdir, exist_ok=True)
-    with open(os.path.join(outdir, name + ".json"), "w") as fh:
+    path = os.path.join(outdir, name + ".json")
+    with open(path, "w") as fh:
         json.dump({"meta": meta, "summary": summary, "runs": runs}, fh, indent=1)
-    lines = [
-        f"# Host per-frame path, old vs new build ({meta['date']})",
-        "",
-        f"`{meta['command']}`; {meta['machine']}.",
-        "Per figure: median over rounds of each round's figure [range over rounds]; new/old.",
-        "submit CPU = host thread CPU per direct frame's submit with no agent to wake (see the script);",
-        "run CPU = host thread CPU time per `run()` call (p50); latency = `run()` wall time per frame;",
-        "stream CPU = host process CPU per frame while streaming (direct: 2 frames in flight).",
-        "",
-        "| configuration | figure | old | new | new/old |",
-        "|---|---|---|---|---|",
+    return report(path)
+
+
+def report(path: str) -> int:
+    """Write the Markdown report next to the JSON of an ``ab`` run (and print it)."""
+    with open(path) as fh:
+        d = json.load(fh)
+    meta, summary = d["meta"], d["summary"]
+    cols = [
+        ("submit_cpu_p50_us", "submit CPU p50 (us)"),
+        ("run_cpu_p50_us", "run CPU p50 (us)"),
+        ("latency_p50_us", "latency p50 (us)"),
+        ("latency_p90_us", "latency p90 (us)"),
+        ("stream_cpu_per_frame_us", "stream CPU / frame (us)"),
+        ("stream_fps", "stream frames/s"),
     ]
-    for k in sorted(summary):
-        for f in FIGS:
-            if f not in summary[k]:
-                continue
-            x = summary[k][f]
+    lines = [
+        f"# Host per-frame path in C: old vs new build ({meta['date'][:10]})",
+        "",
+        f"`{meta['command']}`; {meta['machine']} (at the end of the run); Python {meta['python']};",
+        f"{meta['rounds']} rounds, builds alternating (old first in even rounds), "
+        f"{meta['frames_per_config']} frames per configuration and round.",
+        "",
+        "Cells: old, new (each the median over rounds of the round's figure, [range of the rounds'",
+        "figures]) and new/old.  submit CPU: host thread CPU for the submit of one direct frame with no",
+        "agent to wake (the graph's queue is consumed by the host, drained outside the timed region);",
+        "run CPU: host thread CPU per `run()` call (write inputs, submit, waits, read outputs); latency:",
+        "`run()` wall time; stream: host process CPU per frame and frames/s while streaming (direct: 2",
+        "frames in flight).",
+        "",
+    ]
+    for key, title in cols:
+        rows = [k for k in sorted(summary) if key in summary[k]]
+        if not rows:
+            continue
+        lines += [f"## {title}", "", "| configuration | old | new | new/old |", "|---|---|---|---|"]
+        for k in rows:
+            x = summary[k][key]
             lines.append(
-                f"| {k} | {f} | {x['old_median']:.1f} [{x['old_range'][0]:.1f}-{x['old_range'][1]:.1f}] "
+                f"| {k} | {x['old_median']:.1f} [{x['old_range'][0]:.1f}-{x['old_range'][1]:.1f}] "
                 f"| {x['new_median']:.1f} [{x['new_range'][0]:.1f}-{x['new_range'][1]:.1f}] "
                 f"| {x['new_over_old']:.2f} |"
             )
-    with open(os.path.join(outdir, name + ".md"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+        lines.append("")
+    md = os.path.splitext(path)[0] + ".md"
+    with open(md, "w") as fh:
+        fh.write("\n".join(lines))
     print("\n".join(lines))
     return 0
 
@@ -293,7 +319,11 @@ def main() -> int:
     b.add_argument("-n", type=int, default=300)
     b.add_argument("-o", "--output", default="benchmarks/results")
     b.add_argument("--name", default=f"frame-path-vm-{dt.date.today().isoformat()}")
+    r = sub.add_parser("report")
+    r.add_argument("json")
     a = ap.parse_args()
+    if a.cmd == "report":
+        return report(a.json)
     if a.cmd == "measure":
         recs = measure(a.n)
         txt = json.dumps(recs)
