@@ -48,3 +48,15 @@ class Handle:
         itemsize: int = ...,
         shape: Any = ...,
     ) -> None: ...
+
+FOP_STORE: int
+FOP_PUSH: int
+FOP_COPY: int
+FOP_WAIT: int
+
+class FrameProgram:
+    """A frame program (binding/frame.c): validated at construction, run per frame."""
+
+    nops: int
+    def __init__(self, core: Core, ops: Any, watch: Any, slice_ns: int, /) -> None: ...
+    def run(self, frame: int, timeout_ns: int, /) -> tuple[Any, ...] | None: ...

@@ -48,6 +48,14 @@ and a frame is done when every sink stage is.
   stage with a successor it does not push also signals a second timeline
   when its copies are done, and that successor waits on it (not on the
   stage's own timeline, which is reached before the copies).
+* Per frame, the host runs one *frame program* (:class:`hostless.wire.FrameOps`,
+  ``core/frame.c``), built and validated by the engine at compile time (every
+  handle held and of its kind, every patched word inside its argument
+  block): it writes the frame number into the prepared packets' value words,
+  pushes the root packets (direct) or every stage's packet, waiting for each
+  and copying between them (host, in the order above, which depends on the
+  DAG only), and waits for the sinks: one C call with the GIL released, no
+  packet encoded or parsed in Python.
 * Failures: a failing stage fails its descendants (a failed input passes its
   failure on; the follow-ups that never run have their signals failed), and
   :class:`StageFailed` names the failed stage among the ancestors of the
@@ -56,7 +64,6 @@ and a frame is done when every sink stage is.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,14 +75,20 @@ from .agents import Agent
 from .buffer import Buffer, bytes_buffer
 from .dag import MAX_PACKET_WAITS, Dag
 from .domain import Domain
-from .errors import HostlessError
+from .errors import CorruptDomain, HostlessError
 from .kernels import CPU_KERNELS, CUDA_KERNEL_NAMES, NPU_CUS, check_stage, f64
+from .queue import _timeout_ns
 from .stagefn import describe
-from .status import Status
+from .status import Status, timeline_failure
 from .timeline import Timeline
-from .wire import FO_PACKET, PK_WAIT_VALUE, Follow, Kernargs, Packet, PacketType, follow_offset
+from .wire import FO_PACKET, PK_WAIT_VALUE, Follow, FrameOps, Kernargs, Packet, PacketType, follow_offset
 
 __all__ = ["Graph", "CompiledGraph", "StageFailed", "Stage"]
+
+_SLICE_S = 0.05
+"""A wait for a stage sleeps in slices this long; after each, the host checks the
+stage's ancestors for a failure (a failure passed on through relays past the
+agents' follow-up depth never reaches the stage's own timeline)."""
 
 
 class StageFailed(HostlessError):
@@ -224,6 +237,11 @@ def _check_cast(name: str, arr: np.ndarray, dt: np.dtype) -> None:
     )
 
 
+def _view(b: Buffer) -> np.ndarray | Buffer:
+    """A host buffer's NumPy view, made once; a device buffer itself (it has no host view)."""
+    return b.numpy() if b.device == "cpu" else b
+
+
 def _store(b: Buffer, arr: np.ndarray) -> None:
     """Write ``arr`` into ``b``: in place for host memory, one copy for device memory."""
     if b.device == "cpu":
@@ -245,10 +263,20 @@ class _Slot:
         self.stage_out: list[Buffer] = []  # output buffer per stage
         self.packets: list[Packet] = []  # the packet of each stage (host; direct: roots' are pushed)
         self.scratch: list[int] = []  # direct: the two one-byte buffers relay packets copy
-        # per argument block with follow-ups: its u64 view and the words of the follow-up
-        # packets' signal values (rewritten with the frame number before each submit)
-        self.patch: list[tuple[np.ndarray, np.ndarray]] = []
+        # (argument block, byte offset) of each follow-up packet's signal and wait value:
+        # the words the frame program sets to the frame number before each submit
+        self.stores: list[tuple[int, int]] = []
         self.owned: list[Any] = []
+        # the frame programs (hostless._core.FrameProgram) and their ops' tags (stage index
+        # of each wait): submit (direct: stores and the roots' pushes; host: every push,
+        # wait and copy of the frame), wait (every sink), run (submit, then wait)
+        self.submit: tuple[Any, list[Any]] = (None, [])
+        self.wait: tuple[Any, list[Any]] = (None, [])
+        self.run: tuple[Any, list[Any]] = (None, [])
+        # NumPy views made once: the buffers each graph input is written into, the outputs
+        # host buffers as NumPy views, device buffers as themselves (written and read by copies)
+        self.in_views: dict[str, list[np.ndarray | Buffer]] = {}
+        self.out_views: list[tuple[str, np.ndarray | Buffer]] = []
 
 
 class CompiledGraph:
@@ -291,6 +319,8 @@ class CompiledGraph:
             self.consts[name] = b
         self.outputs = [g.stages[k].output for k in self.dag.sinks]
         self.slots = [self._build_slot() for _ in range(inflight)]
+        for sl in self.slots:
+            self._build_programs(sl)
         self._closed = False
 
     # ------------------------------------------------------------ building
@@ -388,7 +418,65 @@ class CompiledGraph:
             if direct and dag.preds[k]:
                 entry[k] = self._join(sl, k, p)
         sl.packets = pk
+        for name in g.inputs:
+            if self.data == "shared":
+                sl.in_views[name] = [_view(sl.tensors[name])]
+            else:
+                sl.in_views[name] = [
+                    sl.stage_in[k][pos].numpy()
+                    for k, s in enumerate(g.stages)
+                    for pos, i in enumerate(s.inputs)
+                    if i == name
+                ]
+        sl.out_views = [
+            (s.output, _view(sl.stage_out[k])) for k, s in enumerate(g.stages) if s.output in self.outputs
+        ]
         return sl
+
+    def _build_programs(self, sl: _Slot) -> None:
+        """The slot's frame programs, validated once by the engine (every handle held and
+        of its kind, every store inside its argument block); per frame, one call runs
+        one (see :meth:`_exec`): no packet is encoded or parsed in Python per frame."""
+        g, dag = self.g, self.dag
+        submit = FrameOps()
+        for h, off in sl.stores:
+            submit.store(h, off)
+        if self.dispatch == "direct":
+            for k in dag.roots:
+                submit.push(g.stages[k].agent.queue.handle, sl.packets[k], tag=k)
+        else:
+            # host: launch what is ready, wait for the launched in topological order, copy
+            # (sync back into the consuming devices' buffers), repeat: the order the host
+            # always followed, unrolled once here (it depends on the DAG only)
+            done: set[int] = set()
+            running: list[int] = []
+            waiting = list(range(len(g.stages)))
+            while waiting or running:
+                for k in [k for k in waiting if set(dag.preds[k]) <= done]:
+                    waiting.remove(k)
+                    submit.push(g.stages[k].agent.queue.handle, sl.packets[k], tag=k)
+                    running.append(k)
+                k = running.pop(0)
+                submit.wait(self.timelines[k].handle, self._watched(k), tag=k)
+                done.add(k)
+                if self.data == "copy":
+                    for j in dag.succs[k]:
+                        for pos, name in enumerate(g.stages[j].inputs):
+                            if name == g.stages[k].output:
+                                submit.copy(sl.stage_in[j][pos].handle, sl.stage_out[k].handle, tag=k)
+        wait = FrameOps()
+        for k in dag.sinks:
+            wait.wait(self.timelines[k].handle, self._watched(k), tag=k)
+        run = submit + wait
+        core = self.dom._core
+        sl.submit = (submit.build(core, _SLICE_S), submit.tags)
+        sl.wait = (wait.build(core, _SLICE_S), wait.tags)
+        sl.run = (run.build(core, _SLICE_S), run.tags)
+
+    def _watched(self, k: int) -> list[int]:
+        """The timelines checked for a failure while the host waits for stage k (between
+        sleep slices): k's and its ancestors', in topological order."""
+        return [self.timelines[j].handle for j in sorted(self.dag.ancestors[k] | {k})]
 
     def _waited(self, j: int) -> int:
         """The timeline a successor that stage j does not push waits on (the frame number)."""
@@ -451,13 +539,12 @@ class CompiledGraph:
         follow-ups' signal and wait values to patch per frame.  Returns the buffer's handle."""
         b = ka.to_buffer(self.dom)
         sl.owned.append(b)
-        words = [off // 8 for off in ka.signal_value_offsets()]
+        offs = ka.signal_value_offsets()
         nb, ns = len(ka.buffers), len(ka.scalars)
         for j, f in enumerate(ka.follow):
             base = follow_offset(nb, ns, j) + FO_PACKET + PK_WAIT_VALUE
-            words += [(base + 8 * i) // 8 for i in range(MAX_PACKET_WAITS) if f.packet.wait[i]]
-        if words:
-            sl.patch.append((b.numpy().view(np.uint8).view("<u8"), np.array(words, dtype=np.intp)))
+            offs += [base + 8 * i for i in range(MAX_PACKET_WAITS) if f.packet.wait[i]]
+        sl.stores += [(b.handle, off) for off in offs]
         return b.handle
 
     def _raw_packet(
@@ -489,17 +576,9 @@ class CompiledGraph:
         return Packet(kernel=kid, args=ka, signal=signal, signal_value=value, flags=flags)
 
     # ------------------------------------------------------------- running
-    def _set_frame_values(self, sl: _Slot, value: int) -> None:
-        """Write the frame number into every prepared packet of the slot (follow-ups included)."""
-        for p in sl.packets:
-            p.signal_value = value
-            p.wait_value = (value if p.wait[0] else 0, value if p.wait[1] else 0)
-        for words, at in sl.patch:  # the words found at compile time: no block is parsed here
-            words[at] = value
-
     def _write_inputs(self, sl: _Slot, inputs: Mapping[str, np.ndarray]) -> None:
         g = self.g
-        unknown = sorted(set(inputs) - set(g.inputs))
+        unknown = sorted(name for name in inputs if name not in g.inputs)
         if unknown:
             raise KeyError(f"unknown graph input(s) {unknown}; the graph's inputs are {sorted(g.inputs)}")
         for name, (shp, dt) in g.inputs.items():
@@ -509,40 +588,42 @@ class CompiledGraph:
             if arr.shape != shp:
                 raise ValueError(f"input {name!r} must have shape {shp}, got {arr.shape}")
             _check_cast(name, arr, dt)
-            if self.data == "shared":
-                _store(sl.tensors[name], arr)
-            else:
-                for k, s in enumerate(g.stages):
-                    for pos, i in enumerate(s.inputs):
-                        if i == name:
-                            sl.stage_in[k][pos].numpy()[...] = arr
+            for v in sl.in_views[name]:
+                if isinstance(v, np.ndarray):
+                    v[...] = arr
+                else:  # a device buffer: one host-to-device copy
+                    v.from_host(arr)
 
     def _read_outputs(self, sl: _Slot) -> dict[str, np.ndarray]:
-        out = {}
-        for k, s in enumerate(self.g.stages):
-            if s.output in self.outputs:
-                b = sl.stage_out[k]
-                out[s.output] = b.numpy().copy() if b.device == "cpu" else devmem.to_host(b)
-        return out
+        return {name: v.copy() if isinstance(v, np.ndarray) else v.to_host() for name, v in sl.out_views}
 
-    def _wait_stage(self, k: int, value: int, timeout: float | None) -> None:
-        """Wait for stage k to reach ``value``; raise StageFailed when any stage failed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        tl = self.timelines[k]
-        while True:
-            try:
-                st = tl.wait(value, 0.05)
-            except TimeoutError:
-                for j in sorted(self.dag.ancestors[k] | {k}):
-                    f = self.timelines[j].failure
-                    if f is not None:
-                        raise StageFailed(self.g.stages[j].name, f) from None
-                if deadline is not None and time.monotonic() > deadline:
-                    raise
-                continue
-            if st != Status.SUCCESS:
-                raise self._failure(k, st)
+    def _exec(self, prog: tuple[Any, list[Any]], value: int, timeout: float | None) -> None:
+        """Run one of a slot's frame programs for frame ``value`` (one C call, the GIL
+        released); StageFailed, TimeoutError and the push errors as the host path
+        always raised them."""
+        stop = prog[0].run(value, -1 if timeout is None else _timeout_ns(timeout))
+        if stop is None:
             return
+        k: int = prog[1][stop[0]]
+        why, word = stop[1], stop[2]
+        if why == "failed":  # stage k's timeline failed (or holds garbage)
+            st = timeline_failure(word)
+            if st is None:
+                raise CorruptDomain(
+                    f"timeline {self.timelines[k].handle:#x} holds an invalid word {word:#x} "
+                    "(written by a buggy or hostile participant)"
+                )
+            raise self._failure(k, st)
+        # a sleep slice ended with a watched timeline failed, or the wait timed out
+        for j in sorted(self.dag.ancestors[k] | {k}):
+            f = self.timelines[j].failure
+            if f is not None:
+                raise StageFailed(self.g.stages[j].name, f)
+        if why == "timeout":
+            raise TimeoutError(
+                f"timeline {self.timelines[k].handle:#x} did not reach {value} within the timeout"
+            )
+        raise CorruptDomain(f"a watched timeline held the failed word {word:#x}, then no failure")
 
     def _failure(self, k: int, st: Status) -> StageFailed:
         """The error for stage k failing with ``st``: it names the earliest failed
@@ -554,44 +635,16 @@ class CompiledGraph:
                 return StageFailed(self.g.stages[j].name, f, records.read(self.dom, self.timelines[j].handle))
         return StageFailed(self.g.stages[k].name, st, records.read(self.dom, self.timelines[k].handle))
 
-    def _submit(self, sl: _Slot, value: int, timeout: float | None) -> None:
-        g = self.g
-        self._set_frame_values(sl, value)
-        if self.dispatch == "direct":
-            for k in self.dag.roots:
-                g.stages[k].agent.queue.push(sl.packets[k], timeout)
-            return
-        # host: launch what is ready, wait for the launched in topological order, copy, repeat
-        done: set[int] = set()
-        running: list[int] = []
-        waiting = list(range(len(g.stages)))
-        while waiting or running:
-            for k in [k for k in waiting if set(self.dag.preds[k]) <= done]:
-                waiting.remove(k)
-                g.stages[k].agent.queue.push(sl.packets[k], timeout)
-                running.append(k)
-            k = running.pop(0)
-            self._wait_stage(k, value, timeout)
-            done.add(k)
-            if self.data == "copy":  # sync back and copy into the consuming devices' buffers
-                for j in self.dag.succs[k]:
-                    for pos, name in enumerate(g.stages[j].inputs):
-                        if name == g.stages[k].output:
-                            sl.stage_out[k].copy_to(sl.stage_in[j][pos])
-
-    def _wait_frame(self, value: int, timeout: float | None) -> None:
-        """Wait until every sink stage reached ``value`` (StageFailed when one failed)."""
-        for k in self.dag.sinks:
-            self._wait_stage(k, value, timeout)
-
     def run(self, inputs: Mapping[str, np.ndarray], timeout: float | None = 30.0) -> dict[str, np.ndarray]:
-        """Run one frame; returns the graph outputs (copies).  StageFailed on failure."""
+        """Run one frame; returns the graph outputs (copies).  StageFailed on failure.
+
+        The frame's packets are pushed, (host dispatch) its stages waited for and
+        copied between, and its sinks waited for by one call into the engine."""
         self._check()
         self.frame += 1
         sl = self.slots[self.frame % self.inflight]
         self._write_inputs(sl, inputs)
-        self._submit(sl, self.frame, timeout)
-        self._wait_frame(self.frame, timeout)
+        self._exec(sl.run, self.frame, timeout)
         return self._read_outputs(sl)
 
     def stream(
@@ -603,15 +656,15 @@ class CompiledGraph:
         for inp in frames:
             if len(pending) == self.inflight:
                 v, sl = pending.pop(0)
-                self._wait_frame(v, timeout)
+                self._exec(sl.wait, v, timeout)
                 yield self._read_outputs(sl)
             self.frame += 1
             sl = self.slots[self.frame % self.inflight]
             self._write_inputs(sl, inp)
-            self._submit(sl, self.frame, timeout)
+            self._exec(sl.submit, self.frame, timeout)
             pending.append((self.frame, sl))
         for v, sl in pending:
-            self._wait_frame(v, timeout)
+            self._exec(sl.wait, v, timeout)
             yield self._read_outputs(sl)
 
     def _check(self) -> None:
@@ -625,6 +678,8 @@ class CompiledGraph:
         self._closed = True
         seen: set[int] = set()
         for sl in self.slots:
+            sl.in_views, sl.out_views = {}, []  # no view outlives its buffer
+            sl.submit = sl.wait = sl.run = (None, [])
             for b in (
                 list(sl.tensors.values()) + [x for xs in sl.stage_in for x in xs] + sl.stage_out + sl.owned
             ):

@@ -11,7 +11,12 @@ firmware) reads or writes:
 * the follow-up record, ``struct hl_follow``: a queue handle, then a packet
   the consumer enqueues when the current one succeeds (:class:`Follow`);
 * the XRT ERT command layouts, whose one home is :mod:`hostless.ert`
-  (re-exported here: :class:`ErtCommand`, :func:`ert_header`, ...).
+  (re-exported here: :class:`ErtCommand`, :func:`ert_header`, ...);
+* the frame program (:class:`FrameOps`): what a host does per frame of a
+  prepared pipeline (store the frame number into words of argument blocks,
+  push prepared packets with their value words set to it, copy between
+  buffers, wait for timeline points), validated once by the engine and run
+  per frame in one C call (``hostless._core.FrameProgram``).
 
 Every offset and size comes from the C extension, which computes it with
 ``offsetof`` / ``sizeof`` from ``hostless.h`` (``PK_*``, ``KA_*``, ``FO_*``,
@@ -55,6 +60,8 @@ __all__ = [
     "decode_args",
     "encode_args",
     "follow_offset",
+    "FrameOps",
+    "value_word_mask",
     "ErtCommand",
     "ert_header",
     "ert_parse_header",
@@ -310,3 +317,67 @@ class Kernargs:
         from .buffer import bytes_buffer
 
         return bytes_buffer(dom, self.encode())
+
+
+# ----------------------------------------------------------- frame programs
+def value_word_mask(p: Packet) -> int:
+    """The words of ``p`` a frame program sets to the frame number: ``signal_value``,
+    and ``wait_value[i]`` for each wait ``i`` the packet has (bit ``n``: u64 word ``n``)."""
+    m = 1 << (PK_SIGNAL_VALUE // _WORD)
+    for i in range(2):
+        if p.wait[i]:
+            m |= 1 << (PK_WAIT_VALUE // _WORD + i)
+    return m
+
+
+class FrameOps:
+    """The ops of a frame program, in order, with a tag per op (what the op is to its
+    builder: :mod:`hostless.graph` tags a wait with its stage).  :meth:`build` hands
+    them to the engine, which validates them once (every handle held by this
+    process and of its op's kind, every store inside its buffer, copies between
+    buffers of one size; errors name the op) and runs them per frame with
+    ``FrameProgram.run(frame, timeout_ns)``."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[Any, ...]] = []
+        self.tags: list[Any] = []
+        self.watch: list[int] = []
+
+    def store(self, buffer: int, offset: int, tag: Any = None) -> None:
+        """The u64 at byte ``offset`` of ``buffer`` becomes the frame number."""
+        self.ops.append((int(C.FOP_STORE), buffer, offset))
+        self.tags.append(tag)
+
+    def push(self, queue: int, packet: Packet, tag: Any = None) -> None:
+        """Push ``packet`` into ``queue`` with its value words (:func:`value_word_mask`)
+        set to the frame number."""
+        self.ops.append((int(C.FOP_PUSH), queue, packet.encode(), value_word_mask(packet)))
+        self.tags.append(tag)
+
+    def copy(self, dst: int, src: int, tag: Any = None) -> None:
+        """Copy buffer ``src`` into buffer ``dst`` (same size)."""
+        self.ops.append((int(C.FOP_COPY), dst, src))
+        self.tags.append(tag)
+
+    def wait(self, timeline: int, watch: Sequence[int] = (), tag: Any = None) -> None:
+        """Wait for ``timeline`` to reach the frame number; between sleep slices, check
+        the ``watch`` timelines for a failure."""
+        self.ops.append((int(C.FOP_WAIT), timeline, len(self.watch), len(watch)))
+        self.watch.extend(watch)
+        self.tags.append(tag)
+
+    def __add__(self, other: FrameOps) -> FrameOps:
+        out = FrameOps()
+        for ops in (self, other):
+            for op, tag in zip(ops.ops, ops.tags, strict=True):
+                if op[0] == int(C.FOP_WAIT):
+                    out.wait(op[1], ops.watch[op[2] : op[2] + op[3]], tag)
+                else:
+                    out.ops.append(op)
+                    out.tags.append(tag)
+        return out
+
+    def build(self, core: Any, slice_s: float) -> Any:
+        """The validated ``hostless._core.FrameProgram`` of these ops on ``core`` (a
+        domain's ``_core``); waits sleep in slices of ``slice_s`` seconds."""
+        return C.FrameProgram(core, self.ops, self.watch, int(slice_s * 1e9))

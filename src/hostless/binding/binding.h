@@ -44,6 +44,7 @@ typedef struct {
 
 extern PyTypeObject CoreType;
 extern PyTypeObject HandleType;
+extern PyTypeObject FrameProgramType; /* frame.c: hostless._core.FrameProgram */
 
 /* errors.c: raise the exception for engine code `code` (< 0) with the
  * thread's detail message; returns NULL.  HL_E_INTR: the exception the

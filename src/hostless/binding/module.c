@@ -171,12 +171,19 @@ static struct PyModuleDef coremodule = {PyModuleDef_HEAD_INIT, "hostless._core",
 PyMODINIT_FUNC PyInit__core(void) {
     if (PyType_Ready(&CoreType) < 0) return NULL;
     if (PyType_Ready(&HandleType) < 0) return NULL;
+    if (PyType_Ready(&FrameProgramType) < 0) return NULL;
     PyObject *m = PyModule_Create(&coremodule);
     if (!m) return NULL;
     Py_INCREF(&CoreType);
     PyModule_AddObject(m, "Core", (PyObject *)&CoreType);
     Py_INCREF(&HandleType);
     PyModule_AddObject(m, "Handle", (PyObject *)&HandleType);
+    Py_INCREF(&FrameProgramType);
+    PyModule_AddObject(m, "FrameProgram", (PyObject *)&FrameProgramType);
+    PyModule_AddIntConstant(m, "FOP_STORE", HLE_FOP_STORE);
+    PyModule_AddIntConstant(m, "FOP_PUSH", HLE_FOP_PUSH);
+    PyModule_AddIntConstant(m, "FOP_COPY", HLE_FOP_COPY);
+    PyModule_AddIntConstant(m, "FOP_WAIT", HLE_FOP_WAIT);
     PyObject *testing = hlpy_testing_module();
     if (!testing || PyModule_AddObject(m, "testing", testing) < 0 || hlpy_add_abi_constants(m) < 0) {
         Py_XDECREF(testing);

@@ -370,6 +370,12 @@ int hle_interruptible(hle_ctx *c);
  * HL_E_CORRUPT; HL_E_HANDLE; HL_E_INTR. */
 int hle_wait_any(hle_ctx *c, const uint64_t *handles, const uint64_t *thr, int n, int64_t timeout_ns,
                  uint32_t kick_seen, char *ready);
+/* hle_wait for a caller inside a GIL-free section: BUSY_ENTER done, its lock
+ * released (hle_unlock's token in *tok, for the interrupt hook), the thread's
+ * interruptibility asked before unlocking (hle_interruptible).  No locked
+ * spin.  Codes of hle_wait. */
+int hle_wait_unlocked(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout_ns, int64_t spin_ns, uint64_t *word,
+                      int interruptible, void **tok);
 /* Move the private kick word and wake wait_any sleepers of this process. */
 void hle_kick(hle_ctx *c);
 
@@ -389,6 +395,9 @@ int hle_queue_bind(hle_ctx *c, uint64_t h);
  * HL_E_INVALID (its consumer died); HL_E_CLOSED / HL_E_CORRUPT (closed or
  * truncated during the wait); HL_E_INTR. */
 int hle_queue_push(hle_ctx *c, uint64_t h, const struct hl_packet *p, int64_t timeout_ns, uint64_t *idx);
+/* hle_queue_push for a caller inside a GIL-free section (as hle_wait_unlocked). */
+int hle_queue_push_unlocked(hle_ctx *c, uint64_t h, const struct hl_packet *p, int64_t timeout_ns, uint64_t *idx,
+                            int interruptible, void **tok);
 /* Pop the next packet (bound consumer only; skips cells of dead producers);
  * blocks (unlocked) for timeout_ns (< 0: forever), spinning spin_ns first.
  * HL_OK with *idx and *out; HL_E_TIMEOUT; HL_E_HANDLE / HL_E_CORRUPT;

@@ -203,6 +203,70 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg);
 /* The C kernel table: 1 when `kernel` is a built-in C kernel id. */
 int hle_agent_has_kernel(uint32_t kernel);
 
+/* ---- frame programs (frame.c) ----
+ * What a host does per frame of a prepared pipeline (hostless.graph), as a
+ * list of ops run in order in one call, with one unlock of the caller's lock:
+ *   STORE  handle = a buffer, arg = a byte offset in it (8-aligned): the u64
+ *          there becomes the frame number (a follow-up packet's value inside
+ *          an argument block);
+ *   PUSH   handle = a queue, packet = a prepared packet whose u64 words
+ *          selected by mask (only signal_value, wait_value[0], wait_value[1])
+ *          become the frame number; pushed as hle_queue_push (timeout_ns);
+ *   COPY   handle = the destination buffer, arg = the source buffer (the
+ *          same size): one memcpy between their extents;
+ *   WAIT   handle = a timeline: wait until it reaches the frame number (or
+ *          fails), in sleeps of slice_ns; after each slice that ends without
+ *          it, the `count` timelines of watch[arg ...] are checked for a
+ *          failure; past timeout_ns (whole slices: as hostless.graph always
+ *          did) the wait times out.
+ * hle_frame_check validates a program once: every handle held by us and of
+ * its op's kind, every store inside its buffer, every copy between extents
+ * of one size, every watch range inside watch[], the masks; it resolves the
+ * offsets in the mapping (dst_off, src_off, nbytes).  HL_OK; HL_E_CLOSED;
+ * HL_E_HANDLE (a handle not held or of the wrong kind), HL_E_RANGE (a store
+ * outside its buffer or the mapping, a watch range outside watch[]),
+ * HL_E_VALUE (an unknown op, a mask naming another word, copy sizes that
+ * differ, too many ops); the message names the op.
+ * hle_frame_run runs a checked program for frame number `frame` (1..2^62-1):
+ * every op checks its handles again (a released buffer fails; its offset is
+ * checked against the mapping by subtraction).  Returns HL_OK;
+ * HLE_FRAME_FAILED (> 0: the WAIT op stop->op found its timeline failed,
+ * stop->word the word); HLE_FRAME_WATCH (> 0: a watched timeline,
+ * watch[stop->watch], failed during WAIT op stop->op; stop->word its word);
+ * HL_E_TIMEOUT (WAIT op stop->op timed out); or the code of the failing op
+ * (stop->op): hle_queue_push's, HL_E_HANDLE, HL_E_CLOSED / HL_E_CORRUPT,
+ * HL_E_INTR (the interrupt hook). */
+#define HLE_FOP_STORE 1u
+#define HLE_FOP_PUSH 2u
+#define HLE_FOP_COPY 3u
+#define HLE_FOP_WAIT 4u
+#define HLE_FRAME_FAILED 1
+#define HLE_FRAME_WATCH 2
+#define HLE_FRAME_MAX_OPS 65536u
+struct hle_frame_op {
+    uint32_t type;    /* HLE_FOP_* */
+    uint32_t mask;    /* PUSH: bit i set: u64 word i of the packet gets the frame number */
+    uint64_t handle;  /* STORE, COPY: (destination) buffer; PUSH: queue; WAIT: timeline */
+    uint64_t arg;     /* STORE: byte offset in the buffer; COPY: source buffer; WAIT: first watch index */
+    uint64_t count;   /* WAIT: how many watch entries */
+    uint64_t dst_off, src_off, nbytes; /* filled by hle_frame_check (offsets in the mapping) */
+    struct hl_packet packet;           /* PUSH: the prepared packet */
+};
+struct hle_frame {
+    struct hle_frame_op *ops;
+    uint32_t nops, nwatch;
+    const uint64_t *watch; /* timelines watched by WAIT ops */
+    int64_t slice_ns;      /* WAIT: sleep slice (<= 0: one sleep of the whole timeout) */
+};
+struct hle_frame_stop {
+    uint32_t op;    /* index of the op that stopped the run */
+    uint32_t watch; /* HLE_FRAME_WATCH: index into watch[] */
+    uint64_t word;  /* the timeline word that stopped it */
+};
+int hle_frame_check(hle_ctx *c, struct hle_frame *f);
+int hle_frame_run(hle_ctx *c, const struct hle_frame *f, uint64_t frame, int64_t timeout_ns, int64_t spin_ns,
+                  struct hle_frame_stop *stop);
+
 /* Our participant index (-1 when detached) and our owner code. */
 int hle_me(const hle_ctx *c);
 uint32_t hle_owner_code(const hle_ctx *c);

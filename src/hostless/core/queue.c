@@ -105,32 +105,51 @@ static int push_sleep(void *a, uint64_t nap) {
     return 0;
 }
 
-/* Push a packet; blocks while the queue is full (contract in engine.h). */
-int hle_queue_push(hle_ctx *c, uint64_t h, const struct hl_packet *p, int64_t timeout, uint64_t *idx) {
-    struct hl_qview v;
-    int r = hle_queue_view(c, h, &v);
-    if (r) return r;
-    struct push_wait x = {c, &v, p, idx, HL_OK};
+/* The wait of a push into the validated queue v, called unlocked (tok: what
+ * hle_unlock returned, for the interrupt hook), with its errors and the
+ * ENQUEUE trace event. */
+static int push_wait_loop(hle_ctx *c, uint64_t h, struct hl_qview *v, const struct hl_packet *p, int64_t timeout,
+                          uint64_t *idx, int interruptible, void **tok) {
+    struct push_wait x = {c, v, p, idx, HL_OK};
     struct hle_waiter wt = {push_poll, push_sleep, push_check, &x, now_ns(), timeout, HLE_PUSH_SPIN_NS, 0,
-                            hle_interruptible(c)};
-    BUSY_ENTER(c);
-    void *tok = hle_unlock(c);
-    r = hle_wait_loop(c, &wt, &tok);
-    uint64_t t_pushed = now_ns(); /* stamped before the GIL is taken back */
-    BUSY_LEAVE(c);
-    hle_relock(c, tok);
+                            interruptible};
+    int r = hle_wait_loop(c, &wt, tok);
+    uint64_t t_pushed = now_ns();
     if (r == HL_E_INTR) return r;
     if (r == HL_E_CLOSED) return hle_closed_error(c, "the domain was closed while the queue was full");
     if (r == HLE_E_DEAD_CONSUMER)
         return hle_fail(HL_E_INVALID, "queue 0x%llx: its consumer died; respawn the agent", (unsigned long long)h);
     if (x.r == HL_E_FULL)
         return hle_fail(HL_E_QUEUE_FULL, "queue 0x%llx is full (%llu packets)", (unsigned long long)h,
-                        (unsigned long long)v.capacity);
+                        (unsigned long long)v->capacity);
     if (x.r != HL_OK)
         return hle_fail(HL_E_CORRUPT, "queue 0x%llx: its cells contradict its write index (corrupt queue)",
                         (unsigned long long)h);
     hle_trace_emit_at(c, t_pushed, HL_EV_ENQUEUE, h, *idx, p->signal, p->kernel, p->type);
     return HL_OK;
+}
+
+/* Push a packet; blocks while the queue is full (contract in engine.h). */
+int hle_queue_push(hle_ctx *c, uint64_t h, const struct hl_packet *p, int64_t timeout, uint64_t *idx) {
+    struct hl_qview v;
+    int r = hle_queue_view(c, h, &v);
+    if (r) return r;
+    int intr = hle_interruptible(c);
+    BUSY_ENTER(c);
+    void *tok = hle_unlock(c);
+    r = push_wait_loop(c, h, &v, p, timeout, idx, intr, &tok);
+    BUSY_LEAVE(c);
+    hle_relock(c, tok);
+    return r;
+}
+
+/* The same, called unlocked inside a GIL-free section (contract in engine.h). */
+int hle_queue_push_unlocked(hle_ctx *c, uint64_t h, const struct hl_packet *p, int64_t timeout, uint64_t *idx,
+                            int interruptible, void **tok) {
+    struct hl_qview v;
+    int r = hle_queue_view(c, h, &v);
+    if (r) return r;
+    return push_wait_loop(c, h, &v, p, timeout, idx, interruptible, tok);
 }
 
 /* ---- pop ---- */

@@ -149,6 +149,29 @@ int hle_wait(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int64_t spin
     return r;
 }
 
+/* Contract in engine.h: hle_wait's loop inside a GIL-free section (no
+ * locked spin: the caller released its lock already). */
+int hle_wait_unlocked(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int64_t spin, uint64_t *out,
+                      int interruptible, void **tok) {
+    if (CLOSING(c)) return hle_closed_error(c, "the domain was closed during the wait");
+    int64_t idx = hle_check_handle(c, h, 0, 1);
+    if (idx < 0) return (int)idx;
+    struct hl_fence *f = slot(c, (uint32_t)idx);
+    uint64_t w = ld(&f->word);
+    if (w >= thr) {
+        *out = w;
+        return HL_OK;
+    }
+    struct word_wait x = {c, f, HL_HANDLE_KIND(h) == HL_KIND_TIMELINE ? &f->wake : (uint32_t *)&f->word, thr, w,
+                          HL_HANDLE_KIND(h) == HL_KIND_MERGED};
+    struct hle_waiter wt = {word_poll, word_sleep, NULL, &x, now_ns(), timeout, spin > 0 ? (uint64_t)spin : 0, 0,
+                            interruptible};
+    int r = hle_wait_loop(c, &wt, tok);
+    *out = x.w;
+    if (r == HL_E_CLOSED) return hle_closed_error(c, "the domain was closed during the wait");
+    return r;
+}
+
 /* ---- wait_any: futex_waitv on every word plus the private kick word ---- */
 
 struct any_wait {

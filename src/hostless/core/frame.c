@@ -1,0 +1,250 @@
+/*
+ * frame.c -- frame programs: the host's per-frame path of a prepared
+ * pipeline (stores of the frame number, pushes of prepared packets, copies
+ * between buffers, waits for timeline points), validated once by
+ * hle_frame_check and run by hle_frame_run in one GIL-free section.
+ * Contracts in hostless_engine.h.
+ */
+#include "engine.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#define WORD_OF(field) (offsetof(struct hl_packet, field) / 8)
+/* the packet words a PUSH may set to the frame number: the values, never a handle */
+#define VALUE_WORDS                                                                                      \
+    ((1u << WORD_OF(signal_value)) | (1u << WORD_OF(wait_value)) | (1u << (WORD_OF(wait_value) + 1)))
+
+_Static_assert(sizeof(struct hl_packet) == 64, "a packet is 8 words");
+_Static_assert(offsetof(struct hl_packet, signal_value) % 8 == 0 && offsetof(struct hl_packet, wait_value) % 8 == 0,
+               "packet values are aligned words");
+
+static const char *op_name(uint32_t t) {
+    switch (t) {
+    case HLE_FOP_STORE: return "store";
+    case HLE_FOP_PUSH: return "push";
+    case HLE_FOP_COPY: return "copy";
+    case HLE_FOP_WAIT: return "wait";
+    default: return "?";
+    }
+}
+
+static const char *kind_name(uint32_t k) {
+    switch (k) {
+    case HL_KIND_FENCE: return "a fence";
+    case HL_KIND_TIMELINE: return "a timeline";
+    case HL_KIND_MERGED: return "a merged fence";
+    case HL_KIND_BUFFER: return "a buffer";
+    case HL_KIND_QUEUE: return "a queue";
+    default: return "no object kind";
+    }
+}
+
+/* Where a check failed: "frame program op i (name)" or "... watch entry j". */
+struct where {
+    char s[64];
+};
+static struct where at_op(uint32_t i, uint32_t type) {
+    struct where w;
+    snprintf(w.s, sizeof w.s, "frame program op %u (%s)", i, op_name(type));
+    return w;
+}
+
+/* Fail with "<where>: ..." and the code. */
+__attribute__((format(printf, 3, 4))) static int fail_at(int code, const struct where *w, const char *fmt, ...) {
+    char msg[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return hle_fail(code, "%s: %s", w->s, msg);
+}
+
+/* A handle of kind `kind` that we hold; the engine's reason in the message otherwise. */
+static int need_held(hle_ctx *c, const struct where *w, uint64_t h, uint32_t kind, const char *role) {
+    if (HL_HANDLE_KIND(h) != kind)
+        return fail_at(HL_E_HANDLE, w, "%s 0x%llx is %s, not %s", role, (unsigned long long)h,
+                       kind_name(HL_HANDLE_KIND(h)), kind_name(kind));
+    int64_t idx = hle_check_handle(c, h, kind, 1);
+    if (idx < 0) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", hle_errmsg());
+        return fail_at((int)idx, w, "%s 0x%llx: %s", role, (unsigned long long)h, why);
+    }
+    return HL_OK;
+}
+
+/* The offset in the mapping of a held buffer's data, and its size. */
+static int extent(hle_ctx *c, const struct where *w, uint64_t h, const char *role, uint64_t *off, uint64_t *n) {
+    int r = need_held(c, w, h, HL_KIND_BUFFER, role);
+    if (r) return r;
+    char *p = hl_buffer_data(&c->dv, h, n);
+    if (!p || p < c->base || (uint64_t)(p - c->base) > c->size || *n > c->size - (uint64_t)(p - c->base))
+        return fail_at(HL_E_CORRUPT, w, "%s 0x%llx has an extent outside the heap", role, (unsigned long long)h);
+    *off = (uint64_t)(p - c->base);
+    return HL_OK;
+}
+
+int hle_frame_check(hle_ctx *c, struct hle_frame *f) {
+    int r = hle_need_attached(c);
+    if (r) return r;
+    if (f->nops > HLE_FRAME_MAX_OPS)
+        return hle_fail(HL_E_VALUE, "a frame program has at most %u ops, got %u", HLE_FRAME_MAX_OPS, f->nops);
+    for (uint32_t j = 0; j < f->nwatch; j++) {
+        struct where w;
+        snprintf(w.s, sizeof w.s, "frame program watch entry %u", j);
+        if ((r = need_held(c, &w, f->watch[j], HL_KIND_TIMELINE, "timeline"))) return r;
+    }
+    for (uint32_t i = 0; i < f->nops; i++) {
+        struct hle_frame_op *o = &f->ops[i];
+        struct where w = at_op(i, o->type);
+        uint64_t n, m;
+        switch (o->type) {
+        case HLE_FOP_STORE:
+            if ((r = extent(c, &w, o->handle, "buffer", &o->dst_off, &n))) return r;
+            if (o->arg % 8 || n < 8 || o->arg > n - 8)
+                return fail_at(HL_E_RANGE, &w,
+                               "a store at byte %llu of buffer 0x%llx (%llu bytes) lies outside the buffer "
+                               "(stores are aligned u64 words inside it)",
+                               (unsigned long long)o->arg, (unsigned long long)o->handle, (unsigned long long)n);
+            o->dst_off += o->arg;
+            if (o->dst_off > c->size - 8)
+                return fail_at(HL_E_RANGE, &w, "a store at offset %llu lies outside the mapping (%llu bytes)",
+                               (unsigned long long)o->dst_off, (unsigned long long)c->size);
+            o->nbytes = 8;
+            break;
+        case HLE_FOP_COPY:
+            if ((r = extent(c, &w, o->handle, "destination buffer", &o->dst_off, &n))) return r;
+            if ((r = extent(c, &w, o->arg, "source buffer", &o->src_off, &m))) return r;
+            if (n != m)
+                return fail_at(HL_E_VALUE, &w, "size mismatch (%llu -> %llu bytes)", (unsigned long long)m,
+                               (unsigned long long)n);
+            o->nbytes = n;
+            break;
+        case HLE_FOP_PUSH: {
+            if ((r = need_held(c, &w, o->handle, HL_KIND_QUEUE, "queue"))) return r;
+            struct hl_qview v;
+            if ((r = hle_queue_view(c, o->handle, &v))) {
+                char why[256];
+                snprintf(why, sizeof why, "%s", hle_errmsg());
+                return fail_at(r, &w, "%s", why);
+            }
+            if (o->mask & ~VALUE_WORDS)
+                return fail_at(HL_E_VALUE, &w, "mask 0x%x names packet words other than signal_value and wait_value",
+                               o->mask);
+            o->nbytes = 0;
+            break;
+        }
+        case HLE_FOP_WAIT:
+            if ((r = need_held(c, &w, o->handle, HL_KIND_TIMELINE, "timeline"))) return r;
+            if (o->arg > f->nwatch || o->count > f->nwatch - o->arg)
+                return fail_at(HL_E_RANGE, &w, "watch entries %llu..+%llu outside the %u of the program",
+                               (unsigned long long)o->arg, (unsigned long long)o->count, f->nwatch);
+            break;
+        default:
+            return fail_at(HL_E_VALUE, &w, "unknown op type %u", o->type);
+        }
+    }
+    return HL_OK;
+}
+
+/* A buffer op's handles, checked again (still held: a released buffer's block
+ * may be another buffer's now) and its extent against the mapping. */
+static int recheck(hle_ctx *c, uint32_t i, const struct hle_frame_op *o) {
+    struct where w;
+    if (hle_check_handle(c, o->handle, HL_KIND_BUFFER, 1) < 0) {
+        w = at_op(i, o->type);
+        return fail_at(HL_E_HANDLE, &w, "buffer 0x%llx is no longer held (released?)", (unsigned long long)o->handle);
+    }
+    if (o->type == HLE_FOP_COPY && hle_check_handle(c, o->arg, HL_KIND_BUFFER, 1) < 0) {
+        w = at_op(i, o->type);
+        return fail_at(HL_E_HANDLE, &w, "buffer 0x%llx is no longer held (released?)", (unsigned long long)o->arg);
+    }
+    if (o->nbytes > c->size || o->dst_off > c->size - o->nbytes ||
+        (o->type == HLE_FOP_COPY && o->src_off > c->size - o->nbytes)) {
+        w = at_op(i, o->type);
+        return fail_at(HL_E_RANGE, &w, "an extent outside the mapping (the program was not checked)");
+    }
+    return HL_OK;
+}
+
+/* One WAIT: slices, the watch check after each, the deadline. */
+static int run_wait(hle_ctx *c, const struct hle_frame *f, uint32_t i, uint64_t frame, int64_t timeout,
+                    int64_t spin, int intr, void **tok, struct hle_frame_stop *stop) {
+    const struct hle_frame_op *o = &f->ops[i];
+    uint64_t t0 = now_ns();
+    for (;;) {
+        int64_t slice = f->slice_ns > 0 ? f->slice_ns : timeout;
+        uint64_t w = 0;
+        int r = hle_wait_unlocked(c, o->handle, frame, slice, spin, &w, intr, tok);
+        stop->word = w;
+        if (r == HL_OK) return w > HL_TIMELINE_MAX ? HLE_FRAME_FAILED : HL_OK;
+        if (r != HL_E_TIMEOUT) return r;
+        for (uint64_t j = o->arg; j < o->arg + o->count; j++) {
+            uint64_t ww;
+            if ((r = hle_word(c, f->watch[j], &ww))) return r;
+            if (ww > HL_TIMELINE_MAX) {
+                stop->watch = (uint32_t)j;
+                stop->word = ww;
+                return HLE_FRAME_WATCH;
+            }
+        }
+        if (timeout >= 0 && now_ns() - t0 > (uint64_t)timeout) return HL_E_TIMEOUT;
+        if (f->slice_ns <= 0) return HL_E_TIMEOUT;
+    }
+}
+
+static int run_ops(hle_ctx *c, const struct hle_frame *f, uint64_t frame, int64_t timeout, int64_t spin, int intr,
+                   void **tok, struct hle_frame_stop *stop) {
+    int r;
+    for (uint32_t i = 0; i < f->nops; i++) {
+        const struct hle_frame_op *o = &f->ops[i];
+        stop->op = i;
+        if (CLOSING(c)) return hle_closed_error(c, "the domain was closed during a frame");
+        switch (o->type) {
+        case HLE_FOP_STORE:
+            if ((r = recheck(c, i, o))) return r;
+            __atomic_store_n((uint64_t *)(c->base + o->dst_off), frame, __ATOMIC_RELAXED);
+            break;
+        case HLE_FOP_COPY:
+            if ((r = recheck(c, i, o))) return r;
+            memmove(c->base + o->dst_off, c->base + o->src_off, o->nbytes);
+            break;
+        case HLE_FOP_PUSH: {
+            struct hl_packet p = o->packet;
+            uint64_t words[8], idx;
+            memcpy(words, &p, sizeof words);
+            for (unsigned b = 0; b < 8; b++)
+                if (o->mask & VALUE_WORDS & (1u << b)) words[b] = frame;
+            memcpy(&p, words, sizeof p);
+            if ((r = hle_queue_push_unlocked(c, o->handle, &p, timeout, &idx, intr, tok))) return r;
+            break;
+        }
+        case HLE_FOP_WAIT:
+            if ((r = run_wait(c, f, i, frame, timeout, spin, intr, tok, stop))) return r;
+            break;
+        default: {
+            struct where w = at_op(i, o->type);
+            return fail_at(HL_E_VALUE, &w, "unknown op type %u (the program was not checked)", o->type);
+        }
+        }
+    }
+    return HL_OK;
+}
+
+int hle_frame_run(hle_ctx *c, const struct hle_frame *f, uint64_t frame, int64_t timeout, int64_t spin,
+                  struct hle_frame_stop *stop) {
+    memset(stop, 0, sizeof *stop);
+    int r = hle_need_attached(c);
+    if (r) return r;
+    if (frame == 0 || frame > HL_TIMELINE_MAX)
+        return hle_fail(HL_E_VALUE, "a frame number is in 1..2^62-1, got %llu", (unsigned long long)frame);
+    int intr = hle_interruptible(c);
+    BUSY_ENTER(c);
+    void *tok = hle_unlock(c);
+    r = run_ops(c, f, frame, timeout, spin, intr, &tok, stop);
+    BUSY_LEAVE(c);
+    hle_relock(c, tok);
+    return r;
+}
