@@ -167,6 +167,10 @@ class Graph:
             table: Any = NPU_CUS if agent.kind == "npu" else CPU_KERNELS
             if agent.kind == "cuda":
                 table = CUDA_KERNEL_NAMES
+            elif agent.kind == "gpucp":
+                from .agents.gpucp import GPUCP_KERNEL_NAMES
+
+                table = GPUCP_KERNEL_NAMES
             if kernel not in table and kernel not in agent.user_kernels:
                 raise KeyError(f"{agent.kind} agent has no kernel {kernel!r}; known: {sorted(table)}")
             for x in scalars:

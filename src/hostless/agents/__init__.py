@@ -174,9 +174,11 @@ def spawn(
     timeout: float = 30.0,
     **opts: Any,
 ) -> Agent:
-    """Start an agent of ``kind`` ("cpu", "npu" or "cuda") consuming ``queue`` (a new one by default).
+    """Start an agent of ``kind`` ("cpu", "npu", "cuda" or "gpucp") consuming ``queue`` (a new one
+    by default).  A "gpucp" agent is the GPU command processor (:mod:`hostless.agents.gpucp`):
+    a resident kernel takes the queue's packets with no host in the loop.
 
-    ``device=N`` picks the GPU of a cuda agent; ``spin`` (seconds, default 50 us)
+    ``device=N`` picks the GPU of a cuda or gpucp agent; ``spin`` (seconds, default 50 us)
     is how long an idle agent polls its doorbell before a bounded sleep: longer
     spins cut the hand-off latency and cost CPU while idle.
 
@@ -197,8 +199,8 @@ def spawn(
     ``(buffers, scalars)``) the agent imports; their ids are in
     ``agent.user_kernels``.  Passing the ``queue`` of a dead agent respawns it.
     """
-    if kind not in ("cpu", "npu", "cuda"):
-        raise ValueError(f"unknown agent kind {kind!r} (cpu, npu, cuda)")
+    if kind not in ("cpu", "npu", "cuda", "gpucp"):
+        raise ValueError(f"unknown agent kind {kind!r} (cpu, npu, cuda, gpucp)")
     device = int(opts.pop("device", 0))
     spin = float(opts.pop("spin", 50e-6))
     if spin < 0:
@@ -216,7 +218,7 @@ def spawn(
         raise TypeError(f"unknown options {sorted(opts)}")
     if native and kind != "cpu":
         raise ValueError(f"native agents serve cpu queues (not {kind} ones) for now")
-    if kind == "cuda":
+    if kind in ("cuda", "gpucp"):
         from ..cuda import available
 
         why = available()
@@ -244,7 +246,7 @@ def spawn(
     cmd += ["--follow-timeout", repr(follow_timeout)]
     if native:
         cmd += ["--native"]
-    if kind == "cuda":
+    if kind in ("cuda", "gpucp"):
         cmd += ["--device", str(device)]
     ids: dict[str, int] = {}
     for i, (name, spec) in enumerate(sorted((user_kernels or {}).items())):
@@ -270,5 +272,5 @@ def spawn(
         )
     a = Agent(dom, kind, q, proc, int(line))
     a.user_kernels = ids
-    a.device = f"cuda:{device}" if kind == "cuda" else "cpu"
+    a.device = f"cuda:{device}" if kind in ("cuda", "gpucp") else "cpu"
     return a

@@ -16,6 +16,7 @@ import ctypes
 import os
 import signal
 import sys
+from typing import Any
 
 from ..domain import Domain
 from ..kernels import Kernel, load_user_kernel
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hostless.agents.worker")
     ap.add_argument("domain")
     ap.add_argument("queue", type=lambda s: int(s, 0))
-    ap.add_argument("kind", choices=["cpu", "npu", "cuda"])
+    ap.add_argument("kind", choices=["cpu", "npu", "cuda", "gpucp"])
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--spin", type=float, default=50e-6, help="seconds to poll the doorbell before sleeping")
     ap.add_argument("--parent", type=int, required=True)
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     dom = Domain.open(a.domain, label=a.label or f"{a.kind}-agent", kind=a.kind)
     q = dom.import_queue(a.queue)
     q.bind()
+    if a.kind == "gpucp":
+        return _run_gpucp(dom, q, a.parent, a.device)
     sys.stdout.write(f"{dom.participant_id}\n")
     sys.stdout.flush()
     if a.kind == "cuda":
@@ -82,6 +85,22 @@ def main(argv: list[str] | None = None) -> int:
             agent.run()
     finally:
         agent.cache.clear()
+        dom.close()
+    return 0
+
+
+def _run_gpucp(dom: Domain, q: Any, parent: int, device: int) -> int:
+    """The GPU command processor's host process: start the resident kernel, then watch it."""
+    from .gpucp import GpuCommandProcessor
+
+    cpu = GpuCommandProcessor(dom, q, parent, device)
+    try:
+        cpu.start()
+        sys.stdout.write(f"{dom.participant_id}\n")
+        sys.stdout.flush()
+        cpu.run()
+    finally:
+        cpu.close()
         dom.close()
     return 0
 

@@ -9,7 +9,9 @@ out, as a user's script does it):
 * **hostless**: the chain as a :class:`~hostless.graph.Graph` of cuda stages
   on one cuda agent, in the four modes (dispatch host/direct x data
   copy/shared); in shared mode the graph places every tensor that only GPU
-  stages touch in the GPU's memory (``CompiledGraph.plan()``, recorded).
+  stages touch in the GPU's memory (``CompiledGraph.plan()``, recorded);
+  and, for the latency-bound chains, the same on the GPU command processor
+  (``gpucp``: a resident kernel takes the packets, :mod:`hostless.agents.gpucp`).
 
 Chains: ``small`` (6 stages at 64x64 f32: normalize, GEMM, relu, GEMM, relu,
 softmax), ``gemm`` (three GEMMs and a relu at N x N f32, N = 4096 by
@@ -219,6 +221,7 @@ def run(
         "chains": {},
     }
     gpu = agents.spawn(dom, "cuda", device=0, spin=agent_spin)
+    gcp = agents.spawn(dom, "gpucp", device=0)
     npu = agents.spawn(dom, "npu", spin=agent_spin)
     out["agent_spin_s"] = agent_spin
     dom.spin = agent_spin  # the host's waits for stage outputs poll as long before they park
@@ -233,6 +236,9 @@ def run(
             plain, ref = plain_cupy(chain, n, frames)
             graph, gout = cuda_graph(chain, n, frames)
             modes = hostless_modes(dom, chain, n, frames, gpu, npu if use_npu else None)
+            if name != "gemm":  # the command processor is one block: latency-bound chains only
+                cpm = hostless_modes(dom, chain, n, frames, gcp, npu if use_npu else None)
+                modes.update({f"gpucp {m}": r for m, r in cpm.items()})
             entry: dict[str, Any] = {
                 "n": n,
                 "stages": [k for k, _, _ in chain],
@@ -254,7 +260,7 @@ def run(
                 flush=True,
             )
     finally:
-        for a in (gpu, npu):
+        for a in (gpu, gcp, npu):
             a.stop()
         dom.close()
     out["goals"] = goals(out)
