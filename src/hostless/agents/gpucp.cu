@@ -317,7 +317,7 @@ __device__ static void cp_run(struct cp_job *job, float *tile, float *red) {
         for (hl_u64 r = wid; r < job->m; r += T / 32) {
             const float *xr = x + r * N;
             float *orow = out + r * N;
-            float mx = -INFINITY;
+            float mx = -__int_as_float(0x7f800000);
             for (hl_u64 c = lane; c < N; c += 32) mx = fmaxf(mx, xr[c]);
             for (int s = 16; s; s >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, s));
             float sum = 0.f;
