@@ -389,6 +389,9 @@ def from_host(buf: Any, src: Any) -> None:
     if buf.nbytes:
         with cp.cuda.Device(backing(buf._dom, buf.device).ordinal):
             cp.cuda.runtime.memcpy(device_pointer(buf), arr.ctypes.data, buf.nbytes, 1)  # HtoD
+            # from pageable memory cudaMemcpy may return once the data is staged, before the
+            # DMA lands: another engine (a resident kernel) could read the old bytes
+            cp.cuda.runtime.streamSynchronize(0)
 
 
 def _dl_dtype(dt: np.dtype) -> tuple[int, int]:
