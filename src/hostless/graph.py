@@ -349,10 +349,16 @@ class CompiledGraph:
             users[s.output].add(dev)
             for i in s.inputs:
                 users[i].add(dev)
+        # tensors the host writes or reads every frame stay in host memory when a GPU command
+        # processor touches them: a host-side CUDA copy would wait for the resident kernel's
+        # time slice (the contexts of two processes are time-sliced), the processor reads and
+        # writes host memory over the link itself
+        per_frame = set(g.inputs) | {g.stages[k].output for k in self.dag.sinks}
+        resident = {n for s in g.stages if s.agent.kind == "gpucp" for n in [s.output, *s.inputs]}
         for n, devs in users.items():
             if len(devs) == 1:
                 (d,) = devs
-                if d != "cpu" and d in heaps:
+                if d != "cpu" and d in heaps and not (n in per_frame and n in resident):
                     place[n] = d
         return place
 
@@ -371,6 +377,8 @@ class CompiledGraph:
             readers = [s.name for s in g.stages if n in s.inputs]
             if self.data == "copy":
                 why = "copy mode: staged through host memory, one private copy per reader"
+            elif d == "cpu" and any(s.agent.kind == "gpucp" for s in g.stages if n in (s.output, *s.inputs)):
+                why = "host memory: the host touches it every frame; the GPU command processor reads it"
             elif d == "cpu":
                 devs = sorted({s.agent.device for s in g.stages if n in s.inputs or s.output == n})
                 why = "host memory: used on " + ", ".join(devs) if devs else "host memory"

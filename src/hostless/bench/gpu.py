@@ -221,7 +221,6 @@ def run(
         "chains": {},
     }
     gpu = agents.spawn(dom, "cuda", device=0, spin=agent_spin)
-    gcp = agents.spawn(dom, "gpucp", device=0)
     npu = agents.spawn(dom, "npu", spin=agent_spin)
     out["agent_spin_s"] = agent_spin
     dom.spin = agent_spin  # the host's waits for stage outputs poll as long before they park
@@ -237,7 +236,13 @@ def run(
             graph, gout = cuda_graph(chain, n, frames)
             modes = hostless_modes(dom, chain, n, frames, gpu, npu if use_npu else None)
             if name != "gemm":  # the command processor is one block: latency-bound chains only
-                cpm = hostless_modes(dom, chain, n, frames, gcp, npu if use_npu else None)
+                # spawned only for its own runs: a resident kernel makes every other process's
+                # CUDA work wait for a time slice (contexts of processes are time-sliced)
+                gcp = agents.spawn(dom, "gpucp", device=0)
+                try:
+                    cpm = hostless_modes(dom, chain, n, frames, gcp, npu if use_npu else None)
+                finally:
+                    gcp.stop()
                 modes.update({f"gpucp {m}": r for m, r in cpm.items()})
             entry: dict[str, Any] = {
                 "n": n,
@@ -260,7 +265,7 @@ def run(
                 flush=True,
             )
     finally:
-        for a in (gpu, gcp, npu):
+        for a in (gpu, npu):
             a.stop()
         dom.close()
     out["goals"] = goals(out)
