@@ -128,8 +128,8 @@ static void hle_pool_repair(hle_ctx *c, const struct hle_pool *p) {
         hle_bits_set(p->bm, g, n, 1);
         used += n;
     }
-    st(p->used, used);
-    st(p->repairs, ld(p->repairs) + 1);
+    *p->used = used; /* counters: plain accesses under the lock, as the bitmap */
+    *p->repairs += 1;
 }
 
 /* First fit of n granules starting at a multiple of `align` granules, from
@@ -238,9 +238,8 @@ static int hle_pool_free(hle_ctx *c, const struct hle_pool *p, uint32_t idx) {
     uint64_t g, n, ctl = ld(&f->ctl);
     if (hle_slot_extent(p, f, ctl, &g, &n)) {
         hle_bits_set(p->bm, g, n, 0);
-        uint64_t u = ld(p->used);
-        st(p->used, u - (n <= u ? n : u));
-        if (g < ld(p->hint)) st(p->hint, g);
+        *p->used -= n <= *p->used ? n : *p->used;
+        if (g < *p->hint) *p->hint = g;
     }
     if (p->dev < 0)
         st(&f->parents[1], 0);
@@ -329,9 +328,9 @@ static uint64_t hle_pool_alloc(hle_ctx *c, const struct hle_pool *p, struct hl_f
     uint64_t g = large ? hle_pool_find_down(p, n, align) : hle_pool_find(p, n, align);
     if (g != UINT64_MAX) {
         hle_bits_set(p->bm, g, n, 1);
-        st(p->used, ld(p->used) + n);
-        st(p->allocs, ld(p->allocs) + 1);
-        if (!large) st(p->hint, g + n < p->granules ? g + n : 0);
+        *p->used += n;
+        *p->allocs += 1;
+        if (!large) *p->hint = g + n < p->granules ? g + n : 0;
         st(&f->word, g * p->granule + head);
         st(&f->aux, nbytes);
         if (p->dev < 0) {
@@ -341,7 +340,7 @@ static uint64_t hle_pool_alloc(hle_ctx *c, const struct hle_pool *p, struct hl_f
             st(&f->err, HL_PLACE(p->dev, n)); /* after word: a repair reads the extent from both */
         }
     }
-    *used = ld(p->used);
+    *used = *p->used;
     hle_pool_unlock(p);
     return g;
 }
@@ -447,9 +446,9 @@ int hle_pool_stats(hle_ctx *c, int pi, struct hle_heap_stats *s) {
     locked = hle_pool_lock_for(c, &p, HEAP_LOCK_WAIT_NS);
     if (locked) {
         hle_pool_scan(&p, &fr, &lg, &runs);
-        used = ld(p.used);
-        repairs = ld(p.repairs);
-        allocs = ld(p.allocs);
+        used = *p.used;
+        repairs = *p.repairs;
+        allocs = *p.allocs;
         hle_pool_unlock(&p);
     }
     BUSY_LEAVE(c);
@@ -482,7 +481,7 @@ int hle_pool_snapshot(hle_ctx *c, int pi, void *bits, void *slots, uint64_t *use
     if (locked) {
         memcpy(bits, p.bm, (p.granules + 63) / 64 * 8);
         memcpy(slots, c->fences, (size_t)c->cap * HL_FENCE_SIZE);
-        *used = ld(p.used);
+        *used = *p.used;
         hle_pool_unlock(&p);
     }
     BUSY_LEAVE(c);
