@@ -454,6 +454,14 @@ os.pwrite(fd, good[1], word_at)
 put(roff + D + int(C.DH_LOCK), (5 << 8) | 40)  # one more repair: the bitmap from the restored slot
 d.buffer(10, device="cuda:1").release()
 print("final", d.check())
+# descriptors rewritten after attach: this participant keeps using its private view
+for field, value in (("DH_GRANULES", 2**62), ("DH_BITMAP_OFFSET", 2**63), ("DH_GRANULE", 1), ("DH_SIZE", 0)):
+    put(roff + D + int(getattr(C, field)), value)
+put(int(C.H_DEVHEAP_OFFSET), 2**62)
+xs = [d.buffer(3000, device="cuda:1") for _ in range(20)]
+print("after rewrite", len({x.device_offset for x in xs}), lowlevel.device_heaps(d)[1].size)
+for x in xs:
+    x.release()
 b.release()
 print("empty", lowlevel.device_heaps(d)[1].used, d.check())
 d.close()
@@ -475,6 +483,7 @@ def test_hostile_device_heap_descriptors(domain_name: str) -> None:
     assert "outside device heap cuda:1" in out and "not a multiple of 256" in out
     assert "repaired offset huge 4" in out
     assert "final []" in out and "empty 0 []" in out and "done" in out
+    assert "after rewrite 20 2097152" in out
 
 
 def test_devheap_dtype_matches_the_header(domain_name: str) -> None:
