@@ -230,11 +230,10 @@ static void hle_pool_scan(const struct hle_pool *p, uint64_t *free_g, uint64_t *
     *runs = nr;
 }
 
-/* Free slot idx's extent in pool p (idempotent: the extent's length is zeroed
- * under the lock together with the bits).  1 done, 0 the lock was kept. */
-static int hle_pool_free(hle_ctx *c, const struct hle_pool *p, uint32_t idx) {
+/* Free slot idx's extent in pool p, whose lock we hold (idempotent: the
+ * extent's length is zeroed together with the bits). */
+static void hle_pool_free_locked(hle_ctx *c, const struct hle_pool *p, uint32_t idx) {
     struct hl_fence *f = slot(c, idx);
-    if (!hle_pool_lock_for(c, p, HEAP_FREE_WAIT_NS)) return 0;
     uint64_t g, n, ctl = ld(&f->ctl);
     if (hle_slot_extent(p, f, ctl, &g, &n)) {
         hle_bits_set(p->bm, g, n, 0);
@@ -245,6 +244,12 @@ static int hle_pool_free(hle_ctx *c, const struct hle_pool *p, uint32_t idx) {
         st(&f->parents[1], 0);
     else
         st(&f->err, HL_PLACE(p->dev, 0));
+}
+
+/* The same, taking the lock for at most HEAP_FREE_WAIT_NS: 1 done, 0 the lock was kept. */
+static int hle_pool_free(hle_ctx *c, const struct hle_pool *p, uint32_t idx) {
+    if (!hle_pool_lock_for(c, p, HEAP_FREE_WAIT_NS)) return 0;
+    hle_pool_free_locked(c, p, idx);
     hle_pool_unlock(p);
     return 1;
 }
@@ -395,7 +400,7 @@ int hle_block_new(hle_ctx *c, uint32_t kind, uint64_t nbytes, const void *meta, 
 int hle_device_buffer_new(hle_ctx *c, int dev, uint64_t nbytes, const void *meta, uint64_t *handle,
                           uint64_t *dev_off) {
     struct hle_pool hp, dp;
-    if (!hle_pool(c, dev + 1, &dp) || dev < 0)
+    if (dev < 0 || !hle_pool(c, dev + 1, &dp))
         return hle_fail(HL_E_RANGE, "this domain has no device heap %d (it has %u)", dev, c->dv.devheap_count);
     if (!hle_pool(c, 0, &hp)) return hle_fail(HL_E_OOM, "this domain has no heap for the buffers' metadata");
     if (nbytes == 0) return hle_fail(HL_E_VALUE, "a buffer needs at least one byte");
@@ -422,8 +427,10 @@ int hle_device_buffer_new(hle_ctx *c, int dev, uint64_t nbytes, const void *meta
     }
     uint64_t g = hle_pool_alloc(c, &dp, f, n, 1, large, 0, nbytes, &used, &err);
     if (g == UINT64_MAX) {
-        for (int k = 0; k < 1000 && !hle_pool_free(c, &hp, (uint32_t)idx); k++) /* our own block: wait for the lock */
-            ; /* (a lock kept for 2 s by a live holder: the block leaks until the next repair; check() shows it) */
+        if (hle_pool_lock_unlocked(c, &hp)) { /* our own block back */
+            hle_pool_free_locked(c, &hp, (uint32_t)idx);
+            hle_pool_unlock(&hp);
+        } /* else (the lock kept 2 s by a live holder) it leaks until the next repair; check() shows it */
         hle_alloc_abort(c, (uint32_t)idx, HL_KIND_BUFFER, gen);
         if (err) return err;
         return hle_oom(HL_E_DEVICE_FULL, where, nbytes, (dp.granules - used) * dp.granule, size,
