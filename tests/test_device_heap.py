@@ -309,6 +309,34 @@ def test_sigkilled_participant_device_buffers_reclaimed(domain_name: str) -> Non
         assert dev_used(d, "cuda:2") == 0 and d.heap_stats()["used"] == 0 and d.check() == []
 
 
+def test_killed_inside_a_device_allocation(domain_name: str) -> None:
+    """A participant killed after taking the metadata block, or after the device extent too,
+    before the buffer is published: its ALLOC slot is freed by recovery with both extents."""
+    with hl.Domain.create(domain_name, fences=64, device_heaps={"cuda:0": "2M"}) as d:
+        meta0 = d.heap_stats()["used"]
+        for stage in (1, 2):
+            child = spawn_child(
+                """
+                d = hl.Domain.open(sys.argv[1], watchdog_interval=0)
+                hl._core.testing.device_buffer_stuck(d._core, 0, 100_000, int(sys.argv[2]))
+                print("stuck")
+                sys.stdin.readline()
+                """,
+                domain_name,
+                stage,
+            )
+            try:
+                assert read_line(child) == "stuck"
+                assert d.heap_stats()["used"] == meta0 + 128
+                assert dev_used(d) == (-(-100_000 // G) * G if stage == 2 else 0)
+                assert any("stuck in a transient state 1" in p for p in d.check(settle=0))
+            finally:
+                kill_child(child)
+            assert wait_until(lambda: len(d.participants) == 1 or bool(d.reap()), 5.0)
+            assert d.heap_stats()["used"] == meta0 and dev_used(d) == 0
+            assert d.check() == []
+
+
 def test_device_lock_holder_killed(domain_name: str) -> None:
     """A participant SIGKILLed holding a device heap's lock: the next allocator breaks the
     lock and rebuilds that heap's bitmap from the slots (the other heap is untouched)."""

@@ -397,8 +397,23 @@ int hle_block_new(hle_ctx *c, uint32_t kind, uint64_t nbytes, const void *meta, 
 /* Contract in engine.h.  The metadata block first (host heap), then the
  * device extent; a failure gives both back.  A participant killed between
  * the steps leaves an ALLOC slot whose recovery frees what it recorded. */
+static int hle_device_buffer_new_(hle_ctx *c, int dev, uint64_t nbytes, const void *meta, uint64_t *handle,
+                                  uint64_t *dev_off, int stop);
 int hle_device_buffer_new(hle_ctx *c, int dev, uint64_t nbytes, const void *meta, uint64_t *handle,
                           uint64_t *dev_off) {
+    return hle_device_buffer_new_(c, dev, nbytes, meta, handle, dev_off, 0);
+}
+
+/* Test hook: stop a device allocation after `stage` (1: the metadata block,
+ * 2: the device extent) with its slot left ALLOC, as a participant killed
+ * there would.  HL_OK; the codes of hle_device_buffer_new. */
+int hle_device_buffer_stuck(hle_ctx *c, int dev, uint64_t nbytes, int stage) {
+    uint64_t h, off;
+    return hle_device_buffer_new_(c, dev, nbytes, NULL, &h, &off, stage);
+}
+
+static int hle_device_buffer_new_(hle_ctx *c, int dev, uint64_t nbytes, const void *meta, uint64_t *handle,
+                                  uint64_t *dev_off, int stop) {
     struct hle_pool hp, dp;
     if (dev < 0 || !hle_pool(c, dev + 1, &dp))
         return hle_fail(HL_E_RANGE, "this domain has no device heap %d (it has %u)", dev, c->dv.devheap_count);
@@ -425,6 +440,7 @@ int hle_device_buffer_new(hle_ctx *c, int dev, uint64_t nbytes, const void *meta
         return hle_oom(HL_E_OOM, "the shared heap (a device buffer's metadata)", HL_BUFFER_META_SIZE,
                        (hp.granules - used) * HL_GRANULE, c->dv.heap_data_size, "");
     }
+    if (stop == 1) return HL_OK;
     uint64_t g = hle_pool_alloc(c, &dp, f, n, 1, large, 0, nbytes, &used, &err);
     if (g == UINT64_MAX) {
         if (hle_pool_lock_unlocked(c, &hp)) { /* our own block back */
@@ -436,6 +452,7 @@ int hle_device_buffer_new(hle_ctx *c, int dev, uint64_t nbytes, const void *meta
         return hle_oom(HL_E_DEVICE_FULL, where, nbytes, (dp.granules - used) * dp.granule, size,
                        " (no free run large enough)");
     }
+    if (stop) return HL_OK;
     if (meta) memcpy(c->dv.heap_data + mg * HL_GRANULE, meta, HL_BUFFER_META_SIZE);
     *handle = hle_alloc_publish(c, (uint32_t)idx, HL_KIND_BUFFER, gen);
     *dev_off = g * dp.granule;
