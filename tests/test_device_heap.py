@@ -309,6 +309,34 @@ def test_sigkilled_participant_device_buffers_reclaimed(domain_name: str) -> Non
         assert dev_used(d, "cuda:2") == 0 and d.heap_stats()["used"] == 0 and d.check() == []
 
 
+def test_killed_inside_a_device_allocation(domain_name: str) -> None:
+    """A participant killed after taking the metadata block, or after the device extent too,
+    before the buffer is published: its ALLOC slot is freed by recovery with both extents."""
+    with hl.Domain.create(domain_name, fences=64, device_heaps={"cuda:0": "2M"}) as d:
+        meta0 = d.heap_stats()["used"]
+        for stage in (1, 2):
+            child = spawn_child(
+                """
+                d = hl.Domain.open(sys.argv[1], watchdog_interval=0)
+                hl._core.testing.device_buffer_stuck(d._core, 0, 100_000, int(sys.argv[2]))
+                print("stuck")
+                sys.stdin.readline()
+                """,
+                domain_name,
+                stage,
+            )
+            try:
+                assert read_line(child) == "stuck"
+                assert d.heap_stats()["used"] == meta0 + 128
+                assert dev_used(d) == (-(-100_000 // G) * G if stage == 2 else 0)
+                assert any("stuck in a transient state 1" in p for p in d.check(settle=0))
+            finally:
+                kill_child(child)
+            assert wait_until(lambda: len(d.participants) == 1 or bool(d.reap()), 5.0)
+            assert d.heap_stats()["used"] == meta0 and dev_used(d) == 0
+            assert d.check() == []
+
+
 def test_device_lock_holder_killed(domain_name: str) -> None:
     """A participant SIGKILLed holding a device heap's lock: the next allocator breaks the
     lock and rebuilds that heap's bitmap from the slots (the other heap is untouched)."""
@@ -454,6 +482,14 @@ os.pwrite(fd, good[1], word_at)
 put(roff + D + int(C.DH_LOCK), (5 << 8) | 40)  # one more repair: the bitmap from the restored slot
 d.buffer(10, device="cuda:1").release()
 print("final", d.check())
+# descriptors rewritten after attach: this participant keeps using its private view
+for field, value in (("DH_GRANULES", 2**62), ("DH_BITMAP_OFFSET", 2**63), ("DH_GRANULE", 1), ("DH_SIZE", 0)):
+    put(roff + D + int(getattr(C, field)), value)
+put(int(C.H_DEVHEAP_OFFSET), 2**62)
+xs = [d.buffer(3000, device="cuda:1") for _ in range(20)]
+print("after rewrite", len({x.device_offset for x in xs}), lowlevel.device_heaps(d)[1].size)
+for x in xs:
+    x.release()
 b.release()
 print("empty", lowlevel.device_heaps(d)[1].used, d.check())
 d.close()
@@ -475,6 +511,7 @@ def test_hostile_device_heap_descriptors(domain_name: str) -> None:
     assert "outside device heap cuda:1" in out and "not a multiple of 256" in out
     assert "repaired offset huge 4" in out
     assert "final []" in out and "empty 0 []" in out and "done" in out
+    assert "after rewrite 20 2097152" in out
 
 
 def test_devheap_dtype_matches_the_header(domain_name: str) -> None:

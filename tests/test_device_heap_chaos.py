@@ -20,17 +20,17 @@ the device heaps.  Its own buffers keep their placement throughout.
 from __future__ import annotations
 
 import os
-import queue
 import random
 import signal
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import hostless as hl
-from conftest import _line_queue, send_line, wait_until
+from conftest import send_line, wait_until
+from zygote import ZYGOTE_LOOP, Worker
+from zygote import poll as poll_zygote
+from zygote import start as start_zygote
+from zygote import stop as stop_zygote
 
 ROUNDS = 5
 KILLS = 10  # per round, SIGKILLs sent by the parent to running workers
@@ -40,7 +40,8 @@ DEVICES = {"cuda:0": "16M", "cuda:1": "8M"}
 TIME_LIMIT = 25.0  # per round
 G = 256
 
-ZYGOTE_CODE = r"""
+ZYGOTE_CODE = (
+    r"""
 import os, random, select, signal, sys, traceback
 import numpy as np
 import hostless as hl
@@ -115,50 +116,9 @@ def worker(name, hfile, seed, mode):
         if len(held) > 24:
             held.pop(0).release()
 
-children = set()
-buf = b""
-eof = False
-while not eof or children:
-    if not eof:
-        r, _, _ = select.select([0], [], [], 0.005)
-        if r:
-            data = os.read(0, 4096)
-            if not data:
-                eof = True
-            buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                name, hfile, seed, mode = line.decode().split()
-                pid = os.fork()
-                if pid == 0:
-                    rc = 4
-                    try:
-                        worker(name, hfile, int(seed), mode)
-                    except BaseException:
-                        say("error %d %s" % (os.getpid(), traceback.format_exc().replace("\n", " | ")))
-                    finally:
-                        os._exit(rc)
-                children.add(pid)
-                say(f"spawned {seed} {pid}")
-    else:
-        select.select([], [], [], 0.005)
-    while children:
-        pid, status = os.waitpid(-1, os.WNOHANG)
-        if pid == 0:
-            break
-        children.discard(pid)
-        say(f"exit {pid} {os.waitstatus_to_exitcode(status)}")
 """
-
-
-@dataclass
-class Worker:
-    seed: int
-    mode: str
-    pid: int = 0
-    kill_at: float = 0.0
-    killed: bool = False
-    locked: bool = False
+    + ZYGOTE_LOOP
+)
 
 
 def test_device_heap_chaos(domain_name: str, tmp_path: Path) -> None:
@@ -175,20 +135,12 @@ def test_device_heap_chaos(domain_name: str, tmp_path: Path) -> None:
         device_heaps=dict(DEVICES),
         watchdog_interval=0.02,
     )
-    zygote = subprocess.Popen(
-        [sys.executable, "-c", ZYGOTE_CODE],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        bufsize=1,
-    )
+    zygote = start_zygote(ZYGOTE_CODE)
     pending: dict[int, Worker] = {}  # by seed until the pid is known
     by_pid: dict[int, Worker] = {}
     early: dict[int, list[str]] = {}
     failures: list[str] = []
     counts = {"kills": 0, "locks": 0, "spawned": 0}
-    lineq = _line_queue(zygote)
     try:
         mine = [
             d.buffer((n,), "<f4", device=dev) for n, dev in ((10, "cuda:0"), (300_000, "cuda:1"), (5, "cpu"))
@@ -233,19 +185,7 @@ def test_device_heap_chaos(domain_name: str, tmp_path: Path) -> None:
                 failures.append(f"worker line {line!r}")
 
         def poll(timeout: float) -> None:
-            try:
-                item = lineq.get(timeout=timeout)
-            except queue.Empty:
-                return
-            while True:
-                if item is None:
-                    failures.append("zygote exited: " + (zygote.stderr.read() if zygote.stderr else ""))
-                    return
-                handle(item.strip())
-                try:
-                    item = lineq.get_nowait()
-                except queue.Empty:
-                    return
+            poll_zygote(zygote, handle, failures, timeout)
 
         def kill_all() -> None:
             for w in list(by_pid.values()):
@@ -301,12 +241,5 @@ def test_device_heap_chaos(domain_name: str, tmp_path: Path) -> None:
             assert st["used"] == 0 and st["free_runs"] == 1, st
         assert d.heap_stats()["used"] == 0 and d.check() == []
     finally:
-        for w in by_pid.values():
-            try:
-                os.kill(w.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if zygote.poll() is None:
-            zygote.kill()
-        zygote.wait(10)
+        stop_zygote(zygote, by_pid.values())
         d.close()

@@ -21,17 +21,17 @@ released its buffers the heap is empty (no leaked byte).
 from __future__ import annotations
 
 import os
-import queue
 import random
 import signal
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import hostless as hl
-from conftest import _line_queue, send_line, wait_until
+from conftest import send_line, wait_until
+from zygote import ZYGOTE_LOOP, Worker
+from zygote import poll as poll_zygote
+from zygote import start as start_zygote
+from zygote import stop as stop_zygote
 
 KILLS = 200  # SIGKILLs sent by the parent to running workers
 LOCK_DEATHS = 12  # workers that die holding the heap lock
@@ -142,58 +142,14 @@ def worker(name, hfile, seed, mode):
                 os._exit(3)
             b.release()
 
-children = set()
-buf = b""
-eof = False
-while not eof or children:
-    if not eof:
-        r, _, _ = select.select([0], [], [], 0.005)
-        if r:
-            data = os.read(0, 4096)
-            if not data:
-                eof = True
-            buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                name, hfile, seed, mode = line.decode().split()
-                pid = os.fork()
-                if pid == 0:
-                    rc = 4
-                    try:
-                        worker(name, hfile, int(seed), mode)
-                    except BaseException:
-                        say("error %d %s" % (os.getpid(), traceback.format_exc().replace("\n", " | ")))
-                    finally:
-                        os._exit(rc)
-                children.add(pid)
-                say(f"spawned {seed} {pid}")
-    else:
-        select.select([], [], [], 0.005)
-    while children:
-        pid, status = os.waitpid(-1, os.WNOHANG)
-        if pid == 0:
-            break
-        children.discard(pid)
-        say(f"exit {pid} {os.waitstatus_to_exitcode(status)}")
 """
+    + ZYGOTE_LOOP
 )
 
 ns: dict[str, object] = {}
 exec(PATTERN_CODE, ns)
 fill = ns["fill"]
 intact = ns["intact"]
-
-
-@dataclass
-class Worker:
-    seed: int
-    mode: str
-    spawned: float
-    pid: int = 0
-    ready: float = 0.0
-    kill_at: float = 0.0
-    killed: bool = False
-    locked: bool = False
 
 
 def test_heap_chaos(domain_name: str, tmp_path: Path) -> None:
@@ -203,14 +159,7 @@ def test_heap_chaos(domain_name: str, tmp_path: Path) -> None:
     hfile = tmp_path / "handles"
     hfile.write_text("")
     d = hl.Domain.create(domain_name, fences=2048, participants=24, heap=HEAP, watchdog_interval=0.02)
-    zygote = subprocess.Popen(
-        [sys.executable, "-c", ZYGOTE_CODE],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        bufsize=1,
-    )
+    zygote = start_zygote(ZYGOTE_CODE)
     workers: dict[int, Worker] = {}  # by seed until the pid is known
     by_pid: dict[int, Worker] = {}
     early_lines: dict[int, list[str]] = {}  # worker lines that came before the zygote's "spawned"
@@ -276,22 +225,8 @@ def test_heap_chaos(domain_name: str, tmp_path: Path) -> None:
             else:
                 failures.append(f"unexpected zygote line {line!r}")
 
-        lineq = _line_queue(zygote)
-
         def poll(timeout: float) -> None:
-            try:
-                item = lineq.get(timeout=timeout)
-            except queue.Empty:
-                return
-            while True:
-                if item is None:
-                    failures.append("zygote exited: " + (zygote.stderr.read() if zygote.stderr else ""))
-                    return
-                handle(item.strip())
-                try:
-                    item = lineq.get_nowait()
-                except queue.Empty:
-                    return
+            poll_zygote(zygote, handle, failures, timeout)
 
         while (kills < KILLS or lock_deaths < LOCK_DEATHS) and not failures:
             if time.monotonic() - started > TIME_LIMIT:
@@ -364,14 +299,7 @@ def test_heap_chaos(domain_name: str, tmp_path: Path) -> None:
         whole = d.buffer(int(st["size"]) - 4096)
         whole.release()
     finally:
-        for w in by_pid.values():
-            try:
-                os.kill(w.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if zygote.poll() is None:
-            zygote.kill()
-        zygote.wait(10)
+        stop_zygote(zygote, by_pid.values())
         d.close()
 
 

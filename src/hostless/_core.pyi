@@ -15,7 +15,7 @@ def dlpack_capsule(
     device_type: int, device_id: int, versioned: bool, readonly: bool,
 ) -> Any: ...
 # test hooks: device_store(core, h, word), queue_reserve_stuck(core, q, sig),
-# heap_lock_forever(core[, device])
+# heap_lock_forever(core[, device]), device_buffer_stuck(core, device, nbytes, stage)
 testing: Any
 
 class Core:

@@ -19,7 +19,8 @@
  *                       private view: hl_domain_validate, hl_attach, struct
  *                       hl_dom; fences, timelines, buffers: hl_fence_signal,
  *                       hl_fence_poll, hl_timeline_signal, hl_timeline_fail,
- *                       hl_timeline_poll, hl_word, hl_buffer_data
+ *                       hl_timeline_poll, hl_word, hl_buffer_data,
+ *                       hl_buffer_device
  *   hostless_queue.h    command queues, producer side: hl_queue_open,
  *                       hl_queue_push, hl_queue_try_push (HL_E_FULL)
  *

@@ -233,12 +233,19 @@ def check_heap(bitmap: bytes, slots: bytes, used: int, granules: int) -> list[st
             out.append(f"buffer slot {i}: block [{g}, {g + n}) overlaps another buffer")
         expect[g : g + n] = True
         total += n
+    return out + _bitmap_findings("heap", bits, expect, used, total)
+
+
+def _bitmap_findings(what: str, bits: np.ndarray, expect: np.ndarray, used: int, total: int) -> list[str]:
+    """A heap's bitmap ``bits`` against the granules its buffers own (``expect``, ``total``)
+    and its used counter."""
+    out = []
     if (bits & ~expect).any():
-        out.append(f"heap bitmap marks {int((bits & ~expect).sum())} granules that no buffer owns (leak)")
+        out.append(f"{what} bitmap marks {int((bits & ~expect).sum())} granules that no buffer owns (leak)")
     if (expect & ~bits).any():
-        out.append(f"heap bitmap misses {int((expect & ~bits).sum())} granules owned by buffers")
+        out.append(f"{what} bitmap misses {int((expect & ~bits).sum())} granules owned by buffers")
     if used != total:
-        out.append(f"heap used counter {used} != granules owned by buffers {total}")
+        out.append(f"{what} used counter {used} != granules owned by buffers {total}")
     return out
 
 
@@ -289,12 +296,4 @@ def check_device_heap(
             out.append(f"buffer slot {i}: extent [{g}, {g + n}) overlaps another buffer ({name})")
         expect[g : g + n] = True
         total += n
-    if (bits & ~expect).any():
-        n_leak = int((bits & ~expect).sum())
-        out.append(f"device heap {name} bitmap marks {n_leak} granules that no buffer owns (leak)")
-    if (expect & ~bits).any():
-        n_miss = int((expect & ~bits).sum())
-        out.append(f"device heap {name} bitmap misses {n_miss} granules owned by buffers")
-    if used != total:
-        out.append(f"device heap {name} used counter {used} != granules owned by buffers {total}")
-    return out
+    return out + _bitmap_findings(f"device heap {name}", bits, expect, used, total)

@@ -152,7 +152,24 @@ static PyObject *t_heap_lock_forever(PyObject *m, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+/* device_buffer_stuck(core, device, nbytes, stage): start a device allocation
+ * and stop after stage 1 (metadata block) or 2 (device extent), the slot left
+ * ALLOC, as a participant killed there would. */
+static PyObject *t_device_buffer_stuck(PyObject *m, PyObject *args) {
+    PyObject *co;
+    int dev, stage;
+    unsigned long long nbytes;
+    if (!PyArg_ParseTuple(args, "OiKi", &co, &dev, &nbytes, &stage)) return NULL;
+    Core *c = core_arg(co);
+    if (!c) return NULL;
+    NEED_ATTACHED(c);
+    int r = hle_device_buffer_stuck(&c->ctx, dev, nbytes, stage == 1 ? 1 : 2);
+    if (r) return hlpy_raise(r);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef testing_methods[] = {
+    {"device_buffer_stuck", t_device_buffer_stuck, METH_VARARGS, NULL},
     {"device_store", (PyCFunction)(void (*)(void))t_device_store, METH_FASTCALL, NULL},
     {"queue_reserve_stuck", (PyCFunction)(void (*)(void))t_queue_reserve_stuck, METH_FASTCALL, NULL},
     {"heap_lock_forever", (PyCFunction)(void (*)(void))t_heap_lock_forever, METH_FASTCALL, NULL},

@@ -322,6 +322,9 @@ int hle_block_new(hle_ctx *c, uint32_t kind, uint64_t nbytes, const void *meta, 
  * HL_E_DEVICE_FULL (no free run there); the codes of hle_block_new. */
 int hle_device_buffer_new(hle_ctx *c, int dev, uint64_t nbytes, const void *meta, uint64_t *handle,
                           uint64_t *dev_off);
+/* Test hook: a device allocation stopped after stage 1 (metadata block) or 2
+ * (device extent), its slot left ALLOC.  HL_OK; the codes above. */
+int hle_device_buffer_stuck(hle_ctx *c, int dev, uint64_t nbytes, int stage);
 struct hle_heap_stats {
     uint64_t size, used, free, largest_free, free_runs, repairs, allocs, data_offset, granule;
 };

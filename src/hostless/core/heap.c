@@ -128,8 +128,8 @@ static void hle_pool_repair(hle_ctx *c, const struct hle_pool *p) {
         hle_bits_set(p->bm, g, n, 1);
         used += n;
     }
-    st(p->used, used);
-    st(p->repairs, ld(p->repairs) + 1);
+    *p->used = used; /* counters: plain accesses under the lock, as the bitmap */
+    *p->repairs += 1;
 }
 
 /* First fit of n granules starting at a multiple of `align` granules, from
@@ -230,22 +230,26 @@ static void hle_pool_scan(const struct hle_pool *p, uint64_t *free_g, uint64_t *
     *runs = nr;
 }
 
-/* Free slot idx's extent in pool p (idempotent: the extent's length is zeroed
- * under the lock together with the bits).  1 done, 0 the lock was kept. */
-static int hle_pool_free(hle_ctx *c, const struct hle_pool *p, uint32_t idx) {
+/* Free slot idx's extent in pool p, whose lock we hold (idempotent: the
+ * extent's length is zeroed together with the bits). */
+static void hle_pool_free_locked(hle_ctx *c, const struct hle_pool *p, uint32_t idx) {
     struct hl_fence *f = slot(c, idx);
-    if (!hle_pool_lock_for(c, p, HEAP_FREE_WAIT_NS)) return 0;
     uint64_t g, n, ctl = ld(&f->ctl);
     if (hle_slot_extent(p, f, ctl, &g, &n)) {
         hle_bits_set(p->bm, g, n, 0);
-        uint64_t u = ld(p->used);
-        st(p->used, u - (n <= u ? n : u));
-        if (g < ld(p->hint)) st(p->hint, g);
+        *p->used -= n <= *p->used ? n : *p->used;
+        if (g < *p->hint) *p->hint = g;
     }
     if (p->dev < 0)
         st(&f->parents[1], 0);
     else
         st(&f->err, HL_PLACE(p->dev, 0));
+}
+
+/* The same, taking the lock for at most HEAP_FREE_WAIT_NS: 1 done, 0 the lock was kept. */
+static int hle_pool_free(hle_ctx *c, const struct hle_pool *p, uint32_t idx) {
+    if (!hle_pool_lock_for(c, p, HEAP_FREE_WAIT_NS)) return 0;
+    hle_pool_free_locked(c, p, idx);
     hle_pool_unlock(p);
     return 1;
 }
@@ -329,9 +333,9 @@ static uint64_t hle_pool_alloc(hle_ctx *c, const struct hle_pool *p, struct hl_f
     uint64_t g = large ? hle_pool_find_down(p, n, align) : hle_pool_find(p, n, align);
     if (g != UINT64_MAX) {
         hle_bits_set(p->bm, g, n, 1);
-        st(p->used, ld(p->used) + n);
-        st(p->allocs, ld(p->allocs) + 1);
-        if (!large) st(p->hint, g + n < p->granules ? g + n : 0);
+        *p->used += n;
+        *p->allocs += 1;
+        if (!large) *p->hint = g + n < p->granules ? g + n : 0;
         st(&f->word, g * p->granule + head);
         st(&f->aux, nbytes);
         if (p->dev < 0) {
@@ -341,7 +345,7 @@ static uint64_t hle_pool_alloc(hle_ctx *c, const struct hle_pool *p, struct hl_f
             st(&f->err, HL_PLACE(p->dev, n)); /* after word: a repair reads the extent from both */
         }
     }
-    *used = ld(p->used);
+    *used = *p->used;
     hle_pool_unlock(p);
     return g;
 }
@@ -393,10 +397,25 @@ int hle_block_new(hle_ctx *c, uint32_t kind, uint64_t nbytes, const void *meta, 
 /* Contract in engine.h.  The metadata block first (host heap), then the
  * device extent; a failure gives both back.  A participant killed between
  * the steps leaves an ALLOC slot whose recovery frees what it recorded. */
+static int hle_device_buffer_new_(hle_ctx *c, int dev, uint64_t nbytes, const void *meta, uint64_t *handle,
+                                  uint64_t *dev_off, int stop);
 int hle_device_buffer_new(hle_ctx *c, int dev, uint64_t nbytes, const void *meta, uint64_t *handle,
                           uint64_t *dev_off) {
+    return hle_device_buffer_new_(c, dev, nbytes, meta, handle, dev_off, 0);
+}
+
+/* Test hook: stop a device allocation after `stage` (1: the metadata block,
+ * 2: the device extent) with its slot left ALLOC, as a participant killed
+ * there would.  HL_OK; the codes of hle_device_buffer_new. */
+int hle_device_buffer_stuck(hle_ctx *c, int dev, uint64_t nbytes, int stage) {
+    uint64_t h, off;
+    return hle_device_buffer_new_(c, dev, nbytes, NULL, &h, &off, stage);
+}
+
+static int hle_device_buffer_new_(hle_ctx *c, int dev, uint64_t nbytes, const void *meta, uint64_t *handle,
+                                  uint64_t *dev_off, int stop) {
     struct hle_pool hp, dp;
-    if (!hle_pool(c, dev + 1, &dp) || dev < 0)
+    if (dev < 0 || !hle_pool(c, dev + 1, &dp))
         return hle_fail(HL_E_RANGE, "this domain has no device heap %d (it has %u)", dev, c->dv.devheap_count);
     if (!hle_pool(c, 0, &hp)) return hle_fail(HL_E_OOM, "this domain has no heap for the buffers' metadata");
     if (nbytes == 0) return hle_fail(HL_E_VALUE, "a buffer needs at least one byte");
@@ -421,15 +440,19 @@ int hle_device_buffer_new(hle_ctx *c, int dev, uint64_t nbytes, const void *meta
         return hle_oom(HL_E_OOM, "the shared heap (a device buffer's metadata)", HL_BUFFER_META_SIZE,
                        (hp.granules - used) * HL_GRANULE, c->dv.heap_data_size, "");
     }
+    if (stop == 1) return HL_OK;
     uint64_t g = hle_pool_alloc(c, &dp, f, n, 1, large, 0, nbytes, &used, &err);
     if (g == UINT64_MAX) {
-        for (int k = 0; k < 1000 && !hle_pool_free(c, &hp, (uint32_t)idx); k++) /* our own block: wait for the lock */
-            ; /* (a lock kept for 2 s by a live holder: the block leaks until the next repair; check() shows it) */
+        if (hle_pool_lock_unlocked(c, &hp)) { /* our own block back */
+            hle_pool_free_locked(c, &hp, (uint32_t)idx);
+            hle_pool_unlock(&hp);
+        } /* else (the lock kept 2 s by a live holder) it leaks until the next repair; check() shows it */
         hle_alloc_abort(c, (uint32_t)idx, HL_KIND_BUFFER, gen);
         if (err) return err;
         return hle_oom(HL_E_DEVICE_FULL, where, nbytes, (dp.granules - used) * dp.granule, size,
                        " (no free run large enough)");
     }
+    if (stop) return HL_OK;
     if (meta) memcpy(c->dv.heap_data + mg * HL_GRANULE, meta, HL_BUFFER_META_SIZE);
     *handle = hle_alloc_publish(c, (uint32_t)idx, HL_KIND_BUFFER, gen);
     *dev_off = g * dp.granule;
@@ -447,9 +470,9 @@ int hle_pool_stats(hle_ctx *c, int pi, struct hle_heap_stats *s) {
     locked = hle_pool_lock_for(c, &p, HEAP_LOCK_WAIT_NS);
     if (locked) {
         hle_pool_scan(&p, &fr, &lg, &runs);
-        used = ld(p.used);
-        repairs = ld(p.repairs);
-        allocs = ld(p.allocs);
+        used = *p.used;
+        repairs = *p.repairs;
+        allocs = *p.allocs;
         hle_pool_unlock(&p);
     }
     BUSY_LEAVE(c);
@@ -482,7 +505,7 @@ int hle_pool_snapshot(hle_ctx *c, int pi, void *bits, void *slots, uint64_t *use
     if (locked) {
         memcpy(bits, p.bm, (p.granules + 63) / 64 * 8);
         memcpy(slots, c->fences, (size_t)c->cap * HL_FENCE_SIZE);
-        *used = ld(p.used);
+        *used = *p.used;
         hle_pool_unlock(&p);
     }
     BUSY_LEAVE(c);
