@@ -1,16 +1,15 @@
 # ruff: noqa: F811  (the fixtures imported from the module whose tests run here are used by name)
-"""The native (C) agent loop against the cpu-agent tests of test_agents.py, plus malformed packets.
+"""The native (C) agents beyond test_agents.py (which runs every test against them too).
 
-Every cpu-agent test of :mod:`test_agents` runs here again with the cpu agents
-spawned ``native=True`` (hostless.agents.native: core/agent.c and core/kernels.c):
-kernels checked against NumPy, bad packets failing alone with ERROR, input
-failures passing through, the graph modes, a kill mid-graph giving OWNER_DIED
-and a respawned agent rejoining, STOP, the spawner's death, the trace.  Then
-directed malformed packets for the C decoder (bad kernel id, a buffer handle
+Directed malformed packets for the C decoder (bad kernel id, a buffer handle
 of the wrong kind or generation, an argument block shorter than its counts,
 shapes that do not fit), each failing that packet with ERROR while the agent
-goes on, and the C kernels against NumPy for float32 and the Python fallback
-for other dtypes.
+goes on; malformed ERT commands for the C command processor (bad header,
+CU, payload count, chained command out of range) likewise, with the states
+written back as the Python ErtProcessor writes them; the C kernels against
+the NumPy ones of hostless.kernels on random and edge shapes (1xN, Nx1,
+empty), GEMM through the BLAS and, without one, through the Python kernel;
+a native npu killed mid-packet gives OWNER_DIED and a respawned one serves.
 """
 
 from __future__ import annotations
@@ -23,39 +22,29 @@ import numpy as np
 import pytest
 
 import hostless as hl
-from _native_spawn import native_cpu_agents
+from _native_spawn import native_agents
 from hostless import records
 from hostless._abi import C
 from hostless.kernels import f64, kernel_id
-from test_agents import (  # noqa: F401  (env: the module's fixture, with native cpu agents)
+from test_agents import (  # noqa: F401  (env: the module's fixture, with native agents)
     Env,
     env,
     run_kernel,
-    test_agent_dies_with_its_spawner,
-    test_agent_kill_mid_graph_then_respawn,
-    test_agent_stops_on_stop_packet,
-    test_bad_cpu_packets_fail_with_error_and_the_agent_goes_on,
-    test_cpu_conv2d_and_normalize,
-    test_cpu_elementwise_kernels,
-    test_cpu_gemm_sum_softmax,
-    test_failing_stage_fails_the_run_naming_that_stage,
-    test_four_modes_agree_with_numpy,
-    test_host_mode_reports_a_dead_agent,
-    test_trace_export_has_every_packet,
-    test_user_registered_kernel,
 )
 
 S = hl.Status
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _native() -> Iterator[None]:
-    yield from native_cpu_agents()
+@pytest.fixture(scope="module")
+def native() -> Iterator[bool]:
+    """Only native agents in this module (test_agents' env takes it)."""
+    yield from native_agents()
 
 
-def test_the_cpu_agent_is_native(env: Env) -> None:
+def test_the_agents_are_native(env: Env) -> None:
     assert "--native" in env.cpu.proc.args
-    assert "--native" not in env.npu.proc.args
+    assert "--native" in env.npu.proc.args
+    assert env.npu.capabilities["native"] and env.npu.capabilities["ert"] == "C"
 
 
 def _raw(env: Env, **kw: Any) -> S:

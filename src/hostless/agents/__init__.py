@@ -54,6 +54,9 @@ class Agent:
         self.id = pid
         """The agent's participant id (use it as the owner of the fences it signals)."""
         self.user_kernels: dict[str, int] = {}
+        self.capabilities: dict[str, Any] = {"native": False, "kind": kind}
+        """What the agent runs natively (a native agent's :func:`hostless.agents.native.capabilities`:
+        ``gemm`` is "blas" or "python", ``why`` says why GEMM has no BLAS)."""
         self._functions: dict[str, int] = {}  # stagefn request (JSON) -> kernel id
 
     def load_function(self, fn: Any, scalars: Sequence[Any] = (), timeout: float = 30.0) -> int:
@@ -187,9 +190,12 @@ def spawn(
     a follow-up that cannot be pushed is dropped and its signal fails with
     ERROR.  See :mod:`hostless.agents.loop` for the full rule on bad packets.
 
-    ``native=True`` (cpu agents only) runs the native agent loop instead of
-    the Python one (:mod:`hostless.agents.native`): the same rule, with the
-    built-in kernels in C and Python entered only for other kernels.
+    ``native=True`` (cpu and npu agents) runs the native agent loop instead
+    of the Python one (:mod:`hostless.agents.native`): the same rule, with the
+    built-in kernels and the npu's ERT command processor in C, Python entered
+    only for other kernels; ``agent.capabilities`` says whether GEMM runs
+    through a BLAS.  ``fixed_spin=True`` (native only) spins ``spin`` before
+    every park instead of adapting the spin to how often packets come.
 
     ``user_kernels`` maps names to ``"module:function"`` kernels (taking
     ``(buffers, scalars)``) the agent imports; their ids are in
@@ -210,10 +216,11 @@ def spawn(
     if not follow_timeout >= 0:
         raise ValueError("follow_timeout must be >= 0")
     native = bool(opts.pop("native", False))
+    fixed_spin = bool(opts.pop("fixed_spin", False))
     if opts:
         raise TypeError(f"unknown options {sorted(opts)}")
-    if native and kind != "cpu":
-        raise ValueError(f"native agents serve cpu queues (not {kind} ones) for now")
+    if native and kind not in ("cpu", "npu"):
+        raise ValueError(f"native agents serve cpu and npu queues (not {kind} ones)")
     if kind == "cuda":
         from ..cuda import available
 
@@ -242,6 +249,8 @@ def spawn(
     cmd += ["--follow-timeout", repr(follow_timeout)]
     if native:
         cmd += ["--native"]
+        if fixed_spin:
+            cmd += ["--fixed-spin"]
     if kind == "cuda":
         cmd += ["--device", str(device)]
     ids: dict[str, int] = {}
@@ -268,4 +277,10 @@ def spawn(
         )
     a = Agent(dom, kind, q, proc, int(line))
     a.user_kernels = ids
+    if native:
+        caps = proc.stdout.readline()
+        try:
+            a.capabilities = dict(json.loads(caps))
+        except ValueError:
+            pass
     return a

@@ -2,7 +2,8 @@
 
 :func:`hostless.agents.spawn` starts it.  It joins the domain, binds the
 queue, prints its participant id on stdout (the spawner waits for that
-line), then runs the loop of its kind: :class:`~hostless.agents.loop.AgentLoop`
+line; a native agent prints its capabilities as a JSON line after it:
+:func:`hostless.agents.native.capabilities`), then runs the loop of its kind: :class:`~hostless.agents.loop.AgentLoop`
 for "cpu" and "npu", :class:`~hostless.agents.cuda_agent.CudaLoop` for
 "cuda".  It exits on a STOP packet, on SIGTERM, and when the spawner dies
 (PR_SET_PDEATHSIG plus the loop's parent checks).  User kernels are given as
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import signal
 import sys
@@ -48,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--wait-timeout", type=float, default=60.0, help="bound on a packet's input waits (< 0: none)"
     )
-    ap.add_argument("--native", action="store_true", help="run the native (C) agent loop (cpu only)")
+    ap.add_argument("--native", action="store_true", help="run the native (C) agent loop (cpu and npu)")
+    ap.add_argument("--fixed-spin", action="store_true", help="native: always spin --spin (no adaptive spin)")
     ap.add_argument("--follow-timeout", type=float, default=10.0, help="bound on a packet's follow-up pushes")
     a = ap.parse_args(argv)
     wait_timeout = None if a.wait_timeout < 0 else a.wait_timeout
@@ -64,7 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     dom = Domain.open(a.domain, label=a.label or f"{a.kind}-agent", kind=a.kind)
     q = dom.import_queue(a.queue)
     q.bind()
+    native = a.native and a.kind in ("cpu", "npu")
     sys.stdout.write(f"{dom.participant_id}\n")
+    if native:
+        from .native import capabilities
+
+        sys.stdout.write(json.dumps(capabilities(a.kind)) + "\n")
     sys.stdout.flush()
     if a.kind == "cuda":
         from .cuda_agent import CudaLoop
@@ -74,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         agent = AgentLoop(dom, q, a.kind, user, a.parent, wait_timeout, follow_timeout)
     agent.spin_ns = int(max(0.0, a.spin) * 1e9)
     try:
-        if a.native and a.kind == "cpu":
+        if native:
             from .native import run_native
 
-            run_native(agent)
+            run_native(agent, fixed_spin=a.fixed_spin)
         else:
             agent.run()
     finally:

@@ -396,7 +396,18 @@ struct hle_kbuf {
  * the C kernel does not take these dtypes / shapes (the caller hands the
  * packet to the Python kernel); HL_E_VALUE with a message when the arguments
  * are wrong whatever the implementation (counts, shapes, work bound). */
-int hle_kernel_run(uint32_t kernel, struct hle_kbuf *b, int n, const uint64_t *scalars, int ns);
+/* A CBLAS sgemm (row-major order 101, no-transpose 111; 32-bit ints). */
+typedef void (*hle_sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                             const float *b, int ldb, float beta, float *c, int ldc);
+struct hle_kenv {
+    hle_sgemm_fn sgemm; /* NULL: no BLAS (GEMM returns 1: the Python kernel) */
+};
+/* dlopen `path` and find its sgemm (scipy_cblas_sgemm, then cblas_sgemm);
+ * threads > 0 sets its thread count.  1 on success (why: the library),
+ * 0 without (why: the reason).  The library stays loaded. */
+int hle_blas_load(struct hle_kenv *env, const char *path, int threads, char *why, size_t n);
+int hle_kernel_run(const struct hle_kenv *env, uint32_t kernel, struct hle_kbuf *b, int n, const uint64_t *scalars,
+                   int ns);
 
 /* ---- SIGBUS guard (guard.c) ---- */
 /* Put [lo, hi) under the guard: a truncation seen there marks c truncated. */
