@@ -8,7 +8,7 @@ goes on; malformed ERT commands for the C command processor (bad header,
 CU, payload count, chained command out of range) likewise, with the states
 written back as the Python ErtProcessor writes them; the C kernels against
 the NumPy ones of hostless.kernels on random and edge shapes (1xN, Nx1,
-empty), GEMM through the BLAS and, without one, through the Python kernel;
+1x1; heap buffers have no empty dimension), GEMM through the BLAS and, without one, through the Python kernel;
 a native npu killed mid-packet gives OWNER_DIED and a respawned one serves.
 """
 
@@ -168,3 +168,254 @@ def test_kernels_match_numpy_in_c_and_in_the_fallback(env: Env, dtype: Any) -> N
         assert run_kernel(env, env.cpu, kernel_id("sum"), [ba.handle, s.handle]) is S.SUCCESS
         np.testing.assert_allclose(s.numpy()[0], a.sum(), rtol=1e-4, atol=1e-4)
     _ok(env)
+
+
+# --------------------------------------------------------------------------- C kernels vs NumPy
+
+
+def _rand(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    if np.dtype(dtype) == np.int8:
+        return rng.integers(-128, 128, shape).astype(np.int8)
+    return (rng.standard_normal(shape) * 3).astype(dtype)
+
+
+def _py_ref(name: str, ins: list[np.ndarray], out: np.ndarray, scalars: list[int]) -> np.ndarray:
+    """hostless.kernels' own (NumPy) kernel on copies: the reference the C one must equal."""
+    from hostless import kernels
+
+    fn = {**{k: v[1] for k, v in kernels.CPU_KERNELS.items()}, "int8_gemm": kernels.k_int8_gemm}[name]
+    ref = np.zeros_like(out)
+    fn([a.copy() for a in ins] + [ref], scalars)
+    return ref
+
+
+# (kernel, input shapes, output shape, scalars); edge shapes 1xN, Nx1, 1x1 (a heap buffer has no
+# empty dimension, so no empty shapes)
+_SHAPES: list[tuple[str, list[tuple[int, ...]], tuple[int, ...], list[int]]] = [
+    ("gemm", [(7, 5), (5, 3)], (7, 3), []),
+    ("gemm", [(1, 9), (9, 4)], (1, 4), []),
+    ("gemm", [(6, 1), (1, 8)], (6, 8), []),
+    ("gemm", [(5, 4), (4, 1)], (5, 1), []),
+    ("gemm", [(33, 65), (65, 17)], (33, 17), []),
+    ("softmax", [(4, 7)], (4, 7), []),
+    ("softmax", [(1, 9)], (1, 9), []),
+    ("softmax", [(9, 1)], (9, 1), []),
+    ("softmax", [(2, 3, 5)], (2, 3, 5), []),
+    ("sum", [(6, 5)], (1,), []),
+    ("sum", [(1, 1)], (1,), []),
+    ("normalize", [(5, 6)], (5, 6), [f64(0.5), f64(2.0)]),
+    ("normalize", [(1, 7)], (1, 7), [f64(-1.0)]),
+    ("conv2d", [(8, 9), (3, 2)], (6, 8), []),
+    ("conv2d", [(1, 9), (1, 3)], (1, 7), []),
+    ("conv2d", [(9, 1), (4, 1)], (6, 1), []),
+    ("conv2d", [(5, 5), (5, 5)], (1, 1), []),
+    ("int8_gemm", [(7, 5), (5, 3)], (7, 3), []),
+    ("int8_gemm", [(1, 64), (64, 1)], (1, 1), []),
+]
+
+
+def _run_c(env: Env, name: str, bufs: list[hl.Buffer], scalars: list[int]) -> S:
+    from hostless import ert
+    from hostless.kernels import cu_index
+
+    if name == "int8_gemm":  # CU 0 of the npu, as an ERT command
+        raw = ert.start_cu(cu_index(name), [len(bufs)] + ert.u64_args([b.handle for b in bufs])).encode()
+        cb = env.dom.buffer(len(raw))
+        cb.numpy()[:] = np.frombuffer(raw, np.uint8)
+        env.owned.append(cb)
+        ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(env.dom)
+        f = env.dom.fence(owner=env.npu.id)
+        try:
+            env.npu.queue.push(hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=f.handle), timeout=5)
+            return f.wait(10)
+        finally:
+            f.release()
+            ka.release()
+    return run_kernel(env, env.cpu, kernel_id(name), [b.handle for b in bufs], scalars)
+
+
+@pytest.mark.parametrize("case", range(len(_SHAPES)), ids=lambda i: f"{_SHAPES[i][0]}-{_SHAPES[i][1]}")
+def test_c_kernels_equal_the_numpy_kernels(env: Env, case: int) -> None:
+    name, shapes, oshape, scalars = _SHAPES[case]
+    rng = np.random.default_rng(100 + case)
+    dt = np.int8 if name == "int8_gemm" else np.float32
+    ins = [_rand(rng, sh, dt) for sh in shapes]
+    out = env.empty(oshape, np.int32 if name == "int8_gemm" else np.float32)
+    out.numpy()[...] = 7  # stale bytes: the kernel must write every element
+    assert _run_c(env, name, [env.buffer(a) for a in ins] + [out], scalars) is S.SUCCESS
+    ref = _py_ref(name, ins, out.numpy(), scalars)
+    if name == "int8_gemm":
+        np.testing.assert_array_equal(out.numpy(), ref)
+    else:
+        np.testing.assert_allclose(out.numpy(), ref, rtol=2e-5, atol=2e-5)
+
+
+def test_c_kernels_on_random_shapes(env: Env) -> None:
+    rng = np.random.default_rng(2026)
+    for _ in range(12):
+        m, k, n = (int(v) for v in rng.integers(1, 40, 3))
+        for name, shapes, oshape in (
+            ("gemm", [(m, k), (k, n)], (m, n)),
+            ("int8_gemm", [(m, k), (k, n)], (m, n)),
+            ("softmax", [(m, n)], (m, n)),
+            ("conv2d", [(m + 2, n + 3), (3, 4)], (m, n)),
+        ):
+            dt = np.int8 if name == "int8_gemm" else np.float32
+            ins = [_rand(rng, sh, dt) for sh in shapes]
+            out = env.empty(oshape, np.int32 if name == "int8_gemm" else np.float32)
+            assert _run_c(env, name, [env.buffer(a) for a in ins] + [out], []) is S.SUCCESS, name
+            ref = _py_ref(name, ins, out.numpy(), [])
+            np.testing.assert_allclose(out.numpy(), ref, rtol=2e-5, atol=2e-4, err_msg=f"{name} {shapes}")
+        for o in env.owned:
+            if o._held:
+                o.release()
+        env.owned.clear()
+
+
+def test_gemm_goes_through_the_blas_when_there_is_one(env: Env) -> None:
+    from hostless.agents import native
+
+    caps = env.cpu.capabilities
+    if native.blas_path() is None:
+        assert caps["gemm"] == "python" and caps["why"]
+    else:
+        assert caps["gemm"] == "blas" and "sgemm" in caps["blas"], caps
+
+
+def test_without_a_blas_gemm_runs_in_the_python_kernel(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hostless import agents
+
+    monkeypatch.setenv("HOSTLESS_BLAS", "none")
+    a = agents.spawn(env.dom, "cpu", native=True, label="no-blas")
+    try:
+        assert a.capabilities["gemm"] == "python", a.capabilities
+        assert "Python" in a.capabilities["why"]
+        rng = np.random.default_rng(5)
+        x, w = _rand(rng, (9, 4), np.float32), _rand(rng, (4, 6), np.float32)
+        out = env.empty((9, 6), np.float32)
+        bufs = [env.buffer(x).handle, env.buffer(w).handle, out.handle]
+        assert run_kernel(env, a, kernel_id("gemm"), bufs) is S.SUCCESS
+        np.testing.assert_allclose(out.numpy(), x @ w, rtol=1e-5, atol=1e-5)
+    finally:
+        a.stop()
+    assert a.proc.returncode == 0
+
+
+# --------------------------------------------------------------------------- ERT in C vs ErtProcessor
+
+
+def _ert_cases(env: Env) -> list[bytes]:
+    """Command buffers, good and malformed, whose every byte the processors write back."""
+    from hostless import ert
+    from hostless.kernels import cu_index
+
+    x = env.buffer(np.arange(-8, 8, dtype=np.float32))
+    o = env.empty((16,), np.float32)
+    relu = cu_index("relu")
+    good = ert.start_cu(relu, [2] + ert.u64_args([x.handle, o.handle])).encode()
+    bad = ert.start_cu(cu_index("gemm"), [3] + ert.u64_args([x.handle, x.handle, o.handle])).encode()
+    leaf_ok = env.buffer(np.frombuffer(good, np.uint8))
+    leaf_bad = env.buffer(np.frombuffer(bad, np.uint8))
+    inner = env.buffer(np.frombuffer(ert.cmd_chain([leaf_ok.handle]).encode(), np.uint8))
+    hdr = ert.header(ert.State.NEW, 5, ert.Opcode.START_CU).to_bytes(4, "little")
+    return [
+        good,
+        ert.start_npu(relu, 0x1234_5678_9ABC, 64, [2] + ert.u64_args([x.handle, o.handle])).encode(),
+        bad,
+        hdr + (1 << relu).to_bytes(4, "little"),  # count past the buffer
+        hdr[:3],  # shorter than a header
+        ert.start_cu(31, [0]).encode(),  # no such CU
+        ert.ErtCommand(ert.State.NEW, ert.Opcode.START_CU, ert.CmdType.CU, 0b110, [0]).encode(),
+        ert.start_cu(relu, [0xFFFFFFFF, 1, 2]).encode(),  # buffer count past the payload
+        ert.start_cu(relu, [2, 1, 2, 3, 4, 5]).encode(),  # odd scalar words
+        ert.ErtCommand(ert.State.NEW, ert.Opcode.START_NPU, ert.CmdType.CU, 1 << relu, [1, 2]).encode(),
+        ert.start_cu(relu, []).encode(),  # no arguments
+        ert.cmd_chain([leaf_ok.handle, leaf_ok.handle]).encode(),
+        ert.cmd_chain([leaf_ok.handle, leaf_bad.handle, leaf_ok.handle]).encode(),  # fails at 1
+        ert.cmd_chain([leaf_ok.handle, inner.handle]).encode(),  # a chain of a chain
+        ert.cmd_chain([leaf_ok.handle, (1 << 62) | 12345]).encode(),  # a missing command
+        ert.ErtCommand(ert.State.NEW, ert.Opcode.CMD_CHAIN, ert.CmdType.CU, 0, [9, 0, 0, 0, 0, 0, 1]).encode(),
+        ert.ErtCommand(ert.State.NEW, ert.Opcode.CMD_CHAIN, ert.CmdType.CU, 0, [1, 0]).encode(),
+        ert.ErtCommand(ert.State.NEW, ert.Opcode.CONFIGURE, ert.CmdType.CU, 1, [0]).encode(),
+    ]
+
+
+def test_ert_in_c_writes_back_what_the_python_processor_writes(env: Env) -> None:
+    """The same command buffers through a Python npu and the native one: the same fence
+    status, the same bytes written back (state, chain submit / error index), and the
+    native agent goes on."""
+    from hostless import agents
+
+    py = agents.spawn(env.dom, "npu", native=False, label="npu-py")
+    try:
+        assert "--native" not in py.proc.args
+        for i, raw in enumerate(_ert_cases(env)):
+            got = {}
+            for who, agent in (("py", py), ("c", env.npu)):
+                cb = env.dom.buffer(max(len(raw), 1))
+                cb.numpy()[: len(raw)] = np.frombuffer(raw, np.uint8)
+                env.owned.append(cb)
+                ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(env.dom)
+                f = env.dom.fence(owner=agent.id)
+                try:
+                    agent.queue.push(hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=f.handle), timeout=5)
+                    st = f.wait(10)
+                    why = records.read(env.dom, f.handle)
+                finally:
+                    f.release()
+                    ka.release()
+                got[who] = (st, bytes(cb.numpy()[: len(raw)]), why is None)
+            assert got["py"] == got["c"], f"case {i}: python {got['py']} != native {got['c']}"
+        assert env.npu.alive
+    finally:
+        py.stop()
+
+
+def test_native_npu_killed_mid_packet_then_respawned(env: Env) -> None:
+    """SIGKILL a native npu while it runs a long C kernel: the packet's fence gets
+    OWNER_DIED within the recovery bound; a native npu respawned on its queue serves."""
+    import time
+
+    from hostless import agents, ert
+    from hostless.kernels import cu_index
+
+    victim = agents.spawn(env.dom, "npu", label="npu-victim")
+    respawned = None
+    try:
+        n = 1024  # int8_gemm 1024^3: ~1 s in the C loop
+        a = env.buffer(np.ones((n, n), np.int8))
+        out = env.empty((n, n), np.int32)
+        raw = ert.start_cu(cu_index("int8_gemm"), [3] + ert.u64_args([a.handle, a.handle, out.handle])).encode()
+        cb = env.buffer(np.frombuffer(raw, np.uint8))
+        ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(env.dom)
+        env.owned.append(ka)
+        f = env.dom.fence(owner=victim.id)
+        started = env.dom.fence()
+        victim.queue.push(hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=f.handle), timeout=5)
+        deadline = time.monotonic() + 10
+        while int(cb.numpy().view("<u4")[0]) & 0xF != ert.State.RUNNING and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert int(cb.numpy().view("<u4")[0]) & 0xF == ert.State.RUNNING, "the command never started"
+        victim.kill()
+        t0 = time.monotonic()
+        assert f.wait(10) is S.OWNER_DIED
+        assert time.monotonic() - t0 < 5
+        f.release()
+        started.release()
+        respawned = agents.spawn(env.dom, "npu", queue=victim.queue, label="npu-respawned")
+        assert "--native" in respawned.proc.args
+        x = env.buffer(np.array([-1.0, 3.0], np.float32))
+        o = env.empty((2,), np.float32)
+        raw = ert.start_cu(cu_index("relu"), [2] + ert.u64_args([x.handle, o.handle])).encode()
+        cb2 = env.buffer(np.frombuffer(raw, np.uint8))
+        ka2 = hl.Kernargs(buffers=[cb2.handle]).to_buffer(env.dom)
+        env.owned.append(ka2)
+        f2 = env.dom.fence(owner=respawned.id)
+        respawned.queue.push(hl.Packet(type=hl.PacketType.ERT, args=ka2.handle, signal=f2.handle), timeout=5)
+        assert f2.wait(10) is S.SUCCESS
+        f2.release()
+        assert o.numpy().tolist() == [0.0, 3.0]
+    finally:
+        victim.kill()
+        if respawned is not None:
+            respawned.stop()
