@@ -19,7 +19,7 @@ class Core:
         self, queue: int, spin_ns: int, wait_timeout_ns: int, follow_timeout_ns: int, parent: int,
         kernel: Any, record: Any, c_kernels: int, kind: int = 0, present: int = 0,
         kernel_map: bytes = b"", cu: Any = None, blas_path: str | None = None, blas_threads: int = 0,
-        fixed_spin: int = 0, /
+        fixed_spin: int = 0, idle_nap_ns: int = 0, /
     ) -> dict[str, Any]: ...
 
 class Handle:

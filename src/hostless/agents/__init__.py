@@ -196,6 +196,12 @@ def spawn(
     only for other kernels; ``agent.capabilities`` says whether GEMM runs
     through a BLAS.  ``fixed_spin=True`` (native only) spins ``spin`` before
     every park instead of adapting the spin to how often packets come.
+    ``idle_poll`` (native only; seconds, default 0.02; 0 = the domain's poll
+    interval): once the agent has had no packet for 100 ms it sleeps up to
+    this long between looks at its doorbell, so an idle agent costs almost no
+    CPU; a host push wakes it at once as ever, a doorbell rung by a device's
+    plain store (no wake-up) is seen within ``idle_poll`` instead of the
+    domain's poll interval.
 
     ``user_kernels`` maps names to ``"module:function"`` kernels (taking
     ``(buffers, scalars)``) the agent imports; their ids are in
@@ -217,6 +223,9 @@ def spawn(
         raise ValueError("follow_timeout must be >= 0")
     native = bool(opts.pop("native", False))
     fixed_spin = bool(opts.pop("fixed_spin", False))
+    idle_poll = float(opts.pop("idle_poll", 0.02))
+    if not idle_poll >= 0:
+        raise ValueError("idle_poll must be >= 0")
     if opts:
         raise TypeError(f"unknown options {sorted(opts)}")
     if native and kind not in ("cpu", "npu"):
@@ -251,6 +260,7 @@ def spawn(
         cmd += ["--native"]
         if fixed_spin:
             cmd += ["--fixed-spin"]
+        cmd += ["--idle-poll", repr(idle_poll)]
     if kind == "cuda":
         cmd += ["--device", str(device)]
     ids: dict[str, int] = {}

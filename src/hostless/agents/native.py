@@ -161,11 +161,14 @@ class NativeCallbacks:
         self.loop.records.write(signal, why)
 
 
-def run_native(loop: AgentLoop, fixed_spin: bool = False) -> dict[str, Any]:
+def run_native(loop: AgentLoop, fixed_spin: bool = False, idle_poll: float = 0.0) -> dict[str, Any]:
     """Serve ``loop``'s queue with the native loop until STOP, the spawner's death or a
     signal handler that raises; returns the engine's counters (packets, failures:
     packets failed or follow-ups dropped, spins / parks of the doorbell, blas_loaded,
-    blas_why).  ``fixed_spin``: always spin ``loop.spin_ns`` (no adaptation)."""
+    blas_why).  ``fixed_spin``: always spin ``loop.spin_ns`` (no adaptation); ``idle_poll``
+    (seconds, 0: the domain's poll interval): the longest doorbell sleep once the agent has
+    been idle 100 ms (a host push wakes it at once; a device's plain-store doorbell is seen
+    within it)."""
     cb = NativeCallbacks(loop)
     wto = -1 if loop.wait_timeout is None else int(loop.wait_timeout * 1e9)
     core = loop.dom._core
@@ -186,6 +189,7 @@ def run_native(loop: AgentLoop, fixed_spin: bool = False) -> dict[str, Any]:
         blas_path(),
         BLAS_THREADS,
         int(fixed_spin),
+        int(max(0.0, idle_poll) * 1e9),
     )
     loop.failures += int(out["failures"])
     return out

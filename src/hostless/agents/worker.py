@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--native", action="store_true", help="run the native (C) agent loop (cpu and npu)")
     ap.add_argument("--fixed-spin", action="store_true", help="native: always spin --spin (no adaptive spin)")
+    ap.add_argument("--idle-poll", type=float, default=0.0, help="native: longest doorbell sleep once idle (s)")
     ap.add_argument("--follow-timeout", type=float, default=10.0, help="bound on a packet's follow-up pushes")
     a = ap.parse_args(argv)
     wait_timeout = None if a.wait_timeout < 0 else a.wait_timeout
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         if native:
             from .native import run_native
 
-            run_native(agent, fixed_spin=a.fixed_spin)
+            run_native(agent, fixed_spin=a.fixed_spin, idle_poll=a.idle_poll)
         else:
             agent.run()
     finally:

@@ -22,6 +22,7 @@
 #define AGENT_MAX_KBUFS 16           /* buffers a C kernel takes (more: the Python kernel) */
 #define AGENT_MAX_KSCALARS 8         /* scalars a C kernel takes (more: the Python kernel) */
 #define AGENT_SPIN_FLOOR_NS 20000ll  /* the least adaptive spin once packets come often */
+#define AGENT_BUSY_NS 1000000ull     /* recent waits shorter than this on average: packets come often */
 #define ERT_RECORDED 2               /* an ERT command failed in the Python CU (already recorded) */
 
 struct agent {
@@ -522,11 +523,15 @@ static void load_table(struct agent *a) {
     if (cfg->python_kernel || cfg->python_cu) a->present = UINT32_MAX; /* Python knows the rest */
 }
 
-/* The doorbell spin for the next pop (contract in hostless_engine.h). */
+/* The doorbell spin for the next pop (contract in hostless_engine.h).  The
+ * measured wait of a pop that parked includes the wake-up (tens of us in a
+ * VM): packets that come within AGENT_BUSY_NS of each other count as frequent
+ * even when the wake-up alone is longer than spin_ns. */
 static int64_t next_spin(const struct agent *a) {
     int64_t max = a->cfg->spin_ns > 0 ? a->cfg->spin_ns : 0;
     if (a->cfg->fixed_spin || max == 0) return max;
-    if (a->wait_avg >= (uint64_t)max) return 0; /* packets come rarer than the spin: park at once */
+    uint64_t busy = (uint64_t)max > AGENT_BUSY_NS ? (uint64_t)max : AGENT_BUSY_NS;
+    if (a->wait_avg >= busy) return 0; /* packets come rarely: park at once */
     uint64_t s = 4 * a->wait_avg;
     if (s < AGENT_SPIN_FLOOR_NS) s = AGENT_SPIN_FLOOR_NS;
     return s < (uint64_t)max ? (int64_t)s : max;
@@ -552,6 +557,7 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
     if ((r = hle_queue_bind(c, queue))) goto out;
     struct hl_qview v;
     if ((r = hle_queue_view(c, queue, &v))) goto out;
+    uint64_t last_packet = now_ns();
     while (!a->stop) {
         if (CLOSING(c)) {
             r = hle_closed_error(c, "the domain was closed while the agent ran");
@@ -563,14 +569,18 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
         if (spin) cfg->spins++;
         else cfg->parks++;
         uint64_t t0 = now_ns();
-        r = hle_queue_pop(c, queue, AGENT_IDLE_NS, spin, &idx, &p);
+        uint64_t nap = 0;
+        if (cfg->idle_nap_ns > 0 && t0 - last_packet >= (uint64_t)HLE_AGENT_IDLE_AFTER_NS)
+            nap = (uint64_t)(cfg->idle_nap_ns < AGENT_IDLE_NS ? cfg->idle_nap_ns : AGENT_IDLE_NS);
+        r = hle_queue_pop_nap(c, queue, AGENT_IDLE_NS, spin, nap, &idx, &p);
         if (r == HL_E_TIMEOUT) {
             a->wait_avg = UINT64_MAX; /* idle: park at once */
             if (cfg->should_stop && cfg->should_stop(cfg->ud)) break;
             continue;
         }
         if (r) goto out;
-        note_wait(a, now_ns() - t0);
+        last_packet = now_ns();
+        note_wait(a, last_packet - t0);
         uint8_t hops = hops_take(a, idx);
         if (p.type == HL_PKT_STOP) {
             finish(a, &p, HL_STATUS_SUCCESS, idx);

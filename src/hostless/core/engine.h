@@ -331,6 +331,7 @@ struct hle_waiter {
     uint64_t spin_ns;     /* spin phase; 0: sleep at once */
     int yield_in_spin;    /* sched_yield every 1024 spins (a polling consumer on few cores) */
     int interruptible;    /* hooks.interrupted is called every slice */
+    uint64_t nap_ns;      /* longest sleep before polling again; 0: the domain's poll_ns */
 };
 int hle_wait_loop(hle_ctx *c, struct hle_waiter *w, void **token);
 /* The context whose interrupt hook this thread is running, and how many
@@ -370,6 +371,11 @@ int hle_queue_push(hle_ctx *c, uint64_t h, const struct hl_packet *p, int64_t ti
  * HL_OK with *idx and *out; HL_E_TIMEOUT; HL_E_HANDLE / HL_E_CORRUPT;
  * HL_E_INVALID (not its consumer); HL_E_CLOSED / HL_E_CORRUPT; HL_E_INTR. */
 int hle_queue_pop(hle_ctx *c, uint64_t h, int64_t timeout_ns, int64_t spin_ns, uint64_t *idx, struct hl_packet *out);
+/* hle_queue_pop with its sleeps bounded by nap_ns instead of the domain's
+ * poll_ns (0: poll_ns): a doorbell rung by a plain store (a device) is then
+ * seen within nap_ns; a host push wakes the sleeper at once either way. */
+int hle_queue_pop_nap(hle_ctx *c, uint64_t h, int64_t timeout_ns, int64_t spin_ns, uint64_t nap_ns, uint64_t *idx,
+                      struct hl_packet *out);
 /* Test hook: reserve a cell, write only its signal handle and stop (a
  * producer killed while filling).  HL_OK with *w; HL_E_QUEUE_FULL. */
 int hle_queue_reserve_stuck(hle_ctx *c, uint64_t h, uint64_t sig, uint64_t *w);

@@ -189,9 +189,14 @@ uint32_t hle_name_seq(hle_ctx *c);
  * wheel, or a plain `cblas_sgemm`); without it GEMM is not a C kernel and
  * goes to the Python callback (cfg->blas_loaded says which, cfg->blas_why why).
  * Doorbell: spin at most spin_ns before parking on the futex, scaled by the
- * recent inter-arrival time (spin ~ 2x the mean gap between packets when it
- * is below spin_ns; park at once when packets come rarer than that, and
- * after every idle slice); cfg->fixed_spin = 1 always spins spin_ns.
+ * recent wait for a packet (a running average): 4x that wait, at least
+ * 20 us, at most spin_ns, while the average is below max(spin_ns, 1 ms)
+ * (a parked pop's wait includes its wake-up); park at once when packets
+ * come rarer than that, and after every idle slice; cfg->fixed_spin = 1 always spins spin_ns.  An
+ * agent idle for HLE_AGENT_IDLE_AFTER_NS sleeps up to cfg->idle_nap_ns at a
+ * time (when longer than the domain's poll_ns) instead of poll_ns: a host
+ * push wakes it at once as ever, a doorbell rung by a plain store (a device)
+ * is seen within idle_nap_ns; 0 keeps the domain's poll_ns.
  * cfg->record (may be NULL) is told why a packet failed in C.
  * The calling thread must be the only user of the context's blocking calls
  * while it runs (its GIL hooks must be unset: the loop never relocks).
@@ -204,6 +209,7 @@ uint32_t hle_name_seq(hle_ctx *c);
 #define HLE_AGENT_FAIL_DEPTH 16
 #define HLE_AGENT_FAIL_BUDGET 256
 #define HLE_AGENT_MAX_CUS 32
+#define HLE_AGENT_IDLE_AFTER_NS 100000000ll /* 100 ms without a packet: idle (idle_nap_ns) */
 #define HLE_AGENT_CPU 0u
 #define HLE_AGENT_NPU 1u
 /* built-in C kernels (HLE_K_1..9 are also hostless.kernels.CPU_KERNELS' ids) */
@@ -245,6 +251,7 @@ struct hle_agent_cfg {
     int32_t blas_loaded;        /* out: 1 when GEMM runs through the BLAS */
     char blas_why[200];         /* out: the library loaded, or why none was */
     uint64_t parks, spins;      /* out: pops that parked at once / that spun first (statistics) */
+    int64_t idle_nap_ns;        /* longest doorbell sleep once idle (0: the domain's poll_ns) */
 };
 int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg);
 

@@ -185,6 +185,11 @@ static int pop_sleep(void *a, uint64_t nap) {
 }
 
 int hle_queue_pop(hle_ctx *c, uint64_t h, int64_t timeout, int64_t spin, uint64_t *idx, struct hl_packet *out) {
+    return hle_queue_pop_nap(c, h, timeout, spin, 0, idx, out);
+}
+
+int hle_queue_pop_nap(hle_ctx *c, uint64_t h, int64_t timeout, int64_t spin, uint64_t nap, uint64_t *idx,
+                      struct hl_packet *out) {
     struct hl_qview v;
     int r = hle_queue_view(c, h, &v);
     if (r) return r;
@@ -193,7 +198,7 @@ int hle_queue_pop(hle_ctx *c, uint64_t h, int64_t timeout, int64_t spin, uint64_
                         (unsigned long long)h);
     struct pop_wait x = {c, &v, 0, out};
     struct hle_waiter wt = {pop_poll, pop_sleep, NULL, &x, now_ns(), timeout, spin > 0 ? (uint64_t)spin : 0, 1,
-                            hle_interruptible(c)};
+                            hle_interruptible(c), nap};
     BUSY_ENTER(c);
     void *tok = hle_unlock(c);
     r = hle_wait_loop(c, &wt, &tok);
