@@ -302,7 +302,7 @@ def report(res: dict[str, Any]) -> str:
     row(
         "parked round trip p50 (host asleep too)", lambda k: us(res["wake"][k]["parked_round_trip_ns"]["p50"])
     )
-    row("round trip p50, a packet every 0.2 ms (adaptive spin)", lambda k: us(res["wake_short"][k]["wake_ns"]["p50"]))
+    row("round trip p50, a packet every 0.2 ms", lambda k: us(res["wake_short"][k]["wake_ns"]["p50"]))
     row("wake after 0.3 s idle p50", lambda k: us(res["wake"][k]["wake_after_idle_ns"]["p50"]))
     row(
         "back-to-back round trip p50, default spin",

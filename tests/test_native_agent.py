@@ -334,7 +334,9 @@ def _ert_cases(env: Env) -> list[bytes]:
         ert.cmd_chain([leaf_ok.handle, leaf_bad.handle, leaf_ok.handle]).encode(),  # fails at 1
         ert.cmd_chain([leaf_ok.handle, inner.handle]).encode(),  # a chain of a chain
         ert.cmd_chain([leaf_ok.handle, (1 << 62) | 12345]).encode(),  # a missing command
-        ert.ErtCommand(ert.State.NEW, ert.Opcode.CMD_CHAIN, ert.CmdType.CU, 0, [9, 0, 0, 0, 0, 0, 1]).encode(),
+        ert.ErtCommand(
+            ert.State.NEW, ert.Opcode.CMD_CHAIN, ert.CmdType.CU, 0, [9, 0, 0, 0, 0, 0, 1]
+        ).encode(),
         ert.ErtCommand(ert.State.NEW, ert.Opcode.CMD_CHAIN, ert.CmdType.CU, 0, [1, 0]).encode(),
         ert.ErtCommand(ert.State.NEW, ert.Opcode.CONFIGURE, ert.CmdType.CU, 1, [0]).encode(),
     ]
@@ -358,7 +360,9 @@ def test_ert_in_c_writes_back_what_the_python_processor_writes(env: Env) -> None
                 ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(env.dom)
                 f = env.dom.fence(owner=agent.id)
                 try:
-                    agent.queue.push(hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=f.handle), timeout=5)
+                    agent.queue.push(
+                        hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=f.handle), timeout=5
+                    )
                     st = f.wait(10)
                     why = records.read(env.dom, f.handle)
                 finally:
@@ -385,7 +389,9 @@ def test_native_npu_killed_mid_packet_then_respawned(env: Env) -> None:
         n = 1024  # int8_gemm 1024^3: ~1 s in the C loop
         a = env.buffer(np.ones((n, n), np.int8))
         out = env.empty((n, n), np.int32)
-        raw = ert.start_cu(cu_index("int8_gemm"), [3] + ert.u64_args([a.handle, a.handle, out.handle])).encode()
+        raw = ert.start_cu(
+            cu_index("int8_gemm"), [3] + ert.u64_args([a.handle, a.handle, out.handle])
+        ).encode()
         cb = env.buffer(np.frombuffer(raw, np.uint8))
         ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(env.dom)
         env.owned.append(ka)
@@ -419,3 +425,28 @@ def test_native_npu_killed_mid_packet_then_respawned(env: Env) -> None:
         victim.kill()
         if respawned is not None:
             respawned.stop()
+
+
+def test_spawn_options_of_native_agents(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hostless import agents
+
+    with pytest.raises(ValueError, match="native agents serve cpu and npu"):
+        agents.spawn(env.dom, "cuda", native=True)
+    with pytest.raises(ValueError, match="idle_poll"):
+        agents.spawn(env.dom, "npu", native=True, idle_poll=-1.0)
+    # a BLAS path that cannot be loaded: GEMM in Python, and the agent says why
+    monkeypatch.setenv("HOSTLESS_BLAS", "/nonexistent/libnoblas.so")
+    a = agents.spawn(env.dom, "npu", native=True, fixed_spin=True, idle_poll=0.0, label="bad-blas")
+    try:
+        assert a.capabilities["gemm"] == "python"
+        assert "cannot load /nonexistent/libnoblas.so" in a.capabilities["why"]
+        assert "--fixed-spin" in a.proc.args
+        rng = np.random.default_rng(9)
+        x, w = _rand(rng, (3, 5), np.float32), _rand(rng, (5, 2), np.float32)
+        out = env.empty((3, 2), np.float32)
+        # KERNEL packet id 1 on an npu is CU 1 (gemm), as the Python npu agent reads it
+        assert run_kernel(env, a, 1, [env.buffer(x).handle, env.buffer(w).handle, out.handle]) is S.SUCCESS
+        np.testing.assert_allclose(out.numpy(), x @ w, rtol=1e-5, atol=1e-5)
+    finally:
+        a.stop()
+    assert a.proc.returncode == 0

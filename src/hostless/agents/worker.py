@@ -3,8 +3,9 @@
 :func:`hostless.agents.spawn` starts it.  It joins the domain, binds the
 queue, prints its participant id on stdout (the spawner waits for that
 line; a native agent prints its capabilities as a JSON line after it:
-:func:`hostless.agents.native.capabilities`), then runs the loop of its kind: :class:`~hostless.agents.loop.AgentLoop`
-for "cpu" and "npu", :class:`~hostless.agents.cuda_agent.CudaLoop` for
+:func:`hostless.agents.native.capabilities`), then runs the loop of its kind:
+:class:`~hostless.agents.loop.AgentLoop` (or, with ``--native``, the engine's
+loop: :mod:`~hostless.agents.native`) for "cpu" and "npu", :class:`~hostless.agents.cuda_agent.CudaLoop` for
 "cuda".  It exits on a STOP packet, on SIGTERM, and when the spawner dies
 (PR_SET_PDEATHSIG plus the loop's parent checks).  User kernels are given as
 ``--user ID=module:function``.
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--native", action="store_true", help="run the native (C) agent loop (cpu and npu)")
     ap.add_argument("--fixed-spin", action="store_true", help="native: always spin --spin (no adaptive spin)")
-    ap.add_argument("--idle-poll", type=float, default=0.0, help="native: longest doorbell sleep once idle (s)")
+    ap.add_argument(
+        "--idle-poll", type=float, default=0.0, help="native: longest doorbell sleep once idle (s)"
+    )
     ap.add_argument("--follow-timeout", type=float, default=10.0, help="bound on a packet's follow-up pushes")
     a = ap.parse_args(argv)
     wait_timeout = None if a.wait_timeout < 0 else a.wait_timeout
