@@ -450,3 +450,78 @@ def test_spawn_options_of_native_agents(env: Env, monkeypatch: pytest.MonkeyPatc
     finally:
         a.stop()
     assert a.proc.returncode == 0
+
+
+def test_random_ert_commands_match_the_python_processor(env: Env) -> None:
+    """Mutated commands (random header fields, counts, masks, words, truncations; chains of
+    them) through both processors: the same status and the same bytes written back."""
+    from hostless import agents, ert
+    from hostless.kernels import cu_index
+
+    rng = np.random.default_rng(77)
+    x = env.buffer(np.linspace(-2, 2, 12, dtype=np.float32))
+    o = env.empty((12,), np.float32)
+    i8 = env.buffer(np.ones((3, 4), np.int8))
+    o32 = env.empty((3, 3), np.int32)
+    hs = [x.handle, o.handle, i8.handle, o32.handle, env.dom.fence().handle, 0, (1 << 62) | 7]
+    seeds = [
+        ert.start_cu(cu_index("relu"), [2] + ert.u64_args([x.handle, o.handle])).encode(),
+        ert.start_npu(cu_index("copy"), 1 << 40, 8, [2] + ert.u64_args([x.handle, o.handle])).encode(),
+        ert.start_cu(cu_index("int8_gemm"), [3] + ert.u64_args([i8.handle, i8.handle, o32.handle])).encode(),
+    ]
+    leaves = [env.buffer(np.frombuffer(s, np.uint8)) for s in seeds]
+    seeds.append(ert.cmd_chain([lf.handle for lf in leaves]).encode())
+
+    def mutate(raw: bytes) -> bytes:
+        w = bytearray(raw)
+        for _ in range(int(rng.integers(1, 4))):
+            what = int(rng.integers(0, 6))
+            if what == 0 and len(w) > 4:  # truncate
+                w = w[: int(rng.integers(0, len(w)))]
+            elif what == 1 and len(w) >= 4:  # header field
+                hdr = int.from_bytes(w[:4], "little") ^ (1 << int(rng.integers(0, 32)))
+                w[:4] = hdr.to_bytes(4, "little")
+            elif what == 2 and len(w) >= 8:  # a word
+                k = int(rng.integers(1, len(w) // 4))
+                val = int(rng.choice([0, 1, 2, 0xFFFFFFFF, int(rng.integers(0, 1 << 32))]))
+                w[4 * k : 4 * k + 4] = val.to_bytes(4, "little")
+            elif what == 3 and len(w) >= 12:  # a handle
+                k = int(rng.integers(1, len(w) // 4 - 1))
+                w[4 * k : 4 * k + 8] = int(rng.choice(hs)).to_bytes(8, "little")
+            elif what == 4:  # extra words
+                w += bytes(4 * int(rng.integers(1, 4)))
+            elif len(w) >= 8:  # cu_mask
+                w[4:8] = int(rng.choice([0, 1, 3, 1 << 31, 1 << 6, 1 << 2])).to_bytes(4, "little")
+        return bytes(w)
+
+    py = agents.spawn(env.dom, "npu", native=False, label="npu-py-fuzz")
+    seen: dict[S, int] = {}
+    try:
+        for i in range(150):
+            raw = mutate(seeds[i % len(seeds)])
+            got = {}
+            for who, agent in (("py", py), ("c", env.npu)):
+                o.numpy()[...] = 0
+                o32.numpy()[...] = 0
+                cb = env.dom.buffer(max(len(raw), 1))
+                cb.numpy()[: len(raw)] = np.frombuffer(raw, np.uint8)
+                ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(env.dom)
+                f = env.dom.fence(owner=agent.id)
+                try:
+                    agent.queue.push(
+                        hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=f.handle), timeout=5
+                    )
+                    st = f.wait(10)
+                    got[who] = (st, bytes(cb.numpy()[: len(raw)]), o.numpy().tobytes(), o32.numpy().tobytes())
+                finally:
+                    f.release()
+                    ka.release()
+                    cb.release()
+            assert got["py"] == got["c"], (
+                f"command {i} {raw.hex()}: python {got['py'][:2]} != native {got['c'][:2]}"
+            )
+            seen[got["c"][0]] = seen.get(got["c"][0], 0) + 1
+        assert env.npu.alive and py.alive
+        assert seen.get(S.SUCCESS, 0) >= 5 and seen.get(S.ERROR, 0) >= 5, seen  # both kinds exercised
+    finally:
+        py.stop()
