@@ -525,3 +525,20 @@ def test_random_ert_commands_match_the_python_processor(env: Env) -> None:
         assert seen.get(S.SUCCESS, 0) >= 5 and seen.get(S.ERROR, 0) >= 5, seen  # both kinds exercised
     finally:
         py.stop()
+
+
+def test_the_default_tables_of_a_c_program_match_the_registries() -> None:
+    """What hle_agent_run loads for a caller that leaves the table empty (hostless-agent):
+    the npu's xclbin is NPU_CUS, the cpu's ids are CPU_KERNELS' (the same C kernels)."""
+    from hostless import _core, kernels
+    from hostless.agents import native
+
+    present, cmap = _core.agent_table(int(C.AGENT_NPU))
+    assert present == sum(1 << cu for cu, _fn in kernels.NPU_CUS.values())
+    for cu, fn in kernels.NPU_CUS.values():
+        assert cmap[cu] == native._C_KERNELS[fn], cu
+    everything = sum(1 << kid for kid, _fn in kernels.CPU_KERNELS.values())
+    present, cmap = _core.agent_table(int(C.AGENT_CPU), everything)
+    assert present == everything
+    for kid, fn in kernels.CPU_KERNELS.values():
+        assert cmap[kid] == native._C_KERNELS[fn] == kid

@@ -181,3 +181,18 @@ PyObject *hlpy_blas_probe(PyObject *self, PyObject *args) {
     int ok = hle_blas_load(&env, path, threads, why, sizeof why);
     return Py_BuildValue("(Ns)", PyBool_FromLong(ok), why);
 }
+
+/* agent_table(kind, c_kernels) -> (present, kernel_map bytes): the table an agent of `kind`
+ * gets when its caller leaves it empty (what a C program such as hostless-agent runs). */
+PyObject *hlpy_agent_table(PyObject *self, PyObject *args) {
+    unsigned int kind, mask = 0;
+    if (!PyArg_ParseTuple(args, "I|I", &kind, &mask)) return NULL;
+    struct hle_agent_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.kind = kind;
+    cfg.c_kernels = mask;
+    uint32_t present = 0;
+    uint8_t map[HLE_AGENT_MAX_CUS];
+    hle_agent_default_table(&cfg, &present, map);
+    return Py_BuildValue("(Iy#)", present, (const char *)map, (Py_ssize_t)sizeof map);
+}

@@ -493,34 +493,39 @@ static void execute(struct agent *a, uint64_t idx, const struct hl_packet *p, ui
     release_all(a);
 }
 
+void hle_agent_default_table(const struct hle_agent_cfg *cfg, uint32_t *present, uint8_t *map) {
+    memset(map, 0, HLE_AGENT_MAX_CUS);
+    *present = 0;
+    if (cfg->kind == HLE_AGENT_NPU) {
+        struct hle_agent_cfg t;
+        memset(&t, 0, sizeof t);
+        hle_agent_npu_cus(&t);
+        memcpy(map, t.kernel_map, HLE_AGENT_MAX_CUS);
+        *present = t.present;
+        return;
+    }
+    for (uint32_t i = 1; i < HLE_AGENT_MAX_CUS; i++)
+        if ((cfg->c_kernels >> i & 1) && hle_agent_has_kernel(i) && i != HLE_K_INT8_GEMM) {
+            map[i] = (uint8_t)i;
+            *present |= 1u << i;
+        }
+    if (cfg->python_kernel || cfg->python_cu) *present = UINT32_MAX; /* Python knows the rest */
+}
+
 /* The kernel table (contract in hostless_engine.h). */
 static void load_table(struct agent *a) {
     struct hle_agent_cfg *cfg = a->cfg;
     int empty = cfg->present == 0;
     for (int i = 0; i < HLE_AGENT_MAX_CUS; i++)
         if (cfg->kernel_map[i]) empty = 0;
-    if (!empty) {
-        for (int i = 0; i < HLE_AGENT_MAX_CUS; i++)
-            a->map[i] = hle_agent_has_kernel(cfg->kernel_map[i]) ? cfg->kernel_map[i] : 0;
-        a->present = cfg->present;
-        for (int i = 0; i < HLE_AGENT_MAX_CUS; i++)
-            if (a->map[i]) a->present |= 1u << i;
+    if (empty) {
+        hle_agent_default_table(cfg, &a->present, a->map);
         return;
     }
-    if (cfg->kind == HLE_AGENT_NPU) {
-        struct hle_agent_cfg t;
-        memset(&t, 0, sizeof t);
-        hle_agent_npu_cus(&t);
-        memcpy(a->map, t.kernel_map, sizeof a->map);
-        a->present = t.present;
-        return;
-    }
-    for (uint32_t i = 1; i < HLE_AGENT_MAX_CUS; i++)
-        if ((cfg->c_kernels >> i & 1) && hle_agent_has_kernel(i) && i != HLE_K_INT8_GEMM) {
-            a->map[i] = (uint8_t)i;
-            a->present |= 1u << i;
-        }
-    if (cfg->python_kernel || cfg->python_cu) a->present = UINT32_MAX; /* Python knows the rest */
+    for (int i = 0; i < HLE_AGENT_MAX_CUS; i++) a->map[i] = hle_agent_has_kernel(cfg->kernel_map[i]) ? cfg->kernel_map[i] : 0;
+    a->present = cfg->present;
+    for (int i = 0; i < HLE_AGENT_MAX_CUS; i++)
+        if (a->map[i]) a->present |= 1u << i;
 }
 
 /* The doorbell spin for the next pop (contract in hostless_engine.h).  The

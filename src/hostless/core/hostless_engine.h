@@ -157,8 +157,8 @@ uint32_t hle_name_seq(hle_ctx *c);
 /* ---- the native agent loop (agent.c, kernels.c) ----
  * hle_agent_run serves one queue as its consumer, in C, until a STOP packet,
  * cfg->should_stop() returning nonzero (asked while idle, every 64 packets
- * and between the slices of an input wait), or the domain closing.  It follows the rule of
- * hostless.agents.loop (a bad packet fails alone with ERROR; a failed input
+ * and between the slices of an input wait), or the domain closing.  It
+ * follows the rule of hostless.agents.loop (a bad packet fails alone with ERROR; a failed input
  * passes its status on without running the work; the follow-ups of a failed
  * packet fail too, at most HLE_AGENT_FAIL_DEPTH deep and HLE_AGENT_FAIL_BUDGET
  * signals; input waits bounded by wait_timeout_ns; follow-up pushes share a
@@ -192,11 +192,11 @@ uint32_t hle_name_seq(hle_ctx *c);
  * recent wait for a packet (a running average): 4x that wait, at least
  * 20 us, at most spin_ns, while the average is below max(spin_ns, 1 ms)
  * (a parked pop's wait includes its wake-up); park at once when packets
- * come rarer than that, and after every idle slice; cfg->fixed_spin = 1 always spins spin_ns.  An
- * agent idle for HLE_AGENT_IDLE_AFTER_NS sleeps up to cfg->idle_nap_ns at a
- * time (when longer than the domain's poll_ns) instead of poll_ns: a host
- * push wakes it at once as ever, a doorbell rung by a plain store (a device)
- * is seen within idle_nap_ns; 0 keeps the domain's poll_ns.
+ * come rarer than that, and after every idle slice; cfg->fixed_spin = 1
+ * always spins spin_ns.  An agent idle for HLE_AGENT_IDLE_AFTER_NS sleeps up
+ * to cfg->idle_nap_ns at a time (when longer than the domain's poll_ns)
+ * instead of poll_ns: a host push wakes it at once as ever, a doorbell rung
+ * by a plain store (a device) is seen within idle_nap_ns; 0 keeps poll_ns.
  * cfg->record (may be NULL) is told why a packet failed in C.
  * The calling thread must be the only user of the context's blocking calls
  * while it runs (its GIL hooks must be unset: the loop never relocks).
@@ -260,6 +260,9 @@ int hle_agent_has_kernel(uint32_t kernel);
 /* The emulated NPU's xclbin (hostless.kernels.NPU_CUS): sets present and
  * kernel_map of cfg (CU 0 int8_gemm, 1 gemm, 2 relu, 3 softmax, 4 conv2d, 5 copy). */
 void hle_agent_npu_cus(struct hle_agent_cfg *cfg);
+/* The table hle_agent_run uses when cfg's is empty (kind, c_kernels, and
+ * whether cfg has Python callbacks): *present and map[HLE_AGENT_MAX_CUS]. */
+void hle_agent_default_table(const struct hle_agent_cfg *cfg, uint32_t *present, uint8_t *map);
 
 /* Our participant index (-1 when detached) and our owner code. */
 int hle_me(const hle_ctx *c);
