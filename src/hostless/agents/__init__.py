@@ -201,7 +201,8 @@ def spawn(
     this long between looks at its doorbell, so an idle agent costs almost no
     CPU; a host push wakes it at once as ever, a doorbell rung by a device's
     plain store (no wake-up) is seen within ``idle_poll`` instead of the
-    domain's poll interval.
+    domain's poll interval (once a device has pushed into the queue, the
+    agent keeps the domain's poll interval for good).
 
     ``user_kernels`` maps names to ``"module:function"`` kernels (taking
     ``(buffers, scalars)``) the agent imports; their ids are in

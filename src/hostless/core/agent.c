@@ -563,6 +563,7 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
     struct hl_qview v;
     if ((r = hle_queue_view(c, queue, &v))) goto out;
     uint64_t last_packet = now_ns();
+    int device_seen = 0;
     while (!a->stop) {
         if (CLOSING(c)) {
             r = hle_closed_error(c, "the domain was closed while the agent ran");
@@ -575,9 +576,10 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
         else cfg->parks++;
         uint64_t t0 = now_ns();
         uint64_t nap = 0;
-        if (cfg->idle_nap_ns > 0 && t0 - last_packet >= (uint64_t)HLE_AGENT_IDLE_AFTER_NS)
+        uint32_t producer = 0;
+        if (cfg->idle_nap_ns > 0 && !device_seen && t0 - last_packet >= (uint64_t)HLE_AGENT_IDLE_AFTER_NS)
             nap = (uint64_t)(cfg->idle_nap_ns < AGENT_IDLE_NS ? cfg->idle_nap_ns : AGENT_IDLE_NS);
-        r = hle_queue_pop_nap(c, queue, AGENT_IDLE_NS, spin, nap, &idx, &p);
+        r = hle_queue_pop_nap(c, queue, AGENT_IDLE_NS, spin, nap, &idx, &p, &producer);
         if (r == HL_E_TIMEOUT) {
             a->wait_avg = UINT64_MAX; /* idle: park at once */
             if (cfg->should_stop && cfg->should_stop(cfg->ud)) break;
@@ -586,6 +588,7 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
         if (r) goto out;
         last_packet = now_ns();
         note_wait(a, last_packet - t0);
+        if (producer == HL_PRODUCER_DEVICE) device_seen = 1; /* a device rings by stores: keep poll_ns */
         uint8_t hops = hops_take(a, idx);
         if (p.type == HL_PKT_STOP) {
             finish(a, &p, HL_STATUS_SUCCESS, idx);

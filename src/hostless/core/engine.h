@@ -373,9 +373,11 @@ int hle_queue_push(hle_ctx *c, uint64_t h, const struct hl_packet *p, int64_t ti
 int hle_queue_pop(hle_ctx *c, uint64_t h, int64_t timeout_ns, int64_t spin_ns, uint64_t *idx, struct hl_packet *out);
 /* hle_queue_pop with its sleeps bounded by nap_ns instead of the domain's
  * poll_ns (0: poll_ns): a doorbell rung by a plain store (a device) is then
- * seen within nap_ns; a host push wakes the sleeper at once either way. */
+ * seen within nap_ns; a host push wakes the sleeper at once either way.
+ * *producer (may be NULL): the cell's producer of the packet taken (a
+ * participant index, or HL_PRODUCER_DEVICE). */
 int hle_queue_pop_nap(hle_ctx *c, uint64_t h, int64_t timeout_ns, int64_t spin_ns, uint64_t nap_ns, uint64_t *idx,
-                      struct hl_packet *out);
+                      struct hl_packet *out, uint32_t *producer);
 /* Test hook: reserve a cell, write only its signal handle and stop (a
  * producer killed while filling).  HL_OK with *w; HL_E_QUEUE_FULL. */
 int hle_queue_reserve_stuck(hle_ctx *c, uint64_t h, uint64_t sig, uint64_t *w);
