@@ -15,6 +15,7 @@ $(VENV)/.created:
 $(VENV)/.deps: $(VENV)/.created pyproject.toml
 	$(PIP) install -q --upgrade "setuptools>=64" wheel
 	$(PIP) install -q "numpy>=1.23" "pytest>=7" "hypothesis>=6.80" "ruff>=0.5" "mypy>=1.8" "rich>=13" "matplotlib>=3.6"
+	$(PIP) install -q "scipy-openblas32>=0.3.27"  # the native agents' GEMM (dlopen'ed; optional at run time)
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
@@ -41,7 +42,8 @@ bench: venv
 	$(VENV)/bin/hostless bench fences
 
 # `make lib`: the engine alone (src/hostless/core, no Python) as a static
-# library for C programs: link with -Lbuild -lhostless -lpthread -lm (libm: the agent loop's kernels) and include
+# library for C programs: link with -Lbuild -lhostless -lpthread -lm -ldl (libm: the agent loop's kernels;
+# libdl: the BLAS it dlopens, part of libc from glibc 2.34) and include
 # core/hostless_engine.h (with -Isrc/hostless -Isrc/hostless/core).
 ENGINE_SRC := $(wildcard src/hostless/core/*.c)
 ENGINE_HDR := $(wildcard src/hostless/core/*.h) $(wildcard src/hostless/*.h)

@@ -1,6 +1,6 @@
-"""Native (C) vs Python cpu agent, measured side by side in one run (issue 11, first layer).
+"""Native (C) vs Python agents, measured side by side in one run (issue 11).
 
-    .venv/bin/python benchmarks/native_agent.py [--n 3000]
+    .venv/bin/python benchmarks/native_agent.py [--n 3000] [--idle 5] [--out results/native_agent]
 
 For each agent kind (python, native), with both sides polling (agent spin 0.5 s,
 host spin on its timeline):
@@ -14,6 +14,24 @@ host spin on its timeline):
   count: its per-packet cost, immune to the machine's load;
 * per packet: N packets pushed at once into a queue of N cells, the time until
   the last one's signal, divided by N (the agent's per-packet cost, no wake-up).
+
+The doorbell (native: adaptive spin, bounded by ``spin``; python: fixed spin):
+
+* idle CPU: an agent spawned with the default spin (50 us) left idle, its
+  on-CPU time (every thread's /proc/PID/task/*/schedstat) over ``--idle``
+  seconds as a fraction of one core (goal: < 1 %); native adaptive, native
+  fixed spin, python;
+* parked wake: one packet every 5 ms (and every 0.2 ms: the adaptive spin then
+  catches it) into an agent with the default spin (so
+  it has parked: packets come rarer than its spin), the host spinning on the
+  signal: push -> the agent wakes, runs relu, signals (p50 / p90); and the
+  same with the host asleep too (``parked_round_trip``: two futex wake-ups),
+  next to the C futex ping-pong (hostless.bench's pingpong.c) of this run
+  (goal: parked round trip <= 1.3x the C futex round trip);
+* back-to-back round trips with the default spin: adaptive vs fixed spin.
+
+The npu (ERT): the same round trip / agent CPU per packet with a START_CU
+relu command (native: decoded and run in C; python: ErtProcessor).
 """
 
 from __future__ import annotations
@@ -23,14 +41,15 @@ import json
 import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import hostless as hl
-from hostless import agents
-from hostless.bench.harness import summarize
-from hostless.kernels import kernel_id
+from hostless import agents, ert
+from hostless.bench.harness import compile_c, run_json, scratch_dir, summarize
+from hostless.kernels import cu_index, kernel_id
 
 
 def _p(samples: np.ndarray) -> dict[str, float]:
@@ -42,6 +61,137 @@ def _oncpu(pid: int) -> int:
     """Nanoseconds process ``pid``'s main thread has run on a CPU (/proc/PID/schedstat)."""
     with open(f"/proc/{pid}/schedstat") as f:
         return int(f.read().split()[0])
+
+
+def _oncpu_all(pid: int) -> int:
+    """On-CPU nanoseconds of every thread of process ``pid``."""
+    total = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
+
+
+def idle_cpu(dom: hl.Domain, native: bool, secs: float, **opts: Any) -> float:
+    """Fraction of one core an idle agent (default spin) uses over ``secs`` seconds."""
+    opts["native"] = native
+    a = agents.spawn(dom, "cpu", **opts)
+    try:
+        time.sleep(0.5)
+        c0, t0 = _oncpu_all(a.proc.pid), time.monotonic()
+        time.sleep(secs)
+        return (_oncpu_all(a.proc.pid) - c0) / ((time.monotonic() - t0) * 1e9)
+    finally:
+        a.stop()
+
+
+def parked_wake(dom: hl.Domain, native: bool, n: int, gap: float = 0.005, n_idle: int = 10) -> dict[str, Any]:
+    """A packet every ``gap`` seconds into an agent with the default spin: the wake-up of a
+    parked agent (host spinning on the signal), and the round trip with the host asleep too;
+    then ``n_idle`` packets 0.3 s apart (an agent idle past 100 ms, in its long idle sleep)."""
+    a = agents.spawn(dom, "cpu", native=native)
+    x, y = (dom.buffer((1024,), np.float32) for _ in range(2))
+    tl = dom.timeline(owner=a.id)
+    ka = hl.Kernargs(buffers=[x.handle, y.handle]).to_buffer(dom)
+    clock = time.perf_counter_ns
+    out: dict[str, Any] = {}
+    try:
+        p = hl.Packet(kernel=kernel_id("relu"), args=ka.handle, signal=tl.handle)
+        v = 0
+        for key, host_spin in (("wake_ns", 1.0), ("parked_round_trip_ns", 0.0)):
+            s = np.empty(n, np.int64)
+            for i in range(n):
+                v += 1
+                p.signal_value = v
+                raw = p.encode()
+                time.sleep(gap)
+                t0 = clock()
+                a.queue.push(raw)
+                tl.wait(v, 10.0, spin=host_spin)
+                s[i] = clock() - t0
+            out[key] = _p(s)
+        # back-to-back round trips with the default spin (the host spinning)
+        s = np.empty(n, np.int64)
+        for i in range(n):
+            v += 1
+            p.signal_value = v
+            raw = p.encode()
+            t0 = clock()
+            a.queue.push(raw)
+            tl.wait(v, 10.0, spin=1.0)
+            s[i] = clock() - t0
+        out["back_to_back_default_spin_ns"] = _p(s)
+        # wake-ups of an agent idle for 0.3 s (native: in its idle_poll sleep)
+        s = np.empty(n_idle, np.int64)
+        for i in range(n_idle):
+            v += 1
+            p.signal_value = v
+            raw = p.encode()
+            time.sleep(0.3)
+            t0 = clock()
+            a.queue.push(raw)
+            tl.wait(v, 10.0, spin=1.0)
+            s[i] = clock() - t0
+        if n_idle:
+            out["wake_after_idle_ns"] = summarize(s)
+        out["gap_s"] = gap
+    finally:
+        a.stop()
+        for o in (x, y, tl, ka):
+            o.release()
+    return out
+
+
+def npu_measure(dom: hl.Domain, native: bool, n: int) -> dict[str, Any]:
+    """Round trip (both polling) and agent CPU per packet of a START_CU relu ERT command."""
+    a = agents.spawn(dom, "npu", spin=0.5, native=native, capacity=4096)
+    x, y = (dom.buffer((1024,), np.float32) for _ in range(2))
+    raw = ert.start_cu(cu_index("relu"), [2] + ert.u64_args([x.handle, y.handle])).encode()
+    cb = dom.buffer(len(raw))
+    cb.numpy()[:] = np.frombuffer(raw, np.uint8)
+    ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(dom)
+    tl = dom.timeline(owner=a.id)
+    clock = time.perf_counter_ns
+    out: dict[str, Any] = {"capabilities": a.capabilities}
+    try:
+        p = hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=tl.handle)
+        rt = np.empty(n, np.int64)
+        for i in range(n):
+            p.signal_value = i + 1
+            r = p.encode()
+            t0 = clock()
+            a.queue.push(r)
+            tl.wait(i + 1, 10.0, spin=1.0)
+            rt[i] = clock() - t0
+        out["ert_round_trip_ns"] = _p(rt)
+        m = min(n, 4000)
+        burst = []
+        for i in range(m):
+            p.signal_value = n + i + 1
+            burst.append(p.encode())
+        c0 = _oncpu(a.proc.pid)
+        for r in burst:
+            a.queue.push(r)
+        tl.wait(n + m, 60.0)
+        out["ert_agent_cpu_per_packet_ns"] = (_oncpu(a.proc.pid) - c0) / m
+    finally:
+        a.stop()
+        for o in (x, y, cb, ka, tl):
+            o.release()
+    return out
+
+
+def c_futex_round_trip(n: int) -> dict[str, Any] | str:
+    """The C futex ping-pong of this run (p50 / p90 ...), or why there is none."""
+    with scratch_dir() as tmp:
+        exe, err = compile_c(Path(hl.__file__).parent / "bench" / "pingpong.c", tmp, "pingpong")
+        if exe is None:
+            return f"no C reference: {err}"
+        data = run_json([exe, "futex", str(n), str(n // 10), "-1", "-1"])
+    return _p(np.asarray(data["samples_ns"], dtype=np.int64))
 
 
 def measure(dom: hl.Domain, native: bool, n: int) -> dict[str, Any]:
@@ -128,21 +278,110 @@ def measure(dom: hl.Domain, native: bool, n: int) -> dict[str, Any]:
     return out
 
 
+def report(res: dict[str, Any]) -> str:
+    """A readable summary of the run (markdown)."""
+    lines = ["# native agents vs python agents (benchmarks/native_agent.py)", ""]
+    lines += ["| figure | python | native |", "|---|---|---|"]
+
+    def row(name: str, get: Any) -> None:
+        vals = []
+        for kind in ("python", "native"):
+            try:
+                vals.append(get(kind))
+            except (KeyError, IndexError, TypeError):
+                vals.append("-")
+        lines.append(f"| {name} | {vals[0]} | {vals[1]} |")
+
+    us = lambda v: f"{v / 1e3:.1f} us"  # noqa: E731
+    row("cpu round trip p50 (polling)", lambda k: us(res["cpu"][k][-1]["round_trip_ns"]["p50"]))
+    row("cpu agent CPU / packet", lambda k: us(res["cpu"][k][-1]["agent_cpu_per_packet_ns"]))
+    row("agent hop (chain - round trip)", lambda k: us(res["cpu"][k][-1]["agent_hop_ns"]))
+    row("npu ERT round trip p50 (polling)", lambda k: us(res["npu"][k]["ert_round_trip_ns"]["p50"]))
+    row("npu agent CPU / ERT packet", lambda k: us(res["npu"][k]["ert_agent_cpu_per_packet_ns"]))
+    row("parked agent wake p50 (host spinning)", lambda k: us(res["wake"][k]["wake_ns"]["p50"]))
+    row(
+        "parked round trip p50 (host asleep too)", lambda k: us(res["wake"][k]["parked_round_trip_ns"]["p50"])
+    )
+    row("round trip p50, a packet every 0.2 ms", lambda k: us(res["wake_short"][k]["wake_ns"]["p50"]))
+    row("wake after 0.3 s idle p50", lambda k: us(res["wake"][k]["wake_after_idle_ns"]["p50"]))
+    row(
+        "back-to-back round trip p50, default spin",
+        lambda k: us(res["wake"][k]["back_to_back_default_spin_ns"]["p50"]),
+    )
+    row("idle agent, % of a core", lambda k: f"{100 * res['idle'][k]:.2f} %")
+    lines.append("")
+    idle = res["idle"].get("native")
+    fx = res["idle"].get("native_fixed_spin")
+    dp = res["idle"].get("native_domain_poll")
+    cf = res.get("c_futex_round_trip_ns")
+    if isinstance(idle, float):
+        lines.append(
+            f"- idle native agent: {100 * idle:.2f} % of a core "
+            f"(goal < 1 %: {'met' if idle < 0.01 else 'NOT met'})"
+            + (f"; with a fixed 50 us spin {100 * fx:.2f} %" if isinstance(fx, float) else "")
+            + (
+                f"; sleeping the domain's 1 ms poll interval (idle_poll=0) {100 * dp:.2f} %"
+                if isinstance(dp, float)
+                else ""
+            )
+        )
+    if isinstance(cf, dict):
+        pr = res["wake"]["native"]["parked_round_trip_ns"]["p50"]
+        ratio = pr / cf["p50"]
+        lines.append(
+            f"- C futex round trip p50 {us(cf['p50'])}; parked native round trip {us(pr)} = {ratio:.2f}x "
+            f"(goal <= 1.3x: {'met' if ratio <= 1.3 else 'NOT met'}; the agent's round trip also runs "
+            f"a kernel, a queue pop and a timeline signal)"
+        )
+    else:
+        lines.append(f"- C futex reference: {cf}")
+    caps = res["npu"].get("native", {}).get("capabilities")
+    if caps:
+        lines.append(f"- native npu: GEMM via {caps.get('gemm')} ({caps.get('blas') or caps.get('why')})")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=3000)
+    ap.add_argument("--idle", type=float, default=5.0, help="seconds an idle agent is watched")
+    ap.add_argument("--wake-n", type=int, default=300, help="packets of the parked-wake figures")
+    ap.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     a = ap.parse_args()
     name = f"hlbench-native-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     dom = hl.Domain.create(name, fences=8192, participants=16, heap="64M", label="host")
+    res: dict[str, Any] = {
+        "cpu": {"python": [], "native": []},
+        "npu": {},
+        "wake": {},
+        "wake_short": {},
+        "idle": {},
+    }
     try:
-        res: dict[str, list[dict[str, Any]]] = {"python": [], "native": []}
         for _round in range(2):  # interleaved, so that a change of machine load hits both
             for kind in ("python", "native"):
-                res[kind].append(measure(dom, kind == "native", a.n))
+                res["cpu"][kind].append(measure(dom, kind == "native", a.n))
+        for kind in ("python", "native"):
+            res["npu"][kind] = npu_measure(dom, kind == "native", a.n)
+            res["wake"][kind] = parked_wake(dom, kind == "native", a.wake_n)
+            res["wake_short"][kind] = parked_wake(dom, kind == "native", a.wake_n, gap=0.0002, n_idle=0)
+        res["idle"]["python"] = idle_cpu(dom, False, a.idle)
+        res["idle"]["native"] = idle_cpu(dom, True, a.idle)
+        res["idle"]["native_fixed_spin"] = idle_cpu(dom, True, a.idle, fixed_spin=True)
+        res["idle"]["native_domain_poll"] = idle_cpu(dom, True, a.idle, idle_poll=0.0)
     finally:
         dom.close()
         hl.Domain.unlink(name)
+    try:
+        res["c_futex_round_trip_ns"] = c_futex_round_trip(max(a.wake_n, 1000))
+    except (RuntimeError, OSError, ValueError) as e:
+        res["c_futex_round_trip_ns"] = f"no C reference: {e}"
     print(json.dumps(res, indent=1))
+    text = report(res)
+    print(text)
+    if a.out:
+        Path(a.out + ".json").write_text(json.dumps(res, indent=1))
+        Path(a.out + ".md").write_text(text)
 
 
 if __name__ == "__main__":

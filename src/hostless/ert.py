@@ -9,6 +9,11 @@ has no cu_mask: its payload follows the header at once: command count,
 submit index, error index, three reserved words, then the u64 handles of the
 chained commands.  The state is written back into the header word by the
 command processor (NEW -> RUNNING -> COMPLETED / ERROR).
+
+Every constant here (field positions, opcodes, states, word offsets) is taken
+from the ABI header (``HL_ERT_*`` in ``hostless_layout.h``, through the
+extension's constant table), where the native command processor
+(``core/agent.c``) reads them too: the layout lives in one place.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from ._abi import C
 
 __all__ = [
     "Opcode",
@@ -44,62 +51,81 @@ __all__ = [
 
 
 class Opcode(enum.IntEnum):
-    START_CU = 0
-    CONFIGURE = 2
-    EXIT = 3
-    ABORT = 4
-    EXEC_WRITE = 5
-    CU_STAT = 6
-    START_COPYBO = 7
-    START_DPU = 18
-    CMD_CHAIN = 19
-    START_NPU = 20
-    START_NPU_PREEMPT = 21
+    START_CU = int(C.ERT_START_CU)
+    CONFIGURE = int(C.ERT_CONFIGURE)
+    EXIT = int(C.ERT_EXIT)
+    ABORT = int(C.ERT_ABORT)
+    EXEC_WRITE = int(C.ERT_EXEC_WRITE)
+    CU_STAT = int(C.ERT_CU_STAT)
+    START_COPYBO = int(C.ERT_START_COPYBO)
+    START_DPU = int(C.ERT_START_DPU)
+    CMD_CHAIN = int(C.ERT_CMD_CHAIN)
+    START_NPU = int(C.ERT_START_NPU)
+    START_NPU_PREEMPT = int(C.ERT_START_NPU_PREEMPT)
 
 
 class CmdType(enum.IntEnum):
-    DEFAULT = 0
-    KDS_LOCAL = 1
-    CTRL = 2
-    CU = 3
-    SCU = 4
+    DEFAULT = int(C.ERT_TYPE_DEFAULT)
+    KDS_LOCAL = int(C.ERT_TYPE_KDS_LOCAL)
+    CTRL = int(C.ERT_TYPE_CTRL)
+    CU = int(C.ERT_TYPE_CU)
+    SCU = int(C.ERT_TYPE_SCU)
 
 
 class State(enum.IntEnum):
-    INVALID = 0
-    NEW = 1
-    QUEUED = 2
-    RUNNING = 3
-    COMPLETED = 4
-    ERROR = 5
-    ABORT = 6
-    SUBMITTED = 7
-    TIMEOUT = 8
-    NORESPONSE = 9
-    SKERROR = 10
-    SKCRASHED = 11
+    INVALID = int(C.ERT_STATE_INVALID)
+    NEW = int(C.ERT_STATE_NEW)
+    QUEUED = int(C.ERT_STATE_QUEUED)
+    RUNNING = int(C.ERT_STATE_RUNNING)
+    COMPLETED = int(C.ERT_STATE_COMPLETED)
+    ERROR = int(C.ERT_STATE_ERROR)
+    ABORT = int(C.ERT_ABORT)
+    SUBMITTED = int(C.ERT_STATE_SUBMITTED)
+    TIMEOUT = int(C.ERT_STATE_TIMEOUT)
+    NORESPONSE = int(C.ERT_STATE_NORESPONSE)
+    SKERROR = int(C.ERT_STATE_SKERROR)
+    SKCRASHED = int(C.ERT_STATE_SKCRASHED)
 
 
-MAX_BYTES = 4 + 4 * 0x7FF
+MAX_BYTES = int(C.ERT_MAX_BYTES)
 """The longest command: a header's count is 11 bits."""
+
+
+_STATE_SHIFT, _STATE_MASK = int(C.ERT_STATE_SHIFT), int(C.ERT_STATE_MASK)
+_CUSTOM_SHIFT, _CUSTOM_MASK = int(C.ERT_CUSTOM_SHIFT), int(C.ERT_CUSTOM_MASK)
+_COUNT_SHIFT, _COUNT_MASK = int(C.ERT_COUNT_SHIFT), int(C.ERT_COUNT_MASK)
+_OPCODE_SHIFT, _OPCODE_MASK = int(C.ERT_OPCODE_SHIFT), int(C.ERT_OPCODE_MASK)
+_TYPE_SHIFT, _TYPE_MASK = int(C.ERT_TYPE_SHIFT), int(C.ERT_TYPE_MASK)
 
 
 def header(state: int, count: int, opcode: int, type_: int = CmdType.CU, custom: int = 0) -> int:
     """Pack an ERT header word; ValueError when a field overflows."""
     if (
-        not 0 <= state < 16
-        or not 0 <= custom < 256
-        or not 0 <= count < 2048
-        or not 0 <= opcode < 32
-        or not 0 <= type_ < 16
+        not 0 <= state <= _STATE_MASK
+        or not 0 <= custom <= _CUSTOM_MASK
+        or not 0 <= count <= _COUNT_MASK
+        or not 0 <= opcode <= _OPCODE_MASK
+        or not 0 <= type_ <= _TYPE_MASK
     ):
         raise ValueError("ERT header field out of range")
-    return (state & 0xF) | (custom << 4) | (count << 12) | (opcode << 23) | (type_ << 28)
+    return (
+        (state << _STATE_SHIFT)
+        | (custom << _CUSTOM_SHIFT)
+        | (count << _COUNT_SHIFT)
+        | (opcode << _OPCODE_SHIFT)
+        | (type_ << _TYPE_SHIFT)
+    )
 
 
 def parse_header(word: int) -> tuple[int, int, int, int, int]:
     """(state, custom, count, opcode, type) of a header word."""
-    return word & 0xF, (word >> 4) & 0xFF, (word >> 12) & 0x7FF, (word >> 23) & 0x1F, (word >> 28) & 0xF
+    return (
+        (word >> _STATE_SHIFT) & _STATE_MASK,
+        (word >> _CUSTOM_SHIFT) & _CUSTOM_MASK,
+        (word >> _COUNT_SHIFT) & _COUNT_MASK,
+        (word >> _OPCODE_SHIFT) & _OPCODE_MASK,
+        (word >> _TYPE_SHIFT) & _TYPE_MASK,
+    )
 
 
 def has_cu_mask(opcode: int) -> bool:
@@ -153,13 +179,13 @@ def start_npu(
     return ErtCommand(State.NEW, Opcode.START_NPU, CmdType.CU, 1 << cu_index, payload)
 
 
-CHAIN_HEADER_WORDS = 6
+CHAIN_HEADER_WORDS = int(C.ERT_CHAIN_HEADER_WORDS)
 """Words of ``ert_cmd_chain_data`` before its handles: count, submit index, error index, reserved[3]."""
-CHAIN_SUBMIT_WORD = 2
+CHAIN_SUBMIT_WORD = int(C.ERT_CHAIN_SUBMIT_WORD)
 """Word of a CMD_CHAIN command (header = word 0, count = word 1) the processor writes the submit index to."""
-CHAIN_ERROR_WORD = 3
+CHAIN_ERROR_WORD = int(C.ERT_CHAIN_ERROR_WORD)
 """Word of a CMD_CHAIN command the processor writes the index of the failed command to."""
-NPU_FIXED_WORDS = 4
+NPU_FIXED_WORDS = int(C.ERT_NPU_FIXED_WORDS)
 """START_NPU payload words before the kernel arguments: instruction address (2), size, property count."""
 
 
@@ -219,4 +245,4 @@ def chain_handles(cmd: ErtCommand) -> list[int]:
 def set_state(words: Any, state: int) -> None:
     """Write ``state`` into the header word ``words[0]`` of a command (as the command
     processor reports progress), keeping the header's other fields."""
-    words[0] = (int(words[0]) & ~0xF) | int(state)
+    words[0] = (int(words[0]) & ~(_STATE_MASK << _STATE_SHIFT)) | (int(state) << _STATE_SHIFT)

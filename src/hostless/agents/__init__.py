@@ -56,6 +56,9 @@ class Agent:
         self.user_kernels: dict[str, int] = {}
         self.device = "cpu"
         """Where the agent's engine reads memory: "cpu", or "cuda:N" for a cuda agent."""
+        self.capabilities: dict[str, Any] = {"native": False, "kind": kind}
+        """What the agent runs natively (a native agent's :func:`hostless.agents.native.capabilities`:
+        ``gemm`` is "blas" or "python", ``why`` says why GEMM has no BLAS)."""
         self._functions: dict[str, int] = {}  # stagefn request (JSON) -> kernel id
 
     def load_function(self, fn: Any, scalars: Sequence[Any] = (), timeout: float = 30.0) -> int:
@@ -191,9 +194,19 @@ def spawn(
     a follow-up that cannot be pushed is dropped and its signal fails with
     ERROR.  See :mod:`hostless.agents.loop` for the full rule on bad packets.
 
-    ``native=True`` (cpu agents only) runs the native agent loop instead of
-    the Python one (:mod:`hostless.agents.native`): the same rule, with the
-    built-in kernels in C and Python entered only for other kernels.
+    ``native=True`` (cpu and npu agents) runs the native agent loop instead
+    of the Python one (:mod:`hostless.agents.native`): the same rule, with the
+    built-in kernels and the npu's ERT command processor in C, Python entered
+    only for other kernels; ``agent.capabilities`` says whether GEMM runs
+    through a BLAS.  ``fixed_spin=True`` (native only) spins ``spin`` before
+    every park instead of adapting the spin to how often packets come.
+    ``idle_poll`` (native only; seconds, default 0.02; 0 = the domain's poll
+    interval): once the agent has had no packet for 100 ms it sleeps up to
+    this long between looks at its doorbell, so an idle agent costs almost no
+    CPU; a host push wakes it at once as ever, a doorbell rung by a device's
+    plain store (no wake-up) is seen within ``idle_poll`` instead of the
+    domain's poll interval (once a device has pushed into the queue, the
+    agent keeps the domain's poll interval for good).
 
     ``user_kernels`` maps names to ``"module:function"`` kernels (taking
     ``(buffers, scalars)``) the agent imports; their ids are in
@@ -214,10 +227,14 @@ def spawn(
     if not follow_timeout >= 0:
         raise ValueError("follow_timeout must be >= 0")
     native = bool(opts.pop("native", False))
+    fixed_spin = bool(opts.pop("fixed_spin", False))
+    idle_poll = float(opts.pop("idle_poll", 0.02))
+    if not idle_poll >= 0:
+        raise ValueError("idle_poll must be >= 0")
     if opts:
         raise TypeError(f"unknown options {sorted(opts)}")
-    if native and kind != "cpu":
-        raise ValueError(f"native agents serve cpu queues (not {kind} ones) for now")
+    if native and kind not in ("cpu", "npu"):
+        raise ValueError(f"native agents serve cpu and npu queues (not {kind} ones)")
     if kind in ("cuda", "gpucp"):
         from ..cuda import available
 
@@ -246,6 +263,9 @@ def spawn(
     cmd += ["--follow-timeout", repr(follow_timeout)]
     if native:
         cmd += ["--native"]
+        if fixed_spin:
+            cmd += ["--fixed-spin"]
+        cmd += ["--idle-poll", repr(idle_poll)]
     if kind in ("cuda", "gpucp"):
         cmd += ["--device", str(device)]
     ids: dict[str, int] = {}
@@ -273,4 +293,10 @@ def spawn(
     a = Agent(dom, kind, q, proc, int(line))
     a.user_kernels = ids
     a.device = f"cuda:{device}" if kind in ("cuda", "gpucp") else "cpu"
+    if native:
+        caps = proc.stdout.readline()
+        try:
+            a.capabilities = dict(json.loads(caps))
+        except ValueError:
+            pass
     return a

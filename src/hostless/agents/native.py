@@ -2,31 +2,109 @@
 
 :func:`run_native` hands the agent's queue to ``Core.agent_run`` (the engine's
 ``hle_agent_run``, ``core/agent.c``), which serves it with the GIL released:
-pop (spin, then a bounded futex sleep), check, wait on the inputs, run,
-signal, push the follow-ups, trace START / END, exactly as the Python loop
-does (the rule in :mod:`hostless.agents.loop`).  A KERNEL packet whose kernel
-is a built-in cpu kernel runs in C (``core/kernels.c``: float32, and copy of
-any dtype) with no Python at all; any other kernel (user kernels, stage
-functions loaded with ``LOAD_KERNEL``, dtypes or broadcasts the C kernels do
-not take) and every ERT packet is run by :meth:`NativeCallbacks.kernel`, with
-the GIL held only for that call, through the same :class:`AgentLoop` methods
-(so error records and ``load_function`` keep working).  Guarantees: a bad
-packet fails alone with ERROR and the agent goes on; the loop ends on STOP,
-on the spawner's death (checked while idle and between input-wait slices)
-and on a signal handler that raises (SIGTERM: the worker's ``sys.exit``; its
-exception propagates out of :func:`run_native`).  The Python callback holds
-no object between packets (its cache is emptied after each one).
+pop (an adaptive spin, then a bounded futex sleep), check, wait on the inputs,
+run, signal, push the follow-ups, trace START / END, exactly as the Python
+loop does (the rule in :mod:`hostless.agents.loop`).  cpu and npu agents:
+
+* KERNEL packets whose id maps to a built-in kernel (cpu: the ids of
+  ``CPU_KERNELS``; npu: the CU indices of ``NPU_CUS``, as the Python npu agent
+  reads a KERNEL packet's id) run in C (``core/kernels.c``: float32, copy of
+  any dtype, int8_gemm, GEMM through a dlopen'ed OpenBLAS) with no Python;
+* ERT packets are decoded and run in C (START_CU, START_NPU, CMD_CHAIN,
+  states written back as :class:`~hostless.agents.npu.ErtProcessor` does),
+  each CU by its C kernel;
+* anything else (user kernels, stage functions loaded with ``LOAD_KERNEL``,
+  dtypes or broadcasts the C kernels do not take, GEMM without a BLAS) runs in
+  Python through :meth:`NativeCallbacks.kernel` / :meth:`NativeCallbacks.cu`,
+  with the GIL held only for that call, through the same :class:`AgentLoop`
+  tables (so error records and ``load_function`` keep working).
+
+GEMM's BLAS: the ``scipy-openblas32`` wheel (``pip install 'hostless[blas]'``)
+when installed, loaded by path at agent start (the engine has no link-time
+dependency on it); ``HOSTLESS_BLAS`` overrides the path (``none``: no BLAS).
+Without one, GEMM runs in the Python kernel (NumPy), never in a hand loop;
+:func:`capabilities` says which (the spawner gets it as ``Agent.capabilities``).
+
+Guarantees: a bad packet fails alone with ERROR and the agent goes on; the
+loop ends on STOP, on the spawner's death (checked while idle and between
+input-wait slices) and on a signal handler that raises (SIGTERM: the worker's
+``sys.exit``; its exception propagates out of :func:`run_native`).  The Python
+callbacks hold no object between packets (the cache is emptied after each one).
 """
 
 from __future__ import annotations
 
-from .. import stagefn
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _core, kernels, stagefn
+from .._abi import C
 from ..kernels import CPU_KERNELS
 from ..status import Status
-from ..wire import Packet, PacketType
+from ..wire import BadPacket, Packet, PacketType
 from .loop import AgentLoop
 
-__all__ = ["NativeCallbacks", "run_native", "c_kernel_mask"]
+__all__ = ["NativeCallbacks", "run_native", "c_kernel_mask", "kernel_table", "blas_path", "capabilities"]
+
+MAX_CUS = int(C.AGENT_MAX_CUS)
+_KIND = {"cpu": int(C.AGENT_CPU), "npu": int(C.AGENT_NPU)}
+# the built-in Python kernels the engine has in C (hostless_engine.h HLE_K_*)
+_C_KERNELS: dict[Any, int] = {
+    kernels.k_copy: int(C.CK_COPY),
+    kernels.k_add: int(C.CK_ADD),
+    kernels.k_scale: int(C.CK_SCALE),
+    kernels.k_relu: int(C.CK_RELU),
+    kernels.k_gemm: int(C.CK_GEMM),
+    kernels.k_sum: int(C.CK_SUM),
+    kernels.k_softmax: int(C.CK_SOFTMAX),
+    kernels.k_conv2d: int(C.CK_CONV2D),
+    kernels.k_normalize: int(C.CK_NORMALIZE),
+    kernels.k_int8_gemm: int(C.CK_INT8_GEMM),
+}
+BLAS_THREADS = 1
+"""Threads of the agent's BLAS: an agent is one engine on one core (no BLAS threads spinning while idle)."""
+
+
+def blas_path() -> str | None:
+    """The CBLAS library the native agents load (``HOSTLESS_BLAS``, else the
+    scipy-openblas32 wheel's), or None."""
+    env = os.environ.get("HOSTLESS_BLAS")
+    if env is not None:
+        return None if env.lower() in ("", "none", "0") else env
+    try:
+        import scipy_openblas32  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+    lib = f"lib{scipy_openblas32.get_library()}.so"
+    path = os.path.join(scipy_openblas32.get_lib_dir(), lib)
+    return path if os.path.exists(path) else None
+
+
+def capabilities(kind: str) -> dict[str, Any]:
+    """What a native agent of ``kind`` runs in C: the loop, ERT, and GEMM through a BLAS or not
+    (``blas``: the library's sgemm and path; ``why``: why GEMM runs in Python instead)."""
+    loaded, why = _core.blas_probe(blas_path(), BLAS_THREADS)
+    return {
+        "native": True,
+        "kind": kind,
+        "ert": "C",
+        "gemm": "blas" if loaded else "python",
+        "blas": why if loaded else None,
+        "why": None if loaded else why,
+    }
+
+
+def kernel_table(loop: AgentLoop) -> tuple[int, bytes]:
+    """(present, kernel_map) of ``loop``'s kernels for the engine: bit ``i`` of present set when
+    id / CU ``i`` (< 32) exists; byte ``i`` of the map the C kernel that runs it (0: Python).
+    A user kernel that replaced a built-in one runs in Python."""
+    present, cmap = 0, bytearray(MAX_CUS)
+    for kid, fn in loop.kernels.items():
+        if 0 <= kid < MAX_CUS:
+            present |= 1 << kid
+            cmap[kid] = _C_KERNELS.get(fn, 0)
+    return present, bytes(cmap)
 
 
 def c_kernel_mask(loop: AgentLoop) -> int:
@@ -61,18 +139,41 @@ class NativeCallbacks:
         loop.cache.clear()  # hold nothing between packets (the Python loop empties it when idle)
         return int(status)
 
+    def cu(self, cu: int, bufs: Sequence[int], scalars: Sequence[int], signal: int) -> int:
+        """Run CU ``cu`` of an ERT command (one the C table does not run, or dtypes its
+        C kernel does not take) in Python; returns its status.  Never raises: a failure
+        is recorded for ``signal`` and returns ERROR."""
+        loop = self.loop
+        try:
+            fn = loop.kernels.get(cu)
+            if fn is None:
+                raise BadPacket(f"no CU {cu} in the loaded xclbin")
+            fn([loop.cache.view(h) for h in bufs], list(scalars))
+            status = Status.SUCCESS
+        except Exception as e:
+            loop.records.write(signal, stagefn.format_error(e))
+            status = Status.ERROR
+        loop.cache.clear()
+        return int(status)
+
     def record(self, signal: int, why: str) -> None:
         """Keep the why of a packet the C loop failed (:mod:`hostless.records`)."""
         self.loop.records.write(signal, why)
 
 
-def run_native(loop: AgentLoop) -> tuple[int, int]:
+def run_native(loop: AgentLoop, fixed_spin: bool = False, idle_poll: float = 0.0) -> dict[str, Any]:
     """Serve ``loop``'s queue with the native loop until STOP, the spawner's death or a
-    signal handler that raises; returns (packets run, packets failed or follow-ups dropped)."""
+    signal handler that raises; returns the engine's counters (packets, failures:
+    packets failed or follow-ups dropped, spins / parks of the doorbell, blas_loaded,
+    blas_why).  ``fixed_spin``: always spin ``loop.spin_ns`` (no adaptation); ``idle_poll``
+    (seconds, 0: the domain's poll interval): the longest doorbell sleep once the agent has
+    been idle 100 ms (a host push wakes it at once; a device's plain-store doorbell is seen
+    within it)."""
     cb = NativeCallbacks(loop)
     wto = -1 if loop.wait_timeout is None else int(loop.wait_timeout * 1e9)
     core = loop.dom._core
-    packets, failures = core.agent_run(
+    present, cmap = kernel_table(loop)
+    out: dict[str, Any] = core.agent_run(
         loop.queue.handle,
         int(loop.spin_ns),
         wto,
@@ -81,6 +182,14 @@ def run_native(loop: AgentLoop) -> tuple[int, int]:
         cb.kernel,
         cb.record,
         c_kernel_mask(loop),
+        _KIND.get(loop.kind, 0),
+        present,
+        cmap,
+        cb.cu,
+        blas_path(),
+        BLAS_THREADS,
+        int(fixed_spin),
+        int(max(0.0, idle_poll) * 1e9),
     )
-    loop.failures += int(failures)
-    return int(packets), int(failures)
+    loop.failures += int(out["failures"])
+    return out

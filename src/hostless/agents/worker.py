@@ -2,8 +2,10 @@
 
 :func:`hostless.agents.spawn` starts it.  It joins the domain, binds the
 queue, prints its participant id on stdout (the spawner waits for that
-line), then runs the loop of its kind: :class:`~hostless.agents.loop.AgentLoop`
-for "cpu" and "npu", :class:`~hostless.agents.cuda_agent.CudaLoop` for
+line; a native agent prints its capabilities as a JSON line after it:
+:func:`hostless.agents.native.capabilities`), then runs the loop of its kind:
+:class:`~hostless.agents.loop.AgentLoop` (or, with ``--native``, the engine's
+loop: :mod:`~hostless.agents.native`) for "cpu" and "npu", :class:`~hostless.agents.cuda_agent.CudaLoop` for
 "cuda".  It exits on a STOP packet, on SIGTERM, and when the spawner dies
 (PR_SET_PDEATHSIG plus the loop's parent checks).  User kernels are given as
 ``--user ID=module:function``.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import signal
 import sys
@@ -49,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--wait-timeout", type=float, default=60.0, help="bound on a packet's input waits (< 0: none)"
     )
-    ap.add_argument("--native", action="store_true", help="run the native (C) agent loop (cpu only)")
+    ap.add_argument("--native", action="store_true", help="run the native (C) agent loop (cpu and npu)")
+    ap.add_argument("--fixed-spin", action="store_true", help="native: always spin --spin (no adaptive spin)")
+    ap.add_argument(
+        "--idle-poll", type=float, default=0.0, help="native: longest doorbell sleep once idle (s)"
+    )
     ap.add_argument("--follow-timeout", type=float, default=10.0, help="bound on a packet's follow-up pushes")
     a = ap.parse_args(argv)
     wait_timeout = None if a.wait_timeout < 0 else a.wait_timeout
@@ -67,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     q.bind()
     if a.kind == "gpucp":
         return _run_gpucp(dom, q, a.parent, a.device)
+    native = a.native and a.kind in ("cpu", "npu")
     sys.stdout.write(f"{dom.participant_id}\n")
+    if native:
+        from .native import capabilities
+
+        sys.stdout.write(json.dumps(capabilities(a.kind)) + "\n")
     sys.stdout.flush()
     if a.kind == "cuda":
         from .cuda_agent import CudaLoop
@@ -77,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         agent = AgentLoop(dom, q, a.kind, user, a.parent, wait_timeout, follow_timeout)
     agent.spin_ns = int(max(0.0, a.spin) * 1e9)
     try:
-        if a.native and a.kind == "cpu":
+        if native:
             from .native import run_native
 
-            run_native(agent)
+            run_native(agent, fixed_spin=a.fixed_spin, idle_poll=a.idle_poll)
         else:
             agent.run()
     finally:

@@ -94,6 +94,8 @@ PyObject *Core_name_seq(Core *c, PyObject *noargs);
 
 /* agent.c: Core.agent_run (the native agent loop) */
 PyObject *Core_agent_run(Core *c, PyObject *args);
+PyObject *hlpy_blas_probe(PyObject *self, PyObject *args);
+PyObject *hlpy_agent_table(PyObject *self, PyObject *args);
 
 /* module.c: the testing table (test hooks), a separate module object. */
 PyObject *hlpy_testing_module(void);

@@ -83,6 +83,8 @@ static PyMethodDef module_methods[] = {
     {"set_status", py_set_status, METH_VARARGS, NULL},
     {"status_valid", py_status_valid, METH_O, "hl_status_valid(s): a status a fence can complete with"},
     {"layout", py_layout, METH_VARARGS, "layout(fences, participants, queues, trace, heap) -> offsets"},
+    {"agent_table", hlpy_agent_table, METH_VARARGS, "agent_table(kind, c_kernels=0) -> (present, map): an empty table's default"},
+    {"blas_probe", hlpy_blas_probe, METH_VARARGS, "blas_probe(path, threads=0) -> (loaded, why): the BLAS an agent would use"},
     {"handle_method", hlpy_handle_method, METH_O, "handle_method(i): Fence.signal/wait, Timeline.signal/wait (0..3)"},
     {"dlpack_capsule", hlpy_dlpack_capsule, METH_VARARGS,
      "dlpack_capsule(owner, data, shape, code, bits, device_type, device_id, versioned, readonly) -> capsule"},

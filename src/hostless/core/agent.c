@@ -20,6 +20,10 @@
 #define AGENT_MAX_HELD 64            /* handles one packet may hold */
 #define AGENT_HOPS 1024              /* remembered hop counts of own-queue follow-ups */
 #define AGENT_MAX_KBUFS 16           /* buffers a C kernel takes (more: the Python kernel) */
+#define AGENT_MAX_KSCALARS 8         /* scalars a C kernel takes (more: the Python kernel) */
+#define AGENT_SPIN_FLOOR_NS 20000ll  /* the least adaptive spin once packets come often */
+#define AGENT_BUSY_NS 1000000ull     /* recent waits shorter than this on average: packets come often */
+#define ERT_RECORDED 2               /* an ERT command failed in the Python CU (already recorded) */
 
 struct agent {
     hle_ctx *c;
@@ -30,6 +34,11 @@ struct agent {
     int nheld;
     uint64_t hop_idx[AGENT_HOPS];
     uint8_t hop_n[AGENT_HOPS];
+    uint8_t map[HLE_AGENT_MAX_CUS]; /* id / CU -> HLE_K_* (0: none in C) */
+    uint32_t present;               /* bit i: id / CU i exists */
+    struct hle_kenv kenv;
+    uint64_t py_status;             /* the failure status of the last Python CU */
+    uint64_t wait_avg;              /* recent doorbell wait (ns, a running average); UINT64_MAX: idle */
 };
 
 /* A decoded argument block (pointers into the held block; counts local). */
@@ -243,25 +252,169 @@ static uint64_t wait_inputs(struct agent *a, const struct hl_packet *p) {
 
 /* Run a KERNEL packet whose block is decoded: the C kernel, else the callback. */
 static uint64_t run_kernel(struct agent *a, uint64_t idx, const struct hl_packet *p, const struct kargs *k) {
-    if (hle_agent_has_kernel(p->kernel) && (a->cfg->c_kernels >> (p->kernel & 31) & 1) && k->nbuffers <= AGENT_MAX_KBUFS && k->nscalars <= 8) {
+    uint32_t ck = p->kernel < HLE_AGENT_MAX_CUS ? a->map[p->kernel] : 0;
+    if (ck && k->nbuffers <= AGENT_MAX_KBUFS && k->nscalars <= AGENT_MAX_KSCALARS) {
         struct hle_kbuf b[AGENT_MAX_KBUFS];
-        uint64_t sc[8];
+        uint64_t sc[AGENT_MAX_KSCALARS];
         for (uint32_t i = 0; i < k->nscalars; i++) sc[i] = karg_u64(k, k->sc_off, i);
         int r = HL_OK;
         for (uint32_t i = 0; i < k->nbuffers && r == HL_OK; i++) r = kbuf(a, karg_u64(k, k->buf_off, i), &b[i]);
-        if (r == HL_OK) r = hle_kernel_run(p->kernel, b, (int)k->nbuffers, sc, (int)k->nscalars);
+        if (r == HL_OK) r = hle_kernel_run(&a->kenv, ck, b, (int)k->nbuffers, sc, (int)k->nscalars);
         if (r == HL_OK) return HL_STATUS_SUCCESS;
         if (r < 0) {
             record(a, p->signal, hle_errmsg());
             return HL_STATUS_ERROR;
         }
-        /* r == 1: dtypes or shapes the C kernel leaves to the Python one */
+        /* r == 1: dtypes, shapes or a GEMM without BLAS: the Python kernel */
     }
     if (!a->cfg->python_kernel) {
-        record(a, p->signal, "BadPacket: unknown kernel (no Python kernels in this agent)");
+        char why[160];
+        if (ck)
+            snprintf(why, sizeof why, "BadPacket: kernel %u needs the Python kernel for these arguments "
+                     "(dtypes, broadcasting, more than %d buffers, or GEMM without a BLAS) and this agent has none",
+                     p->kernel, AGENT_MAX_KBUFS);
+        else
+            snprintf(why, sizeof why, "BadPacket: unknown kernel %u", p->kernel);
+        record(a, p->signal, why);
         return HL_STATUS_ERROR;
     }
     return a->cfg->python_kernel(a->cfg->ud, idx, p);
+}
+
+/* ---- ERT command buffers (the emulated NPU's command processor) ---- */
+
+static uint32_t ld32(const char *p, uint64_t w) {
+    uint32_t v;
+    memcpy(&v, p + 4 * w, 4);
+    return v;
+}
+
+static void st32(char *p, uint64_t w, uint32_t v) { memcpy(p + 4 * w, &v, 4); }
+
+static void ert_state(char *p, uint32_t state) {
+    st32(p, 0, (ld32(p, 0) & ~(HL_ERT_STATE_MASK << HL_ERT_STATE_SHIFT)) | (state << HL_ERT_STATE_SHIFT));
+}
+
+/* START_CU / START_NPU: pl[0..count) is the payload (pl[0] the cu_mask).
+ * HL_OK; < 0 with a message; ERT_RECORDED (the Python CU failed, recorded). */
+static int ert_cu(struct agent *a, const uint32_t *pl, uint32_t count, uint32_t opcode, uint64_t sig) {
+    uint32_t mask = pl[0];
+    if (mask == 0 || (mask & (mask - 1)))
+        return hle_fail(HL_E_VALUE, "BadPacket: cu_mask 0x%x must name exactly one CU", mask);
+    uint32_t cu = (uint32_t)__builtin_ctz(mask);
+    if (!(a->present >> cu & 1)) return hle_fail(HL_E_VALUE, "BadPacket: no CU %u in the loaded xclbin", cu);
+    const uint32_t *args = pl + 1;
+    uint32_t nargs = count - 1; /* count >= 1: checked by the caller */
+    if (opcode == HL_ERT_START_NPU) {
+        if (nargs < HL_ERT_NPU_FIXED_WORDS)
+            return hle_fail(HL_E_VALUE, "ValueError: START_NPU payload shorter than its fixed words");
+        args += HL_ERT_NPU_FIXED_WORDS;
+        nargs -= HL_ERT_NPU_FIXED_WORDS;
+    }
+    if (nargs == 0) return hle_fail(HL_E_VALUE, "ValueError: ERT command without arguments");
+    uint32_t nbuf = args[0];
+    if (nbuf > (nargs - 1) / 2 || (nargs - 1 - 2 * nbuf) % 2)
+        return hle_fail(HL_E_VALUE, "ValueError: ERT argument words do not match the buffer count");
+    uint32_t ns = (nargs - 1 - 2 * nbuf) / 2;
+    uint64_t hs[HL_ERT_COUNT_MASK / 2], sc[HL_ERT_COUNT_MASK / 2];
+    for (uint32_t i = 0; i < nbuf; i++) hs[i] = args[1 + 2 * i] | (uint64_t)args[2 + 2 * i] << 32;
+    for (uint32_t i = 0; i < ns; i++) sc[i] = args[1 + 2 * nbuf + 2 * i] | (uint64_t)args[2 + 2 * nbuf + 2 * i] << 32;
+    uint32_t ck = a->map[cu];
+    if (ck && nbuf <= AGENT_MAX_KBUFS && ns <= AGENT_MAX_KSCALARS) {
+        struct hle_kbuf b[AGENT_MAX_KBUFS];
+        int r = HL_OK;
+        for (uint32_t i = 0; i < nbuf && r == HL_OK; i++) r = kbuf(a, hs[i], &b[i]);
+        if (r == HL_OK) r = hle_kernel_run(&a->kenv, ck, b, (int)nbuf, sc, (int)ns);
+        if (r <= 0) return r;
+        /* 1: the Python CU */
+    }
+    if (!a->cfg->python_cu)
+        return hle_fail(HL_E_VALUE, "BadPacket: CU %u needs the Python kernel for these arguments and this agent has none",
+                        cu);
+    uint64_t st = a->cfg->python_cu(a->cfg->ud, cu, hs, nbuf, sc, ns, sig);
+    if (st == HL_STATUS_SUCCESS) return HL_OK;
+    a->py_status = st;
+    return ERT_RECORDED;
+}
+
+static int ert_run(struct agent *a, uint64_t h, int chained, uint64_t sig);
+
+/* CMD_CHAIN: pl[0..count) its payload, p its buffer (at least 4 * (1 + count) bytes). */
+static int ert_chain(struct agent *a, char *p, const uint32_t *pl, uint32_t count, uint64_t sig) {
+    if (count < HL_ERT_CHAIN_HEADER_WORDS)
+        return hle_fail(HL_E_VALUE, "ValueError: CMD_CHAIN payload shorter than its fixed words");
+    uint32_t n = pl[0];
+    if (n > (count - HL_ERT_CHAIN_HEADER_WORDS) / 2)
+        return hle_fail(HL_E_VALUE, "ValueError: CMD_CHAIN payload shorter than its command count");
+    for (uint32_t i = 0; i < n; i++) {
+        st32(p, HL_ERT_CHAIN_SUBMIT_WORD, i);
+        const uint32_t *w = pl + HL_ERT_CHAIN_HEADER_WORDS + 2 * i;
+        int r = ert_run(a, w[0] | (uint64_t)w[1] << 32, 1, sig);
+        if (r) {
+            st32(p, HL_ERT_CHAIN_ERROR_WORD, i);
+            return r;
+        }
+    }
+    return HL_OK;
+}
+
+/* Run the ERT command in buffer h (held for the call).  HL_OK; < 0 with a
+ * message; ERT_RECORDED. */
+static int ert_run(struct agent *a, uint64_t h, int chained, uint64_t sig) {
+    int mark = a->nheld;
+    int r = hold(a, h, HL_KIND_BUFFER);
+    if (r) return r;
+    uint64_t n = 0;
+    char *p = hl_buffer_data(&a->c->dv, h, &n);
+    if (!p) {
+        r = hle_fail(HL_E_HANDLE, "BadPacket: command buffer 0x%llx is not a live buffer", (unsigned long long)h);
+        goto out;
+    }
+    if (n < 4) {
+        r = hle_fail(HL_E_VALUE, "ValueError: ERT command shorter than its header");
+        goto out;
+    }
+    uint64_t lim = n < HL_ERT_MAX_BYTES ? n : HL_ERT_MAX_BYTES;
+    uint32_t hdr = ld32(p, 0);
+    uint32_t count = (hdr >> HL_ERT_COUNT_SHIFT) & HL_ERT_COUNT_MASK;
+    uint32_t opcode = (hdr >> HL_ERT_OPCODE_SHIFT) & HL_ERT_OPCODE_MASK;
+    uint32_t masks = opcode != HL_ERT_CMD_CHAIN;
+    if (count < masks || count > (lim - 4) / 4) {
+        ert_state(p, HL_ERT_STATE_ERROR);
+        r = hle_fail(HL_E_VALUE, "ValueError: ERT command count %u does not fit a %llu-byte buffer", count,
+                     (unsigned long long)lim);
+        goto out;
+    }
+    uint32_t pl[HL_ERT_COUNT_MASK];
+    memcpy(pl, p + 4, 4 * (size_t)count);
+    ert_state(p, HL_ERT_STATE_RUNNING);
+    if (opcode == HL_ERT_CMD_CHAIN) {
+        if (chained)
+            r = hle_fail(HL_E_VALUE, "BadPacket: a chained command cannot be a CMD_CHAIN");
+        else
+            r = ert_chain(a, p, pl, count, sig);
+    } else if (opcode == HL_ERT_START_CU || opcode == HL_ERT_START_NPU) {
+        r = ert_cu(a, pl, count, opcode, sig);
+    } else {
+        r = hle_fail(HL_E_VALUE, "BadPacket: unsupported ERT opcode %u", opcode);
+    }
+    ert_state(p, r == HL_OK ? HL_ERT_STATE_COMPLETED : HL_ERT_STATE_ERROR);
+out:
+    while (a->nheld > mark) hle_release(a->c, a->held[--a->nheld]);
+    return r;
+}
+
+/* An ERT packet whose block is decoded: its first buffer is the command. */
+static uint64_t run_ert(struct agent *a, const struct hl_packet *p, const struct kargs *k) {
+    if (k->nbuffers == 0) {
+        record(a, p->signal, "BadPacket: ERT packet without a command buffer");
+        return HL_STATUS_ERROR;
+    }
+    int r = ert_run(a, karg_u64(k, k->buf_off, 0), 0, p->signal);
+    if (r == HL_OK) return HL_STATUS_SUCCESS;
+    if (r == ERT_RECORDED) return a->py_status;
+    record(a, p->signal, hle_errmsg());
+    return HL_STATUS_ERROR;
 }
 
 static uint8_t hops_take(struct agent *a, uint64_t idx) {
@@ -325,10 +478,8 @@ static void execute(struct agent *a, uint64_t idx, const struct hl_packet *p, ui
             have_args = 1;
             if (p->type == HL_PKT_KERNEL)
                 status = run_kernel(a, idx, p, &k);
-            else if (a->cfg->python_kernel)
-                status = a->cfg->python_kernel(a->cfg->ud, idx, p);
             else
-                status = HL_STATUS_ERROR;
+                status = run_ert(a, p, &k);
         }
     }
     finish(a, p, status, idx);
@@ -342,6 +493,60 @@ static void execute(struct agent *a, uint64_t idx, const struct hl_packet *p, ui
     release_all(a);
 }
 
+void hle_agent_default_table(const struct hle_agent_cfg *cfg, uint32_t *present, uint8_t *map) {
+    memset(map, 0, HLE_AGENT_MAX_CUS);
+    *present = 0;
+    if (cfg->kind == HLE_AGENT_NPU) {
+        struct hle_agent_cfg t;
+        memset(&t, 0, sizeof t);
+        hle_agent_npu_cus(&t);
+        memcpy(map, t.kernel_map, HLE_AGENT_MAX_CUS);
+        *present = t.present;
+        return;
+    }
+    for (uint32_t i = 1; i < HLE_AGENT_MAX_CUS; i++)
+        if ((cfg->c_kernels >> i & 1) && hle_agent_has_kernel(i) && i != HLE_K_INT8_GEMM) {
+            map[i] = (uint8_t)i;
+            *present |= 1u << i;
+        }
+    if (cfg->python_kernel || cfg->python_cu) *present = UINT32_MAX; /* Python knows the rest */
+}
+
+/* The kernel table (contract in hostless_engine.h). */
+static void load_table(struct agent *a) {
+    struct hle_agent_cfg *cfg = a->cfg;
+    int empty = cfg->present == 0;
+    for (int i = 0; i < HLE_AGENT_MAX_CUS; i++)
+        if (cfg->kernel_map[i]) empty = 0;
+    if (empty) {
+        hle_agent_default_table(cfg, &a->present, a->map);
+        return;
+    }
+    for (int i = 0; i < HLE_AGENT_MAX_CUS; i++) a->map[i] = hle_agent_has_kernel(cfg->kernel_map[i]) ? cfg->kernel_map[i] : 0;
+    a->present = cfg->present;
+    for (int i = 0; i < HLE_AGENT_MAX_CUS; i++)
+        if (a->map[i]) a->present |= 1u << i;
+}
+
+/* The doorbell spin for the next pop (contract in hostless_engine.h).  The
+ * measured wait of a pop that parked includes the wake-up (tens of us in a
+ * VM): packets that come within AGENT_BUSY_NS of each other count as frequent
+ * even when the wake-up alone is longer than spin_ns. */
+static int64_t next_spin(const struct agent *a) {
+    int64_t max = a->cfg->spin_ns > 0 ? a->cfg->spin_ns : 0;
+    if (a->cfg->fixed_spin || max == 0) return max;
+    uint64_t busy = (uint64_t)max > AGENT_BUSY_NS ? (uint64_t)max : AGENT_BUSY_NS;
+    if (a->wait_avg >= busy) return 0; /* packets come rarely: park at once */
+    uint64_t s = 4 * a->wait_avg;
+    if (s < AGENT_SPIN_FLOOR_NS) s = AGENT_SPIN_FLOOR_NS;
+    return s < (uint64_t)max ? (int64_t)s : max;
+}
+
+static void note_wait(struct agent *a, uint64_t waited) {
+    if (waited > 1000000000ull) waited = 1000000000ull;
+    a->wait_avg = a->wait_avg == UINT64_MAX ? waited : (a->wait_avg + waited) / 2;
+}
+
 int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
     int r = hle_need_attached(c);
     if (r) return r;
@@ -350,10 +555,15 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
     a->c = c;
     a->q = queue;
     a->cfg = cfg;
+    a->wait_avg = UINT64_MAX;
+    load_table(a);
+    cfg->blas_loaded = hle_blas_load(&a->kenv, cfg->blas_path, cfg->blas_threads, cfg->blas_why, sizeof cfg->blas_why);
     if ((r = hle_import(c, queue, HL_KIND_QUEUE))) goto out_free;
     if ((r = hle_queue_bind(c, queue))) goto out;
     struct hl_qview v;
     if ((r = hle_queue_view(c, queue, &v))) goto out;
+    uint64_t last_packet = now_ns();
+    int device_seen = 0;
     while (!a->stop) {
         if (CLOSING(c)) {
             r = hle_closed_error(c, "the domain was closed while the agent ran");
@@ -361,12 +571,24 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
         }
         struct hl_packet p;
         uint64_t idx;
-        r = hle_queue_pop(c, queue, AGENT_IDLE_NS, cfg->spin_ns, &idx, &p);
+        int64_t spin = next_spin(a);
+        if (spin) cfg->spins++;
+        else cfg->parks++;
+        uint64_t t0 = now_ns();
+        uint64_t nap = 0;
+        uint32_t producer = 0;
+        if (cfg->idle_nap_ns > 0 && !device_seen && t0 - last_packet >= (uint64_t)HLE_AGENT_IDLE_AFTER_NS)
+            nap = (uint64_t)(cfg->idle_nap_ns < AGENT_IDLE_NS ? cfg->idle_nap_ns : AGENT_IDLE_NS);
+        r = hle_queue_pop_nap(c, queue, AGENT_IDLE_NS, spin, nap, &idx, &p, &producer);
         if (r == HL_E_TIMEOUT) {
+            a->wait_avg = UINT64_MAX; /* idle: park at once */
             if (cfg->should_stop && cfg->should_stop(cfg->ud)) break;
             continue;
         }
         if (r) goto out;
+        last_packet = now_ns();
+        note_wait(a, last_packet - t0);
+        if (producer == HL_PRODUCER_DEVICE) device_seen = 1; /* a device rings by stores: keep poll_ns */
         uint8_t hops = hops_take(a, idx);
         if (p.type == HL_PKT_STOP) {
             finish(a, &p, HL_STATUS_SUCCESS, idx);

@@ -358,6 +358,7 @@ struct hle_waiter {
     uint64_t spin_ns;     /* spin phase; 0: sleep at once */
     int yield_in_spin;    /* sched_yield every 1024 spins (a polling consumer on few cores) */
     int interruptible;    /* hooks.interrupted is called every slice */
+    uint64_t nap_ns;      /* longest sleep before polling again; 0: the domain's poll_ns */
 };
 int hle_wait_loop(hle_ctx *c, struct hle_waiter *w, void **token);
 /* The context whose interrupt hook this thread is running, and how many
@@ -406,6 +407,13 @@ int hle_queue_push_unlocked(hle_ctx *c, uint64_t h, const struct hl_packet *p, i
  * HL_OK with *idx and *out; HL_E_TIMEOUT; HL_E_HANDLE / HL_E_CORRUPT;
  * HL_E_INVALID (not its consumer); HL_E_CLOSED / HL_E_CORRUPT; HL_E_INTR. */
 int hle_queue_pop(hle_ctx *c, uint64_t h, int64_t timeout_ns, int64_t spin_ns, uint64_t *idx, struct hl_packet *out);
+/* hle_queue_pop with its sleeps bounded by nap_ns instead of the domain's
+ * poll_ns (0: poll_ns): a doorbell rung by a plain store (a device) is then
+ * seen within nap_ns; a host push wakes the sleeper at once either way.
+ * *producer (may be NULL): the cell's producer of the packet taken (a
+ * participant index, or HL_PRODUCER_DEVICE). */
+int hle_queue_pop_nap(hle_ctx *c, uint64_t h, int64_t timeout_ns, int64_t spin_ns, uint64_t nap_ns, uint64_t *idx,
+                      struct hl_packet *out, uint32_t *producer);
 /* Test hook: reserve a cell, write only its signal handle and stop (a
  * producer killed while filling).  HL_OK with *w; HL_E_QUEUE_FULL. */
 int hle_queue_reserve_stuck(hle_ctx *c, uint64_t h, uint64_t sig, uint64_t *w);
@@ -432,7 +440,18 @@ struct hle_kbuf {
  * the C kernel does not take these dtypes / shapes (the caller hands the
  * packet to the Python kernel); HL_E_VALUE with a message when the arguments
  * are wrong whatever the implementation (counts, shapes, work bound). */
-int hle_kernel_run(uint32_t kernel, struct hle_kbuf *b, int n, const uint64_t *scalars, int ns);
+/* A CBLAS sgemm (row-major order 101, no-transpose 111; 32-bit ints). */
+typedef void (*hle_sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                             const float *b, int ldb, float beta, float *c, int ldc);
+struct hle_kenv {
+    hle_sgemm_fn sgemm; /* NULL: no BLAS (GEMM returns 1: the Python kernel) */
+};
+/* dlopen `path` and find its sgemm (scipy_cblas_sgemm, then cblas_sgemm);
+ * threads > 0 sets its thread count.  1 on success (why: the library),
+ * 0 without (why: the reason).  The library stays loaded. */
+int hle_blas_load(struct hle_kenv *env, const char *path, int threads, char *why, size_t n);
+int hle_kernel_run(const struct hle_kenv *env, uint32_t kernel, struct hle_kbuf *b, int n, const uint64_t *scalars,
+                   int ns);
 
 /* ---- SIGBUS guard (guard.c) ---- */
 /* Put [lo, hi) under the guard: a truncation seen there marks c truncated. */

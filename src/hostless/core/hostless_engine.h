@@ -163,8 +163,8 @@ uint32_t hle_name_seq(hle_ctx *c);
 /* ---- the native agent loop (agent.c, kernels.c) ----
  * hle_agent_run serves one queue as its consumer, in C, until a STOP packet,
  * cfg->should_stop() returning nonzero (asked while idle, every 64 packets
- * and between the slices of an input wait), or the domain closing.  It follows the rule of
- * hostless.agents.loop (a bad packet fails alone with ERROR; a failed input
+ * and between the slices of an input wait), or the domain closing.  It
+ * follows the rule of hostless.agents.loop (a bad packet fails alone with ERROR; a failed input
  * passes its status on without running the work; the follow-ups of a failed
  * packet fail too, at most HLE_AGENT_FAIL_DEPTH deep and HLE_AGENT_FAIL_BUDGET
  * signals; input waits bounded by wait_timeout_ns; follow-up pushes share a
@@ -172,36 +172,105 @@ uint32_t hle_name_seq(hle_ctx *c);
  * chain through it is cut after HLE_AGENT_HOP_LIMIT hops).  Every count of an
  * argument block is checked against the block's size by subtraction; every
  * handle is imported with its kind and generation checked; a buffer's
- * metadata must agree with its size.  KERNEL packets whose kernel id is in the
- * C table (hle_agent_kernel) run with no callback; any other KERNEL and every
- * ERT packet goes to cfg->python_kernel (NULL: they fail with ERROR).
+ * metadata must agree with its size.
+ * Kernels: ids (KERNEL packets) and CU indices (ERT commands) below
+ * HLE_AGENT_MAX_CUS share one table, as the Python agents' do (an npu agent's
+ * KERNEL packet names a CU index): kernel_map[i] is the built-in C kernel
+ * (HLE_K_*) of id / CU i, 0 for none; `present` bit i says id / CU i exists
+ * at all (a C or a Python kernel).  A table left all zero is filled from
+ * `kind`: HLE_AGENT_CPU maps id i to HLE_K_i for each bit i of c_kernels;
+ * HLE_AGENT_NPU loads the emulated NPU's xclbin (hle_agent_npu_cus).
+ * KERNEL packets whose id maps to a C kernel run with no callback; any other
+ * KERNEL goes to cfg->python_kernel (NULL: it fails with ERROR).  ERT packets
+ * are decoded and run in C (START_CU, START_NPU, CMD_CHAIN; states written
+ * back into the command's header word); a CU without a C kernel, or whose C
+ * kernel does not take those dtypes, runs through cfg->python_cu (NULL: the
+ * command fails with ERROR).  A malformed command (header count past its
+ * buffer, a cu_mask naming no CU or several, a CU not in the table, argument
+ * words that do not match their counts, a chained command out of its payload
+ * or itself a CMD_CHAIN, an unsupported opcode) fails its packet with ERROR,
+ * its state ERROR.
+ * GEMM (HLE_K_GEMM, f32) runs through a CBLAS sgemm dlopen'ed at agent start
+ * from cfg->blas_path (OpenBLAS: `scipy_cblas_sgemm` of the scipy-openblas32
+ * wheel, or a plain `cblas_sgemm`); without it GEMM is not a C kernel and
+ * goes to the Python callback (cfg->blas_loaded says which, cfg->blas_why why).
+ * Doorbell: spin at most spin_ns before parking on the futex, scaled by the
+ * recent wait for a packet (a running average): 4x that wait, at least
+ * 20 us, at most spin_ns, while the average is below max(spin_ns, 1 ms)
+ * (a parked pop's wait includes its wake-up); park at once when packets
+ * come rarer than that, and after every idle slice; cfg->fixed_spin = 1
+ * always spins spin_ns.  An agent idle for HLE_AGENT_IDLE_AFTER_NS sleeps up
+ * to cfg->idle_nap_ns at a time (when longer than the domain's poll_ns)
+ * instead of poll_ns: a host push wakes it at once as ever, a doorbell rung
+ * by a plain store (a device) is seen within idle_nap_ns; 0 keeps poll_ns.
+ * Once a device (HL_PRODUCER_DEVICE) has pushed into the queue the agent
+ * keeps the domain's poll_ns for good.
  * cfg->record (may be NULL) is told why a packet failed in C.
  * The calling thread must be the only user of the context's blocking calls
  * while it runs (its GIL hooks must be unset: the loop never relocks).
  * Returns HL_OK (STOP or should_stop); HL_E_CLOSED / HL_E_CORRUPT (the domain
  * closed or was truncated); HL_E_HANDLE / HL_E_INVALID (the queue cannot be
- * held or bound). */
+ * held or bound).
+ * The struct grows at its end only: zero-initialize it ({0} or memset) and
+ * set the fields you use; new fields keep the old behaviour at zero. */
 #define HLE_AGENT_HOP_LIMIT 64
 #define HLE_AGENT_FAIL_DEPTH 16
 #define HLE_AGENT_FAIL_BUDGET 256
+#define HLE_AGENT_MAX_CUS 32
+#define HLE_AGENT_IDLE_AFTER_NS 100000000ll /* 100 ms without a packet: idle (idle_nap_ns) */
+#define HLE_AGENT_CPU 0u
+#define HLE_AGENT_NPU 1u
+/* built-in C kernels (HLE_K_1..9 are also hostless.kernels.CPU_KERNELS' ids) */
+#define HLE_K_COPY 1u
+#define HLE_K_ADD 2u
+#define HLE_K_SCALE 3u
+#define HLE_K_RELU 4u
+#define HLE_K_GEMM 5u
+#define HLE_K_SUM 6u
+#define HLE_K_SOFTMAX 7u
+#define HLE_K_CONV2D 8u
+#define HLE_K_NORMALIZE 9u
+#define HLE_K_INT8_GEMM 10u /* npu CU 0 only (no cpu kernel id) */
 struct hl_packet;
 struct hle_agent_cfg {
-    int64_t spin_ns;           /* doorbell spin before parking on the futex */
+    int64_t spin_ns;           /* doorbell spin before parking on the futex (the adaptive bound) */
     int64_t wait_timeout_ns;   /* bound on a packet's input waits (< 0: none) */
     int64_t follow_timeout_ns; /* shared deadline of one packet's follow-up pushes */
     void *ud;                  /* passed to the callbacks */
     int (*should_stop)(void *ud);
-    /* Run packet idx (a KERNEL not in the C table, or an ERT packet); returns
-     * an HL_STATUS_* (SUCCESS or the failure status). */
+    /* Run packet idx (a KERNEL not in the C table); returns an HL_STATUS_*
+     * (SUCCESS or the failure status). */
     uint64_t (*python_kernel)(void *ud, uint64_t idx, const struct hl_packet *p);
     void (*record)(void *ud, uint64_t signal, const char *why);
-    uint32_t c_kernels;         /* bit i: C kernel i may run (0: none; a user kernel of that id wins) */
+    uint32_t c_kernels;         /* cpu kind, empty table: bit i: C kernel i may run as id i */
     uint64_t packets, failures; /* out: packets run, packets failed and follow-ups dropped */
+    /* ---- since the native NPU (issue 11) ---- */
+    uint32_t kind;              /* HLE_AGENT_CPU / HLE_AGENT_NPU: the default kernel table */
+    uint32_t present;           /* bit i: id / CU i exists (0 with an empty table: derived from it) */
+    uint8_t kernel_map[HLE_AGENT_MAX_CUS]; /* id / CU i -> HLE_K_*, 0: none in C */
+    /* Run CU `cu` of an ERT command on buffers bufs[nbuf] and scalars[ns]
+     * (the CUs the C table does not run); the packet's signal is given for
+     * the failure record.  Returns HL_STATUS_SUCCESS or a failure status. */
+    uint64_t (*python_cu)(void *ud, uint32_t cu, const uint64_t *bufs, uint32_t nbuf, const uint64_t *scalars,
+                          uint32_t ns, uint64_t signal);
+    const char *blas_path;      /* CBLAS library to dlopen (NULL / "": none) */
+    int32_t blas_threads;       /* > 0: set the BLAS's thread count (1 suits an agent on one core) */
+    int32_t fixed_spin;         /* 1: always spin spin_ns (0, the default: the adaptive spin) */
+    int32_t blas_loaded;        /* out: 1 when GEMM runs through the BLAS */
+    char blas_why[200];         /* out: the library loaded, or why none was */
+    uint64_t parks, spins;      /* out: pops that parked at once / that spun first (statistics) */
+    int64_t idle_nap_ns;        /* longest doorbell sleep once idle (0: the domain's poll_ns) */
 };
 int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg);
 
-/* The C kernel table: 1 when `kernel` is a built-in C kernel id. */
+/* The C kernel table: 1 when `kernel` is a built-in C kernel (HLE_K_*). */
 int hle_agent_has_kernel(uint32_t kernel);
+/* The emulated NPU's xclbin (hostless.kernels.NPU_CUS): sets present and
+ * kernel_map of cfg (CU 0 int8_gemm, 1 gemm, 2 relu, 3 softmax, 4 conv2d, 5 copy). */
+void hle_agent_npu_cus(struct hle_agent_cfg *cfg);
+/* The table hle_agent_run uses when cfg's is empty (kind, c_kernels, and
+ * whether cfg has Python callbacks): *present and map[HLE_AGENT_MAX_CUS]. */
+void hle_agent_default_table(const struct hle_agent_cfg *cfg, uint32_t *present, uint8_t *map);
 
 /* ---- frame programs (frame.c) ----
  * What a host does per frame of a prepared pipeline (hostless.graph), as a

@@ -1,32 +1,88 @@
 /*
- * kernels.c -- the built-in cpu kernels in C (ids of hostless.kernels.CPU_KERNELS).
+ * kernels.c -- the built-in kernels in C (ids of hostless.kernels.CPU_KERNELS,
+ * plus int8_gemm, the NPU's CU 0), and the BLAS the GEMM runs through.
  *
  * float32 buffers ("<f4") with the shapes hostless.kernels accepts; copy
- * takes any dtypes.  What the C kernels do not take (other dtypes, NumPy
+ * takes any dtypes; int8_gemm int8 x int8 -> int32 (wrapping as NumPy's int32
+ * matmul does).  GEMM is a CBLAS sgemm (dlopen'ed by hle_blas_load, so the
+ * engine has no link-time dependency on it) or, without one, the Python
+ * kernel: never a hand loop.  What the C kernels do not take (other dtypes, NumPy
  * broadcasting) returns 1 and runs in the Python kernel, which has the same
  * result; arguments wrong for every implementation (buffer counts, shapes,
  * scalars, the work bound) fail with HL_E_VALUE and a message (the words of
  * hostless.kernels).  Buffer convention: inputs first, the output last.
  */
+#include <dlfcn.h>
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "engine.h"
 
-#define K_COPY 1u
-#define K_ADD 2u
-#define K_SCALE 3u
-#define K_RELU 4u
-#define K_GEMM 5u
-#define K_SUM 6u
-#define K_SOFTMAX 7u
-#define K_CONV2D 8u
-#define K_NORMALIZE 9u
+#define K_COPY HLE_K_COPY
+#define K_ADD HLE_K_ADD
+#define K_SCALE HLE_K_SCALE
+#define K_RELU HLE_K_RELU
+#define K_GEMM HLE_K_GEMM
+#define K_SUM HLE_K_SUM
+#define K_SOFTMAX HLE_K_SOFTMAX
+#define K_CONV2D HLE_K_CONV2D
+#define K_NORMALIZE HLE_K_NORMALIZE
+#define K_INT8_GEMM HLE_K_INT8_GEMM
 #define MAX_WORK (1ull << 34) /* hostless.kernels.MAX_WORK */
 
-int hle_agent_has_kernel(uint32_t kernel) { return kernel >= K_COPY && kernel <= K_NORMALIZE; }
+int hle_agent_has_kernel(uint32_t kernel) { return kernel >= K_COPY && kernel <= K_INT8_GEMM; }
+
+void hle_agent_npu_cus(struct hle_agent_cfg *cfg) {
+    static const uint8_t cus[] = {K_INT8_GEMM, K_GEMM, K_RELU, K_SOFTMAX, K_CONV2D, K_COPY};
+    memset(cfg->kernel_map, 0, sizeof cfg->kernel_map);
+    cfg->present = 0;
+    for (unsigned i = 0; i < sizeof cus; i++) {
+        cfg->kernel_map[i] = cus[i];
+        cfg->present |= 1u << i;
+    }
+}
+
+int hle_blas_load(struct hle_kenv *env, const char *path, int threads, char *why, size_t n) {
+    env->sgemm = NULL;
+    if (!path || !*path) {
+        snprintf(why, n, "no BLAS library given (install scipy-openblas32): GEMM runs in the Python kernel");
+        return 0;
+    }
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *e = dlerror();
+        snprintf(why, n, "cannot load %s (%s): GEMM runs in the Python kernel", path, e ? e : "?");
+        return 0;
+    }
+    static const char *const names[] = {"scipy_cblas_sgemm", "cblas_sgemm"};
+    static const char *const thr[] = {"scipy_openblas_set_num_threads", "openblas_set_num_threads"};
+    for (int i = 0; i < 2; i++) {
+        void *f = dlsym(lib, names[i]);
+        if (!f) continue;
+        if (threads > 0) {
+            void *t = dlsym(lib, thr[i]);
+            if (t) ((void (*)(int))t)(threads);
+        }
+        memcpy(&env->sgemm, &f, sizeof f);
+        snprintf(why, n, "%s from %s", names[i], path);
+        return 1;
+    }
+    snprintf(why, n, "%s has no cblas_sgemm: GEMM runs in the Python kernel", path);
+    dlclose(lib);
+    return 0;
+}
 
 static int is_f32(const struct hle_kbuf *b) { return strcmp(b->dtype, "<f4") == 0 && b->itemsize == 4; }
+static int is_dt(const struct hle_kbuf *b, const char *dt, uint32_t size) {
+    return strcmp(b->dtype, dt) == 0 && b->itemsize == size;
+}
+
+/* Do the bytes of x and y overlap (an output aliasing an input: NumPy copies, we hand it over)? */
+static int overlap(const struct hle_kbuf *x, const struct hle_kbuf *y) {
+    return x->nbytes && y->nbytes && x->data < y->data + y->nbytes && y->data < x->data + x->nbytes;
+}
 
 static int same_shape(const struct hle_kbuf *x, const struct hle_kbuf *y) {
     if (x->ndim != y->ndim) return 0;
@@ -162,24 +218,53 @@ static int k_normalize(struct hle_kbuf *b, int n, const uint64_t *s, int ns) {
     return HL_OK;
 }
 
-static int k_gemm(struct hle_kbuf *b, int n) {
-    int r = need("gemm", n, 3);
+/* The shape checks of hostless.kernels.k_gemm / k_int8_gemm (every dtype). */
+static int gemm_shapes(const char *name, struct hle_kbuf *b, int n, uint64_t *m, uint64_t *kk, uint64_t *nn) {
+    int r = need(name, n, 3);
     if (r) return r;
     if (b[0].ndim != 2 || b[1].ndim != 2 || b[2].ndim != 2 || b[0].shape[1] != b[1].shape[0] ||
         b[2].shape[0] != b[0].shape[0] || b[2].shape[1] != b[1].shape[1])
-        return hle_fail(HL_E_VALUE, "ValueError: gemm: shapes do not match");
-    uint64_t m = b[0].shape[0], kk = b[0].shape[1], nn = b[1].shape[1];
-    if ((r = work("gemm", m, kk, nn, 1))) return r;
+        return hle_fail(HL_E_VALUE, "ValueError: %s: shapes do not match", name);
+    *m = b[0].shape[0], *kk = b[0].shape[1], *nn = b[1].shape[1];
+    return work(name, *m, *kk, *nn, 1);
+}
+
+static int k_gemm(const struct hle_kenv *env, struct hle_kbuf *b, int n) {
+    uint64_t m, kk, nn;
+    int r = gemm_shapes("gemm", b, n, &m, &kk, &nn);
+    if (r) return r;
     if (!is_f32(&b[0]) || !is_f32(&b[1]) || !is_f32(&b[2])) return 1;
-    const float *A = (const float *)b[0].data, *W = (const float *)b[1].data;
-    float *O = (float *)b[2].data;
+    if (!env || !env->sgemm) return 1; /* no BLAS: the Python kernel (NumPy's BLAS), never a hand loop */
+    if (m > INT_MAX || kk > INT_MAX || nn > INT_MAX) return 1;
+    if (overlap(&b[2], &b[0]) || overlap(&b[2], &b[1])) return 1; /* NumPy copies an aliased operand */
+    if (m == 0 || nn == 0) return HL_OK;
+    if (kk == 0) {
+        memset(b[2].data, 0, b[2].nbytes);
+        return HL_OK;
+    }
+    env->sgemm(101, 111, 111, (int)m, (int)nn, (int)kk, 1.0f, (const float *)b[0].data, (int)kk,
+               (const float *)b[1].data, (int)nn, 0.0f, (float *)b[2].data, (int)nn);
+    return HL_OK;
+}
+
+/* int8 (m, k) x int8 (k, n) -> int32 (m, n), wrapping modulo 2**32 as NumPy's int32 matmul. */
+static int k_int8_gemm(struct hle_kbuf *b, int n) {
+    int r = need("int8_gemm", n, 3);
+    if (r) return r;
+    if (!is_dt(&b[0], "|i1", 1) || !is_dt(&b[1], "|i1", 1) || !is_dt(&b[2], "<i4", 4))
+        return hle_fail(HL_E_VALUE, "ValueError: int8_gemm takes int8 inputs and an int32 output");
+    uint64_t m, kk, nn;
+    if ((r = gemm_shapes("int8_gemm", b, n, &m, &kk, &nn))) return r;
+    if (overlap(&b[2], &b[0]) || overlap(&b[2], &b[1])) return 1;
+    const int8_t *A = (const int8_t *)b[0].data, *W = (const int8_t *)b[1].data;
+    uint32_t *O = (uint32_t *)b[2].data;
     for (uint64_t i = 0; i < m; i++) {
-        float *orow = O + i * nn;
-        for (uint64_t j = 0; j < nn; j++) orow[j] = 0.0f;
+        uint32_t *orow = O + i * nn;
+        for (uint64_t j = 0; j < nn; j++) orow[j] = 0;
         for (uint64_t p = 0; p < kk; p++) {
-            float av = A[i * kk + p];
-            const float *wr = W + p * nn;
-            for (uint64_t j = 0; j < nn; j++) orow[j] += av * wr[j];
+            uint32_t av = (uint32_t)(int32_t)A[i * kk + p];
+            const int8_t *wr = W + p * nn;
+            for (uint64_t j = 0; j < nn; j++) orow[j] += av * (uint32_t)(int32_t)wr[j];
         }
     }
     return HL_OK;
@@ -195,6 +280,7 @@ static int k_conv2d(struct hle_kbuf *b, int n) {
     uint64_t oh = H - kh + 1, ow = W - kw + 1;
     if ((r = work("conv2d", oh, ow, kh, kw))) return r;
     if (!is_f32(&b[0]) || !is_f32(&b[1]) || !is_f32(&b[2])) return 1;
+    if (kh == 0 || kw == 0 || overlap(&b[2], &b[0]) || overlap(&b[2], &b[1])) return 1; /* NumPy's edge rules */
     const float *img = (const float *)b[0].data, *ker = (const float *)b[1].data;
     float *o = (float *)b[2].data;
     for (uint64_t i = 0; i < oh; i++)
@@ -207,13 +293,14 @@ static int k_conv2d(struct hle_kbuf *b, int n) {
     return HL_OK;
 }
 
-int hle_kernel_run(uint32_t kernel, struct hle_kbuf *b, int n, const uint64_t *s, int ns) {
+int hle_kernel_run(const struct hle_kenv *env, uint32_t kernel, struct hle_kbuf *b, int n, const uint64_t *s, int ns) {
     switch (kernel) {
     case K_COPY: return k_copy(b, n);
     case K_ADD: return k_add(b, n);
     case K_SCALE: return k_scale(b, n, s, ns);
     case K_RELU: return k_relu(b, n);
-    case K_GEMM: return k_gemm(b, n);
+    case K_GEMM: return k_gemm(env, b, n);
+    case K_INT8_GEMM: return k_int8_gemm(b, n);
     case K_SUM: return k_sum(b, n);
     case K_SOFTMAX: return k_softmax(b, n);
     case K_CONV2D: return k_conv2d(b, n);

@@ -159,6 +159,7 @@ struct pop_wait {
     struct hl_qview *v;
     uint64_t r;
     struct hl_packet *out;
+    uint32_t producer; /* of the packet taken: a participant index or HL_PRODUCER_DEVICE */
 };
 
 static int cell_ready(uint64_t cl, uint64_t r) {
@@ -178,6 +179,7 @@ static int pop_poll(void *a) {
     if (!cell_ready(cl, r)) return 0;
     uint32_t stt = HL_CELL_STATE(cl);
     if (stt == HL_CELL_READY) memcpy(x->out, &v->packets[r & mask], sizeof *x->out);
+    x->producer = HL_CELL_PRODUCER(cl);
     st(&v->cells[r & mask], HL_CELL(r + v->capacity, 0, HL_CELL_FREE));
     st(&q->read_index, r + 1);
     if (__atomic_load_n(&q->space_waiters, __ATOMIC_SEQ_CST))
@@ -204,15 +206,20 @@ static int pop_sleep(void *a, uint64_t nap) {
 }
 
 int hle_queue_pop(hle_ctx *c, uint64_t h, int64_t timeout, int64_t spin, uint64_t *idx, struct hl_packet *out) {
+    return hle_queue_pop_nap(c, h, timeout, spin, 0, idx, out, NULL);
+}
+
+int hle_queue_pop_nap(hle_ctx *c, uint64_t h, int64_t timeout, int64_t spin, uint64_t nap, uint64_t *idx,
+                      struct hl_packet *out, uint32_t *producer) {
     struct hl_qview v;
     int r = hle_queue_view(c, h, &v);
     if (r) return r;
     if (__atomic_load_n(&v.q->consumer, __ATOMIC_SEQ_CST) != HL_OWNER(c->inc, c->me))
         return hle_fail(HL_E_INVALID, "queue 0x%llx: only its bound consumer may pop (call queue_bind)",
                         (unsigned long long)h);
-    struct pop_wait x = {c, &v, 0, out};
+    struct pop_wait x = {c, &v, 0, out, 0};
     struct hle_waiter wt = {pop_poll, pop_sleep, NULL, &x, now_ns(), timeout, spin > 0 ? (uint64_t)spin : 0, 1,
-                            hle_interruptible(c)};
+                            hle_interruptible(c), nap};
     BUSY_ENTER(c);
     void *tok = hle_unlock(c);
     r = hle_wait_loop(c, &wt, &tok);
@@ -220,6 +227,7 @@ int hle_queue_pop(hle_ctx *c, uint64_t h, int64_t timeout, int64_t spin, uint64_
     hle_relock(c, tok);
     if (r == HL_E_CLOSED) return hle_closed_error(c, "the domain was closed during the wait");
     *idx = x.r;
+    if (producer) *producer = x.producer;
     return r;
 }
 

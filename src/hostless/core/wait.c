@@ -71,7 +71,7 @@ int hle_wait_loop(hle_ctx *c, struct hle_waiter *w, void **token) {
             continue;
         }
         /* sleep phase (at once when spin is 0), bounded */
-        uint64_t nap = c->poll_ns;
+        uint64_t nap = w->nap_ns ? w->nap_ns : c->poll_ns;
         if (deadline - t < nap) nap = deadline - t;
         if (w->interruptible && nap > HLE_INTR_SLICE_NS) nap = HLE_INTR_SLICE_NS;
         if ((r = w->sleep(w->arg, nap)) != 0) return r > 0 ? HL_OK : r;
