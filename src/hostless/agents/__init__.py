@@ -14,6 +14,11 @@ follow-up pushes by ``follow_timeout`` (never waiting on the agent's own
 queue), and a follow-up chain through the agent's own queue is cut after 64
 hops.  The full rule is in :mod:`hostless.agents.loop`.
 
+``spawn(dom, "cpu", native="exe")`` starts ``hostless-agent`` instead: a
+small C program (``src/hostless/agentexe/main.c`` on the engine library, no
+Python interpreter) built with the package (:func:`executable_path`), which
+serves the built-in kernels only.
+
 Modules: :mod:`~hostless.agents.worker` (the agent process's entry point),
 :mod:`~hostless.agents.loop` (the consumer loop), :mod:`~hostless.agents.npu`
 (the ERT command processor) and :mod:`~hostless.agents.cuda_agent` (the
@@ -43,7 +48,7 @@ from ..queue import Packet, PacketType, Queue
 from ..status import Status
 from ..wire import Kernargs
 
-__all__ = ["Agent", "spawn"]
+__all__ = ["Agent", "spawn", "executable_path"]
 
 
 class Agent:
@@ -51,6 +56,9 @@ class Agent:
 
     def __init__(self, dom: Domain, kind: str, queue: Queue, proc: subprocess.Popen[str], pid: int) -> None:
         self.dom, self.kind, self.queue, self.proc = dom, kind, queue, proc
+        self.native: bool | str = False
+        """How it runs: False (the Python loop), True (the native loop in a Python
+        worker) or "exe" (the hostless-agent executable)."""
         self.id = pid
         """The agent's participant id (use it as the owner of the fences it signals)."""
         self.user_kernels: dict[str, int] = {}
@@ -67,6 +75,8 @@ class Agent:
 
         if self.kind != "cpu":
             raise TypeError(f"Python stage functions run on cpu agents, not on {self.kind} agents")
+        if self.native == "exe":
+            raise TypeError("hostless-agent (native='exe') runs built-in kernels only, not Python functions")
         desc = describe(fn, scalars)
         key = json.dumps(desc, sort_keys=True)
         if key in self._functions:
@@ -161,6 +171,20 @@ def _forward_stderr(stream: Any) -> _Tail:
     return tail
 
 
+def executable_path() -> str:
+    """The path of the ``hostless-agent`` executable built with this package
+    (``hostless/_bin/hostless-agent``).  FileNotFoundError, saying how to build
+    it, when the installed package lacks it (a build without a C compiler
+    for executables, or a source tree used without installing)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_bin", "hostless-agent")
+    if not os.access(path, os.X_OK):
+        raise FileNotFoundError(
+            f"hostless-agent is not installed at {path}: reinstall the package (pip install .) "
+            "or build it with `make agent` (build/hostless-agent)"
+        )
+    return path
+
+
 def spawn(
     dom: Domain,
     kind: str = "cpu",
@@ -190,6 +214,12 @@ def spawn(
     ``native=True`` (cpu agents only) runs the native agent loop instead of
     the Python one (:mod:`hostless.agents.native`): the same rule, with the
     built-in kernels in C and Python entered only for other kernels.
+    ``native="exe"`` (cpu agents only) starts the ``hostless-agent``
+    executable (:func:`executable_path`): the same loop with no Python
+    interpreter at all, serving built-in kernels only (a packet needing Python,
+    a user kernel or a stage function, fails alone with ERROR and a record
+    saying so); ``user_kernels`` are refused.  Its handle works as any other
+    (``stop``, ``kill``, ``id`` as the owner of its fences).
 
     ``user_kernels`` maps names to ``"module:function"`` kernels (taking
     ``(buffers, scalars)``) the agent imports; their ids are in
@@ -209,11 +239,16 @@ def spawn(
     follow_timeout = float(opts.pop("follow_timeout", 10.0))
     if not follow_timeout >= 0:
         raise ValueError("follow_timeout must be >= 0")
-    native = bool(opts.pop("native", False))
+    native_opt = opts.pop("native", False)
+    if native_opt not in (False, True, "exe"):
+        raise ValueError(f"native must be False, True or 'exe', not {native_opt!r}")
+    native: bool | str = native_opt
     if opts:
         raise TypeError(f"unknown options {sorted(opts)}")
     if native and kind != "cpu":
         raise ValueError(f"native agents serve cpu queues (not {kind} ones) for now")
+    if native == "exe" and user_kernels:
+        raise ValueError("hostless-agent (native='exe') runs built-in kernels only: no user_kernels")
     if kind == "cuda":
         from ..cuda import available
 
@@ -225,25 +260,12 @@ def spawn(
     if dom.name is None:
         raise ValueError("agents open the domain by name: create it with a name")
     q = queue if queue is not None else dom.queue(capacity)
-    cmd = [
-        sys.executable,
-        "-m",
-        "hostless.agents.worker",
-        dom.name,
-        hex(q.handle),
-        kind,
-        "--parent",
-        str(os.getpid()),
-    ]
-    if label:
-        cmd += ["--label", label]
-    cmd += ["--spin", repr(spin)]
-    cmd += ["--wait-timeout", repr(-1.0 if wait_timeout is None else wait_timeout)]
-    cmd += ["--follow-timeout", repr(follow_timeout)]
-    if native:
-        cmd += ["--native"]
-    if kind == "cuda":
-        cmd += ["--device", str(device)]
+    if native == "exe":
+        cmd = _exe_command(dom.name, q, spin, wait_timeout, follow_timeout, label)
+    else:
+        cmd = _worker_command(
+            dom.name, q, kind, spin, wait_timeout, follow_timeout, label, bool(native), device
+        )
     ids: dict[str, int] = {}
     for i, (name, spec) in enumerate(sorted((user_kernels or {}).items())):
         ids[name] = USER_KERNEL_BASE + i
@@ -267,5 +289,65 @@ def spawn(
             + (f"; its error output:\n{said}" if said else "")
         )
     a = Agent(dom, kind, q, proc, int(line))
+    a.native = native
     a.user_kernels = ids
     return a
+
+
+def _exe_command(
+    name: str, q: Queue, spin: float, wait_timeout: float | None, follow_timeout: float, label: str | None
+) -> list[str]:
+    """The command line of a hostless-agent serving ``q`` of domain ``name`` (times in ns)."""
+    return [
+        executable_path(),
+        "--domain",
+        name,
+        "--queue-handle",
+        hex(q.handle),
+        "--kind",
+        "cpu",
+        "--parent",
+        str(os.getpid()),
+        "--label",
+        (label or "cpu-agent-exe").encode()[:31].decode(errors="ignore"),
+        "--spin-ns",
+        str(int(spin * 1e9)),
+        "--wait-timeout-ns",
+        str(-1 if wait_timeout is None else int(wait_timeout * 1e9)),
+        "--follow-timeout-ns",
+        str(int(follow_timeout * 1e9)),
+    ]
+
+
+def _worker_command(
+    name: str,
+    q: Queue,
+    kind: str,
+    spin: float,
+    wait_timeout: float | None,
+    follow_timeout: float,
+    label: str | None,
+    native: bool,
+    device: int,
+) -> list[str]:
+    """The command line of a Python agent process (:mod:`hostless.agents.worker`)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "hostless.agents.worker",
+        name,
+        hex(q.handle),
+        kind,
+        "--parent",
+        str(os.getpid()),
+    ]
+    if label:
+        cmd += ["--label", label]
+    cmd += ["--spin", repr(spin)]
+    cmd += ["--wait-timeout", repr(-1.0 if wait_timeout is None else wait_timeout)]
+    cmd += ["--follow-timeout", repr(follow_timeout)]
+    if native:
+        cmd += ["--native"]
+    if kind == "cuda":
+        cmd += ["--device", str(device)]
+    return cmd
