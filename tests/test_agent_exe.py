@@ -146,6 +146,13 @@ def test_serves_a_builtin_kernel_graph_in_the_four_modes(dom: hl.Domain) -> None
                         x = (fr.astype(np.float64) - 0.5) / 0.25
                         ref = _softmax(np.maximum(x @ w1, 0) @ w2)
                         np.testing.assert_allclose(out["p"], ref, rtol=1e-4, atol=1e-6)
+        # its track in the trace is named after it (the JOIN record, as Python participants write)
+        joins = {
+            e["b"]: hl.trace._unpack(e["c"], e["d"], e["e"])
+            for e in hl.trace.events(dom)
+            if e["type"] == int(hl._abi.C.EV_USER) and e["a"] == hl.trace.USER_MAGIC | 1
+        }
+        assert joins.get(a.id) == "exe-a (cpu)" and joins.get(b.id) == "exe-b (cpu)"
         # `hostless info` shows it as a participant like the others
         r = subprocess.run(
             [sys.executable, "-m", "hostless.cli", "info", str(dom.name), "--json"],

@@ -9,7 +9,9 @@
  *                  [--label TEXT] [--spin-ns N] [--wait-timeout-ns N]
  *                  [--follow-timeout-ns N] [--parent PID] [--trace]
  *
- * PATH without a '/' is a name under /dev/shm.  Once it consumes the queue it
+ * --kind npu (the emulated NPU's ERT command processor) is passed to the loop
+ * (hle_agent_cfg.kind) when the engine has it (HLE_AGENT_KIND_NPU), refused
+ * otherwise.  PATH without a '/' is a name under /dev/shm.  Once it consumes the queue it
  * prints its participant id (incarnation << 8 | slot) on stdout: the spawner
  * (hostless.agents.spawn(..., native="exe")) waits for that line.  A packet
  * needing Python (a user kernel, LOAD_KERNEL, a dtype the C kernels do not
@@ -138,10 +140,14 @@ int main(int argc, char **argv) {
     uint64_t q = 0;
     if (qhandle && !unum(qhandle, &q)) return usage("--queue-handle: not a handle: %s", qhandle);
     if (strcmp(kind, "cpu") != 0) {
+#ifndef HLE_AGENT_KIND_NPU
         if (!strcmp(kind, "npu"))
             return usage("--kind %s: this engine has no ERT command processor in C yet (hle_agent_cfg.kind); "
                          "use the Python npu agent (hostless.agents.spawn(dom, \"npu\"))", kind);
-        return usage("--kind %s: unknown kind (cpu)", kind);
+#else
+        if (strcmp(kind, "npu") != 0)
+#endif
+        return usage("--kind %s: unknown kind (cpu, npu)", kind);
     }
     if (strlen(label) > 31) return usage("--label is longer than 31 bytes: %s", label);
 
@@ -202,6 +208,10 @@ int main(int argc, char **argv) {
             cfg.python_kernel = needs_python;
             cfg.record = record;
             cfg.c_kernels = mask;
+#ifdef HLE_AGENT_KIND_NPU
+            /* the ERT command processor in C: the loop runs ERT packets itself */
+            cfg.kind = strcmp(kind, "npu") ? HLE_AGENT_KIND_CPU : HLE_AGENT_KIND_NPU;
+#endif
             if ((r = hle_agent_run(a.c, q, &cfg))) rc = fail("the agent loop stopped", r);
             if (trace) fprintf(stderr, "hostless-agent: leaving after %llu packets (%llu failed)%s\n",
                                (unsigned long long)cfg.packets, (unsigned long long)cfg.failures,
