@@ -532,3 +532,25 @@ def test_builds_from_the_engine_library_alone(tmp_path: Path) -> None:
     r = subprocess.run([str(exe), "--domain", f"hltest-none-{uuid.uuid4().hex[:8]}", "--queue", "q"],
                        capture_output=True, text=True, timeout=20)  # fmt: skip
     assert r.returncode == 1 and "cannot open the domain" in r.stderr
+
+
+def test_domain_truncated_under_it(domain_name: str) -> None:
+    """Another process truncates the domain file while the agent serves: it exits 1 saying so
+    (its SIGBUS guard), never dies of SIGBUS."""
+    d = hl.Domain.create(domain_name, heap="1M", fences=1024, label="host", watchdog_interval=0)
+    q = d.queue(8)
+    proc = subprocess.Popen(
+        [EXE, "--domain", domain_name, "--queue-handle", hex(q.handle), "--spin-ns", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        read_line(proc)
+        os.truncate(f"/dev/shm/{domain_name}", 4096)
+        assert proc.wait(10) == 1
+        err = proc.stderr.read() if proc.stderr else ""
+        assert "truncated" in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        d.close()

@@ -212,7 +212,10 @@ int main(int argc, char **argv) {
             /* the ERT command processor in C: the loop runs ERT packets itself */
             cfg.kind = strcmp(kind, "npu") ? HLE_AGENT_KIND_CPU : HLE_AGENT_KIND_NPU;
 #endif
-            if ((r = hle_agent_run(a.c, q, &cfg))) rc = fail("the agent loop stopped", r);
+            if ((r = hle_agent_run(a.c, q, &cfg))) {
+                int u = hle_usable(a.c); /* a truncated file shows first as garbage read through it */
+                rc = fail("the agent loop stopped", u ? u : r);
+            }
             if (trace) fprintf(stderr, "hostless-agent: leaving after %llu packets (%llu failed)%s\n",
                                (unsigned long long)cfg.packets, (unsigned long long)cfg.failures,
                                stop_signal ? " on a signal" : "");

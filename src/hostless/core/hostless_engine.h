@@ -209,6 +209,11 @@ int hle_agent_has_kernel(uint32_t kernel);
 int hle_open(hle_ctx *c, const char *path, const char *label, const char *kind, uint64_t watchdog_ns,
              int64_t ready_timeout_ns);
 
+/* Whether the context is still usable: HL_OK; HL_E_CLOSED (detached or
+ * leaving); HL_E_CORRUPT (the file was truncated under the mapping: every
+ * later call fails, leave it).  The message says which. */
+int hle_usable(hle_ctx *c);
+
 /* Become the consumer of queue h (which we hold): free, ours already, or its
  * consumer is dead.  HL_OK; HL_E_HANDLE (not a live queue we hold);
  * HL_E_CORRUPT (its header is garbage); HL_E_INVALID (a live consumer). */

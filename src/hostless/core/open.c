@@ -62,3 +62,5 @@ fail:
     close(fd);
     return r;
 }
+
+int hle_usable(hle_ctx *c) { return hle_need_attached(c); }
