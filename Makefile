@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 SOURCES := $(wildcard src/hostless/*.py src/hostless/*/*.py src/hostless/*.c src/hostless/*.h src/hostless/*/*.c src/hostless/*/*.h) pyproject.toml setup.py
 
-.PHONY: demo test lint bench clean venv sanitize lib
+.PHONY: demo test lint bench clean venv sanitize lib agent
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,14 @@ build/libhostless.a: $(ENGINE_OBJ)
 	$(AR) rcs $@ $^
 
 lib: build/libhostless.a
+
+# `make agent`: the standalone native agent (src/hostless/agentexe/main.c, no
+# Python) linked against build/libhostless.a.  The package builds the same
+# program into hostless/_bin/hostless-agent (setup.py).
+build/hostless-agent: src/hostless/agentexe/main.c build/libhostless.a $(ENGINE_HDR)
+	$(CC) $(ENGINE_CFLAGS) $< -o $@ -Lbuild -lhostless -lpthread -lm
+
+agent: build/hostless-agent
 
 # `make sanitize`: the C core under AddressSanitizer + UndefinedBehaviorSanitizer (NOT part of
 # `make test`: it takes minutes).  Needs only Python, gcc (with its libasan/libubsan) and make.

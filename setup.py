@@ -1,24 +1,60 @@
+import os
+import shlex
 from glob import glob
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 # The engine (src/hostless/core, plain C) and the thin CPython binding
 # (src/hostless/binding) make one extension; `make lib` builds the engine
-# alone into build/libhostless.a for C programs.
+# alone into build/libhostless.a for C programs.  The standalone native agent
+# (src/hostless/agentexe/main.c + the engine, no Python) is built next to the
+# extension as hostless/_bin/hostless-agent (hostless.agents.executable_path()).
 ENGINE = sorted(glob("src/hostless/core/*.c"))
 BINDING = sorted(glob("src/hostless/binding/*.c"))
 HEADERS = [*sorted(glob("src/hostless/hostless*.h")), *sorted(glob("src/hostless/core/*.h")), *sorted(glob("src/hostless/binding/*.h"))]
+INCLUDE = ["src/hostless", "src/hostless/core"]
+CFLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
+          "-Wno-cast-function-type"]  # fmt: skip
+AGENT_MAIN = "src/hostless/agentexe/main.c"
+
+
+class BuildWithAgent(build_ext):
+    """build_ext, then hostless-agent: the engine's sources and main.c compiled with the
+    extension's compiler and flags (CFLAGS / LDFLAGS from the environment included) and
+    linked as an executable into the package's _bin folder."""
+
+    def run(self) -> None:
+        super().run()
+        ext_path = self.get_ext_fullpath("hostless._core")
+        out_dir = os.path.join(os.path.dirname(ext_path), "_bin")
+        os.makedirs(out_dir, exist_ok=True)
+        objs = self.compiler.compile(
+            [*ENGINE, AGENT_MAIN],
+            output_dir=os.path.join(self.build_temp, "agentexe"),
+            include_dirs=INCLUDE,
+            extra_postargs=CFLAGS,
+            depends=HEADERS,
+        )
+        self.compiler.link_executable(
+            objs,
+            "hostless-agent",
+            output_dir=out_dir,
+            libraries=["pthread", "m"],
+            extra_postargs=shlex.split(os.environ.get("LDFLAGS", "")),
+        )
+
 
 setup(
+    cmdclass={"build_ext": BuildWithAgent},
     ext_modules=[
         Extension(
             "hostless._core",
             sources=ENGINE + BINDING,
             depends=HEADERS,
-            include_dirs=["src/hostless", "src/hostless/core"],
+            include_dirs=INCLUDE,
             libraries=["m"],
-            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                                "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
+            extra_compile_args=CFLAGS,
         )
-    ]
+    ],
 )

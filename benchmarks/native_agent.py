@@ -32,6 +32,13 @@ The doorbell (native: adaptive spin, bounded by ``spin``; python: fixed spin):
 
 The npu (ERT): the same round trip / agent CPU per packet with a START_CU
 relu command (native: decoded and run in C; python: ErtProcessor).
+
+``exe_vs_native`` (JSON key "exe_vs_native"; ``--exe`` runs it alone): the
+round trip through ``hostless-agent`` (agents.spawn(native="exe"): the same C
+loop with no Python interpreter) vs through the native loop in a Python worker
+(native=True), in interleaved rounds, with the agent polling (spin 0.5 s) and
+parked (spin 0: a futex wake-up per packet); median and spread (p10..p90 of
+the samples, p50_lo..p50_hi over the rounds).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -341,12 +349,94 @@ def report(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rss_kib(pid: int) -> int:
+    """Resident set size of process ``pid`` (KiB, /proc/PID/status VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for ln in f:
+            if ln.startswith("VmRSS:"):
+                return int(ln.split()[1])
+    return 0
+
+
+def _round_trips(
+    dom: hl.Domain, native: bool | str, n: int, spin: float
+) -> tuple[np.ndarray, dict[str, float]]:
+    """n relu round trips (4 KiB) through a fresh agent: host push -> agent -> timeline the host spins on;
+    with the agent's start time (spawn until it serves) and resident size after the run."""
+    t0 = time.perf_counter_ns()
+    a = agents.spawn(dom, "cpu", spin=spin, native=native, capacity=4096)
+    proc = {"start_ms": (time.perf_counter_ns() - t0) / 1e6}
+    x, y = (dom.buffer((1024,), np.float32) for _ in range(2))
+    tl = dom.timeline(owner=a.id)
+    ka = hl.Kernargs(buffers=[x.handle, y.handle]).to_buffer(dom)
+    rt = np.empty(n, np.int64)
+    try:
+        p = hl.Packet(kernel=kernel_id("relu"), args=ka.handle, signal=tl.handle)
+        clock = time.perf_counter_ns
+        for i in range(n):
+            p.signal_value = i + 1
+            raw = p.encode()
+            t0 = clock()
+            a.queue.push(raw)
+            tl.wait(i + 1, 10.0, spin=1.0)
+            rt[i] = clock() - t0
+        proc["rss_kib"] = _rss_kib(a.proc.pid)
+    finally:
+        a.stop()
+        for o in (x, y, tl, ka):
+            o.release()
+    return rt[len(rt) // 10 :], proc  # 10 % warm-up
+
+
+def exe_vs_native(dom: hl.Domain, n: int, rounds: int = 3) -> dict[str, Any]:
+    """Round trip through hostless-agent ("exe") vs the native loop in a Python worker
+    ("native"), interleaved rounds, polling and parked agents; summaries in ns."""
+    out: dict[str, Any] = {"n_per_round": n, "rounds": rounds}
+    procs: dict[str, list[dict[str, float]]] = {"exe": [], "native": []}
+    for mode, spin, count in (("polling", 0.5, n), ("parked", 0.0, max(200, n // 3))):
+        got: dict[str, list[np.ndarray]] = {"exe": [], "native": []}
+        for _ in range(rounds):
+            for kind in ("exe", "native"):
+                rt, pr = _round_trips(dom, "exe" if kind == "exe" else True, count, spin)
+                got[kind].append(rt)
+                procs[kind].append(pr)
+        res: dict[str, Any] = {}
+        for kind, groups in got.items():
+            allv = np.concatenate(groups)
+            summ = summarize(allv, groups=groups)
+            summ["p10"], summ["p25"], summ["p75"] = (float(v) for v in np.percentile(allv, [10, 25, 75]))
+            res[kind] = summ
+        res["exe_over_native_p50"] = res["exe"]["p50"] / res["native"]["p50"]
+        out[mode] = res
+    for kind, prs in procs.items():  # medians over every agent started
+        out[f"{kind}_start_ms"] = float(np.median([p["start_ms"] for p in prs]))
+        out[f"{kind}_rss_kib"] = float(np.median([p["rss_kib"] for p in prs]))
+    return out
+
+
+def _exe_report(r: dict[str, Any]) -> str:
+    lines = ["round trip, 4 KiB relu (ns): median [p10..p90], round medians p50_lo..p50_hi"]
+    for mode in ("polling", "parked"):
+        for kind in ("exe", "native"):
+            s = r[mode][kind]
+            lines.append(
+                f"  {mode:8s} {kind:7s} {s['p50']:9.0f} [{s['p10']:.0f}..{s['p90']:.0f}]"
+                f"  rounds {s['p50_lo']:.0f}..{s['p50_hi']:.0f}"
+            )
+        lines.append(f"  {mode:8s} exe/native median: {r[mode]['exe_over_native_p50']:.2f}")
+    for kind in ("exe", "native"):
+        start, rss = r[kind + "_start_ms"], r[kind + "_rss_kib"] / 1024
+        lines.append(f"  {kind:7s} start {start:.1f} ms, resident {rss:.1f} MiB")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--idle", type=float, default=5.0, help="seconds an idle agent is watched")
     ap.add_argument("--wake-n", type=int, default=300, help="packets of the parked-wake figures")
     ap.add_argument("--out", default=None, help="write OUT.json and OUT.md")
+    ap.add_argument("--exe", action="store_true", help="only the hostless-agent vs native round trip")
     a = ap.parse_args()
     name = f"hlbench-native-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     dom = hl.Domain.create(name, fences=8192, participants=16, heap="64M", label="host")
@@ -358,17 +448,20 @@ def main() -> None:
         "idle": {},
     }
     try:
-        for _round in range(2):  # interleaved, so that a change of machine load hits both
+        for _round in range(0 if a.exe else 2):  # interleaved, so that a change of machine load hits both
             for kind in ("python", "native"):
                 res["cpu"][kind].append(measure(dom, kind == "native", a.n))
-        for kind in ("python", "native"):
+        for kind in ("python", "native") if not a.exe else ():
             res["npu"][kind] = npu_measure(dom, kind == "native", a.n)
             res["wake"][kind] = parked_wake(dom, kind == "native", a.wake_n)
             res["wake_short"][kind] = parked_wake(dom, kind == "native", a.wake_n, gap=0.0002, n_idle=0)
-        res["idle"]["python"] = idle_cpu(dom, False, a.idle)
-        res["idle"]["native"] = idle_cpu(dom, True, a.idle)
-        res["idle"]["native_fixed_spin"] = idle_cpu(dom, True, a.idle, fixed_spin=True)
-        res["idle"]["native_domain_poll"] = idle_cpu(dom, True, a.idle, idle_poll=0.0)
+        if not a.exe:
+            res["idle"]["python"] = idle_cpu(dom, False, a.idle)
+            res["idle"]["native"] = idle_cpu(dom, True, a.idle)
+            res["idle"]["native_fixed_spin"] = idle_cpu(dom, True, a.idle, fixed_spin=True)
+            res["idle"]["native_domain_poll"] = idle_cpu(dom, True, a.idle, idle_poll=0.0)
+        res["exe_vs_native"] = exe_vs_native(dom, a.n)
+        print(_exe_report(res["exe_vs_native"]), file=sys.stderr)
     finally:
         dom.close()
         hl.Domain.unlink(name)

@@ -14,6 +14,11 @@ follow-up pushes by ``follow_timeout`` (never waiting on the agent's own
 queue), and a follow-up chain through the agent's own queue is cut after 64
 hops.  The full rule is in :mod:`hostless.agents.loop`.
 
+``spawn(dom, "cpu", native="exe")`` starts ``hostless-agent`` instead: a
+small C program (``src/hostless/agentexe/main.c`` on the engine library, no
+Python interpreter) built with the package (:func:`executable_path`), which
+serves the built-in kernels only.
+
 Modules: :mod:`~hostless.agents.worker` (the agent process's entry point),
 :mod:`~hostless.agents.loop` (the consumer loop), :mod:`~hostless.agents.npu`
 (the ERT command processor) and :mod:`~hostless.agents.cuda_agent` (the
@@ -43,7 +48,7 @@ from ..queue import Packet, PacketType, Queue
 from ..status import Status
 from ..wire import Kernargs
 
-__all__ = ["Agent", "spawn"]
+__all__ = ["Agent", "spawn", "executable_path"]
 
 
 class Agent:
@@ -51,6 +56,9 @@ class Agent:
 
     def __init__(self, dom: Domain, kind: str, queue: Queue, proc: subprocess.Popen[str], pid: int) -> None:
         self.dom, self.kind, self.queue, self.proc = dom, kind, queue, proc
+        self.native: bool | str = False
+        """How it runs: False (the Python loop), True (the native loop in a Python
+        worker) or "exe" (the hostless-agent executable)."""
         self.id = pid
         """The agent's participant id (use it as the owner of the fences it signals)."""
         self.user_kernels: dict[str, int] = {}
@@ -72,6 +80,8 @@ class Agent:
 
         if self.kind != "cpu":
             raise TypeError(f"Python stage functions run on cpu agents, not on {self.kind} agents")
+        if self.native == "exe":
+            raise TypeError("hostless-agent (native='exe') runs built-in kernels only, not Python functions")
         desc = describe(fn, scalars)
         key = json.dumps(desc, sort_keys=True)
         if key in self._functions:
@@ -166,6 +176,20 @@ def _forward_stderr(stream: Any) -> _Tail:
     return tail
 
 
+def executable_path() -> str:
+    """The path of the ``hostless-agent`` executable built with this package
+    (``hostless/_bin/hostless-agent``).  FileNotFoundError, saying how to build
+    it, when the installed package lacks it (a build without a C compiler
+    for executables, or a source tree used without installing)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_bin", "hostless-agent")
+    if not os.access(path, os.X_OK):
+        raise FileNotFoundError(
+            f"hostless-agent is not installed at {path}: reinstall the package (pip install .) "
+            "or build it with `make agent` (build/hostless-agent)"
+        )
+    return path
+
+
 def spawn(
     dom: Domain,
     kind: str = "cpu",
@@ -207,6 +231,12 @@ def spawn(
     plain store (no wake-up) is seen within ``idle_poll`` instead of the
     domain's poll interval (once a device has pushed into the queue, the
     agent keeps the domain's poll interval for good).
+    ``native="exe"`` (cpu and npu agents) starts the ``hostless-agent``
+    executable (:func:`executable_path`): the same loop with no Python
+    interpreter at all, serving built-in kernels only (a packet needing Python,
+    a user kernel or a stage function, fails alone with ERROR and a record
+    saying so); ``user_kernels`` are refused.  Its handle works as any other
+    (``stop``, ``kill``, ``id`` as the owner of its fences).
 
     ``user_kernels`` maps names to ``"module:function"`` kernels (taking
     ``(buffers, scalars)``) the agent imports; their ids are in
@@ -226,7 +256,10 @@ def spawn(
     follow_timeout = float(opts.pop("follow_timeout", 10.0))
     if not follow_timeout >= 0:
         raise ValueError("follow_timeout must be >= 0")
-    native = bool(opts.pop("native", False))
+    native_opt = opts.pop("native", False)
+    if native_opt not in (False, True, "exe"):
+        raise ValueError(f"native must be False, True or 'exe', not {native_opt!r}")
+    native: bool | str = native_opt
     fixed_spin = bool(opts.pop("fixed_spin", False))
     idle_poll = float(opts.pop("idle_poll", 0.02))
     if not idle_poll >= 0:
@@ -235,6 +268,8 @@ def spawn(
         raise TypeError(f"unknown options {sorted(opts)}")
     if native and kind not in ("cpu", "npu"):
         raise ValueError(f"native agents serve cpu and npu queues (not {kind} ones)")
+    if native == "exe" and user_kernels:
+        raise ValueError("hostless-agent (native='exe') runs built-in kernels only: no user_kernels")
     if kind in ("cuda", "gpucp"):
         from ..cuda import available
 
@@ -246,28 +281,13 @@ def spawn(
     if dom.name is None:
         raise ValueError("agents open the domain by name: create it with a name")
     q = queue if queue is not None else dom.queue(capacity)
-    cmd = [
-        sys.executable,
-        "-m",
-        "hostless.agents.worker",
-        dom.name,
-        hex(q.handle),
-        kind,
-        "--parent",
-        str(os.getpid()),
-    ]
-    if label:
-        cmd += ["--label", label]
-    cmd += ["--spin", repr(spin)]
-    cmd += ["--wait-timeout", repr(-1.0 if wait_timeout is None else wait_timeout)]
-    cmd += ["--follow-timeout", repr(follow_timeout)]
-    if native:
-        cmd += ["--native"]
-        if fixed_spin:
-            cmd += ["--fixed-spin"]
-        cmd += ["--idle-poll", repr(idle_poll)]
-    if kind in ("cuda", "gpucp"):
-        cmd += ["--device", str(device)]
+    if native == "exe":
+        cmd = _exe_command(dom.name, q, kind, spin, wait_timeout, follow_timeout, label, idle_poll)
+    else:
+        cmd = _worker_command(
+            dom.name, q, kind, spin, wait_timeout, follow_timeout, label, bool(native), device,
+            fixed_spin, idle_poll,
+        )
     ids: dict[str, int] = {}
     for i, (name, spec) in enumerate(sorted((user_kernels or {}).items())):
         ids[name] = USER_KERNEL_BASE + i
@@ -291,12 +311,90 @@ def spawn(
             + (f"; its error output:\n{said}" if said else "")
         )
     a = Agent(dom, kind, q, proc, int(line))
+    a.native = native
     a.user_kernels = ids
     a.device = f"cuda:{device}" if kind in ("cuda", "gpucp") else "cpu"
-    if native:
+    if native is True:  # the Python worker of a native loop says what it runs natively
         caps = proc.stdout.readline()
         try:
             a.capabilities = dict(json.loads(caps))
         except ValueError:
             pass
     return a
+
+
+def _exe_command(
+    name: str,
+    q: Queue,
+    kind: str,
+    spin: float,
+    wait_timeout: float | None,
+    follow_timeout: float,
+    label: str | None,
+    idle_poll: float,
+) -> list[str]:
+    """The command line of a hostless-agent serving ``q`` of domain ``name`` (times in ns)."""
+    from .native import blas_path
+
+    blas = blas_path()
+    return [
+        executable_path(),
+        "--domain",
+        name,
+        "--queue-handle",
+        hex(q.handle),
+        "--kind",
+        kind,
+        "--parent",
+        str(os.getpid()),
+        "--label",
+        (label or f"{kind}-agent-exe").encode()[:31].decode(errors="ignore"),
+        "--spin-ns",
+        str(int(spin * 1e9)),
+        "--wait-timeout-ns",
+        str(-1 if wait_timeout is None else int(wait_timeout * 1e9)),
+        "--follow-timeout-ns",
+        str(int(follow_timeout * 1e9)),
+        "--idle-poll-ns",
+        str(int(idle_poll * 1e9)),
+        *(["--blas", blas] if blas else []),
+    ]
+
+
+def _worker_command(
+    name: str,
+    q: Queue,
+    kind: str,
+    spin: float,
+    wait_timeout: float | None,
+    follow_timeout: float,
+    label: str | None,
+    native: bool,
+    device: int,
+    fixed_spin: bool,
+    idle_poll: float,
+) -> list[str]:
+    """The command line of a Python agent process (:mod:`hostless.agents.worker`)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "hostless.agents.worker",
+        name,
+        hex(q.handle),
+        kind,
+        "--parent",
+        str(os.getpid()),
+    ]
+    if label:
+        cmd += ["--label", label]
+    cmd += ["--spin", repr(spin)]
+    cmd += ["--wait-timeout", repr(-1.0 if wait_timeout is None else wait_timeout)]
+    cmd += ["--follow-timeout", repr(follow_timeout)]
+    if native:
+        cmd += ["--native"]
+        if fixed_spin:
+            cmd += ["--fixed-spin"]
+        cmd += ["--idle-poll", repr(idle_poll)]
+    if kind in ("cuda", "gpucp"):
+        cmd += ["--device", str(device)]
+    return cmd

@@ -390,9 +390,7 @@ void hle_queue_init(struct hl_queue *q, uint32_t cap);
 int hle_queue_new(hle_ctx *c, uint64_t cap, uint64_t *handle);
 /* Validate a queue we hold into *v.  HL_OK; HL_E_HANDLE; HL_E_CORRUPT. */
 int hle_queue_view(hle_ctx *c, uint64_t h, struct hl_qview *v);
-/* Become the consumer (free, or its consumer is dead).  HL_OK; HL_E_HANDLE;
- * HL_E_CORRUPT; HL_E_INVALID (a live consumer). */
-int hle_queue_bind(hle_ctx *c, uint64_t h);
+/* hle_queue_bind: public (hostless_engine.h). */
 /* Push a packet to a queue we hold; blocks (unlocked) while it is full.
  * timeout_ns < 0: forever, 0: try once.  Emits an ENQUEUE trace event.
  * HL_OK with *idx; HL_E_HANDLE / HL_E_CORRUPT (the queue); HL_E_QUEUE_FULL;

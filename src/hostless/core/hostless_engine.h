@@ -336,6 +336,62 @@ int hle_frame_check(hle_ctx *c, struct hle_frame *f);
 int hle_frame_run(hle_ctx *c, const struct hle_frame *f, uint64_t frame, int64_t timeout_ns, int64_t spin_ns,
                   struct hle_frame_stop *stop);
 
+/* ---- joining by path, queues, buffers, records (open.c, queue.c, records.c) ----
+ * Open the domain file at `path` (no symbolic link followed; a regular file
+ * of this user), wait up to ready_timeout_ns (< 0: forever) for its creator
+ * to finish initialising it, then hle_attach it (label, kind, watchdog_ns as
+ * there).  What Domain.open does from Python.  Returns HL_OK; HL_E_OS (cannot
+ * open it: hle_errno() has the errno, ENOENT when there is no such domain);
+ * HL_E_CORRUPT (not a regular file, not a hostless domain, never ready, or
+ * what hle_attach finds); HL_E_INVALID (another user's file); the codes of
+ * hle_attach.  On failure the file is closed and c stays detached. */
+int hle_open(hle_ctx *c, const char *path, const char *label, const char *kind, uint64_t watchdog_ns,
+             int64_t ready_timeout_ns);
+
+/* Whether the context is still usable: HL_OK; HL_E_CLOSED (detached or
+ * leaving); HL_E_CORRUPT (the file was truncated under the mapping: every
+ * later call fails, leave it).  The message says which. */
+int hle_usable(hle_ctx *c);
+
+/* Become the consumer of queue h (which we hold): free, ours already, or its
+ * consumer is dead.  HL_OK; HL_E_HANDLE (not a live queue we hold);
+ * HL_E_CORRUPT (its header is garbage); HL_E_INVALID (a live consumer). */
+int hle_queue_bind(hle_ctx *c, uint64_t h);
+
+/* Allocate a buffer of nbytes from the shared heap, described for importers
+ * by dtype (NumPy's dtype.str, e.g. "<f4", "|u1"), itemsize, ndim and shape
+ * (whose product times itemsize must be nbytes).  We hold one reference
+ * (hle_release frees it); *data points at its bytes (not zeroed).  HL_OK;
+ * HL_E_CLOSED; HL_E_VALUE (description); HL_E_OOM; HL_E_TABLE_FULL; HL_E_LOCKED. */
+int hle_buffer_new(hle_ctx *c, uint64_t nbytes, const char *dtype, uint32_t itemsize, uint32_t ndim,
+                   const uint64_t *shape, uint64_t *handle, void **data);
+
+/* Failure records (hostless.records' layout): the why of a failed fence or
+ * timeline, as text in a "|u1" buffer published as "!error:<handle in hex>"
+ * (replacing an older record of the same handle), read from Python with
+ * hostless.records.read.  A writer keeps its last HLE_RECORD_KEEP records
+ * alive (older ones are released and their names die with them); texts are
+ * cut at HLE_RECORD_MAX bytes.  hle_record_write returns HL_OK, HL_E_VALUE
+ * (handle 0), or the codes of hle_buffer_new / hle_name_publish (the failure
+ * then keeps its status alone).  hle_records_close releases every record.
+ * One struct hle_records per writer thread, zero-initialised. */
+#define HLE_RECORD_KEEP 8
+#define HLE_RECORD_MAX 4000
+struct hle_records {
+    uint64_t kept[HLE_RECORD_KEEP];
+    uint32_t n, next;
+};
+int hle_record_write(hle_ctx *c, struct hle_records *rec, uint64_t handle, const char *text);
+void hle_records_close(hle_ctx *c, struct hle_records *rec);
+
+/* A named trace record (hostless.trace's convention: HL_EV_USER with
+ * a = "HL" magic | type, b = key, c..e = the first 24 bytes of text, cut at a
+ * character boundary).  type 1 (HLE_TRACE_JOIN, key = participant id, text =
+ * "label (kind)") names this participant's track after it left.  Nothing
+ * when the domain has no trace ring. */
+#define HLE_TRACE_JOIN 1u
+void hle_trace_user(hle_ctx *c, uint32_t type, uint64_t key, const char *text);
+
 /* Our participant index (-1 when detached) and our owner code. */
 int hle_me(const hle_ctx *c);
 uint32_t hle_owner_code(const hle_ctx *c);
