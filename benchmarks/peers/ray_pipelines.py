@@ -28,7 +28,9 @@ Prints one JSON line: ``{"version": ..., "cg": {pipeline: {"samples_ns": [...],
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 import time
 from collections import deque
 from typing import Any
@@ -39,7 +41,7 @@ MEAN, STD = 127.5, 64.0
 
 
 def _engine_class(ray: Any) -> Any:
-    @ray.remote
+    @ray.remote(num_cpus=0)  # never wait for the CPUs of actors being killed
     class Engine:
         """One engine: the stage kernels, with the pipeline's weights."""
 
@@ -158,7 +160,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         frames = int(spec["large_frames"] if pipeline == "vision_large" else spec["frames"])
         warm = max(2, int(spec["warmup"]) // (4 if pipeline == "vision_large" else 1))
         x = inputs[pipeline]
-        for kind in ("cg", "actors"):
+        for kind in ("actors", "cg"):
             cpu, npu = engine.remote(w), engine.remote(w)
             cdag = None
             try:
@@ -196,14 +198,19 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                 print(f"  ray {kind} {pipeline}: {res[kind][pipeline]['error']}", file=sys.stderr, flush=True)
             finally:
                 if cdag is not None:
-                    try:
-                        cdag.teardown()
-                    except Exception:
-                        pass
+                    _bounded(cdag.teardown, 20.0)
                 for a in (cpu, npu):
                     ray.kill(a)
-    ray.shutdown()
     return res
+
+
+def _bounded(fn: Any, seconds: float) -> bool:
+    """Run ``fn()`` in a daemon thread for at most ``seconds`` (a Compiled Graph's teardown can
+    hang on a busy machine); True when it returned."""
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    t.join(seconds)
+    return not t.is_alive()
 
 
 def main(argv: list[str]) -> int:
@@ -211,8 +218,12 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    print(json.dumps(measure(json.loads(argv[0]))))
-    return 0
+    print(json.dumps(measure(json.loads(argv[0]))), flush=True)
+    import ray
+
+    _bounded(ray.shutdown, 30.0)
+    sys.stderr.flush()
+    os._exit(0)  # no atexit teardown of a graph that did not tear down (it would wait 30 s each)
 
 
 if __name__ == "__main__":

@@ -457,6 +457,23 @@ def _agent_refs(dom: Any, cfg: PipelineBenchConfig, place: dict[str, Any], rec: 
                 rec.say(f"  idle {key}: {r['core_share'] * 100:.2f} % of a core")
         finally:
             _stop(a)
+    # the same parked agent in a domain whose sleepers re-read their words every 10 ms, not 1 ms
+    pdom, pname = new_domain("pipeidle", heap=16 << 20, participants=8, poll_interval=10e-3)
+    try:
+        a = agents.spawn(pdom, "cpu", native=True, spin=0.0, label="idle poll 10 ms")
+        try:
+            r = rec.attempt(
+                "idle_native_park_poll10ms",
+                functools.partial(idle_cpu, a.proc.pid, cfg.idle_seconds),
+                "idle native park, poll_interval 10 ms",
+            )
+            if r is not None:
+                out["idle"]["native_park_poll10ms"] = {**r, "agent_spin_s": 0.0, "poll_interval_s": 10e-3}
+                rec.say(f"  idle native_park, poll_interval 10 ms: {r['core_share'] * 100:.2f} % of a core")
+        finally:
+            _stop(a)
+    finally:
+        drop_domain(pdom, pname)
     return out
 
 
