@@ -434,13 +434,17 @@ def _agent_refs(dom: Any, cfg: PipelineBenchConfig, place: dict[str, Any], rec: 
         ("native_park_round_trip", True, 0.0, 0.0),
         ("python_park_round_trip", False, 0.0, 0.0),
     ]
+    # the host and the agent on two different CPUs, as the C ping-pong's two processes (a wake-up
+    # on the waker's own CPU costs less than one that crosses CPUs, in a VM above all)
+    host_cpu, agent_cpu = pin_cpus() if cfg.pin else (None, None)
     for key, native, spin, host_spin in cases:
         a = agents.spawn(dom, "cpu", native=native, spin=spin, label=key)
         try:
-            set_affinity(a.proc.pid, place["cpu"])
-            r = rec.attempt(key, functools.partial(agent_round_trip, dom, a, n, host_spin), key)
+            pinned_apart = set_affinity(a.proc.pid, agent_cpu)
+            with pinned(host_cpu):
+                r = rec.attempt(key, functools.partial(agent_round_trip, dom, a, n, host_spin), key)
             if r is not None:
-                out[key] = {**r, "agent_spin_s": spin, "host_spin_s": host_spin}
+                out[key] = {**r, "agent_spin_s": spin, "host_spin_s": host_spin, "pinned_apart": pinned_apart}
                 rec.say(f"  {key}: p50 {fmt_ns(r['p50'])}")
         finally:
             _stop(a)

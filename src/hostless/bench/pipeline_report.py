@@ -451,8 +451,14 @@ def ref_rows(result: Mapping[str, Any]) -> list[list[str]]:
     labels = {
         "c_spin": ("C ping-pong, spin (pingpong.c)", "both sides busy-wait on one cache line"),
         "c_futex": ("C ping-pong, futex (pingpong.c)", "both sides sleep in FUTEX_WAIT: two wake-ups"),
-        "native_poll_round_trip": ("host -> native agent -> host, polling", "agent polls, host spins"),
-        "native_park_round_trip": ("host -> native agent -> host, parked", "both asleep: two futex wake-ups"),
+        "native_poll_round_trip": (
+            "host -> native agent -> host, polling",
+            "agent polls, host spins; on two CPUs as the C ping-pong",
+        ),
+        "native_park_round_trip": (
+            "host -> native agent -> host, parked",
+            "both asleep: two futex wake-ups; on two CPUs as the C ping-pong",
+        ),
         "python_park_round_trip": ("host -> Python agent -> host, parked", "the previous agent loop"),
     }
     rows = []
