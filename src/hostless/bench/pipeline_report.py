@@ -135,6 +135,7 @@ def evaluate_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
         limit,
         True,
         "ns",
+        f"agents: cpu {get(base, 'agents', 'cpu')}, npu {get(base, 'agents', 'npu')}; "
         f"traced frame ({get(ident_bd, 'frames')} frames): {_steps_text(ident_bd)}; "
         f"the C spin round trip is {fmt_ns(c_spin)} ({fmt_ns(c_spin / 2 if c_spin else None)} a hop)",
         f"p10 {fmt_ns(hop['p10'] if hop else None)}, p90 {fmt_ns(hop['p90'] if hop else None)}",
