@@ -126,6 +126,7 @@ def evaluate_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     limit = HOP_LIMIT_NS["large" if big else "small"]
     hop = get(base, "pipelines", "identity", "modes", BEST, "per_hop")
     c_spin = get(refs, "c_spin", "p50")
+    poll_rt = get(refs, "native_poll_round_trip", "p50")
     ident_bd = get(bd, "identity", BEST)
     add(
         f"per hop <= {fmt_ns(limit)} ({'16+' if big else 'fewer than 16'} CPUs: {ncpu} here), polling agents",
@@ -137,7 +138,9 @@ def evaluate_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
         "ns",
         f"agents: cpu {get(base, 'agents', 'cpu')}, npu {get(base, 'agents', 'npu')}; "
         f"traced frame ({get(ident_bd, 'frames')} frames): {_steps_text(ident_bd)}; "
-        f"the C spin round trip is {fmt_ns(c_spin)} ({fmt_ns(c_spin / 2 if c_spin else None)} a hop)",
+        f"the C spin round trip is {fmt_ns(c_spin)} ({fmt_ns(c_spin / 2 if c_spin else None)} a hop); "
+        f"host and one native agent both polling (2 processes, not 3, on {ncpu} CPUs): round trip "
+        f"{fmt_ns(poll_rt)} ({fmt_ns(poll_rt / 2 if poll_rt else None)} a hop)",
         f"p10 {fmt_ns(hop['p10'] if hop else None)}, p90 {fmt_ns(hop['p90'] if hop else None)}",
     )
     # 2. Ray Compiled Graphs
