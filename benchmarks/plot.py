@@ -1,6 +1,6 @@
-"""Plot a ``hostless bench pipeline`` result: chain latency, speedups, streaming throughput.
+"""Plot a ``hostless bench pipeline`` result: per-hop cost, speedups, streaming throughput.
 
-    python benchmarks/plot.py benchmarks/results/pipeline-<host>-<date>.json [...]
+    python benchmarks/plot.py benchmarks/results/pipeline-native-<host>-<date>.json [...]
 
 Writes ``<same name>.png`` next to each JSON file and rewrites its ``.md``
 report so that it shows the plot.  Needs matplotlib (``pip install
@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hostless.bench.pipeline import mode_name, report_markdown
-from hostless.bench.pipeline_report import get
-from hostless.bench.report import fmt_size
+from hostless.bench.pipeline_report import default_set, get
 
 
 def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> str | None:
@@ -30,7 +29,8 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed: plot skipped (pip install matplotlib)"
-    wl = result["workloads"]
+    sets = result["agent_sets"]
+    key = default_set(result)
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.2))
     colors = {
         "host+copy": "#c0392b",
@@ -39,56 +39,62 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> str | None:
         "direct+shared": "#27ae60",
     }
     ax = axes[0]
-    sizes = sorted({w["nbytes"] for w in wl.values() if w["kind"] == "chain"})
-    for nbytes, style in zip(sizes, ("-", "--", ":", "-.")[: len(sizes)], strict=True):
-        chains = sorted(
-            (w for w in wl.values() if w["kind"] == "chain" and w["nbytes"] == nbytes),
-            key=lambda w: w["stages"],
-        )
-        for mode, c in colors.items():
-            xs = [w["stages"] for w in chains]
-            ys = [w["modes"][mode]["p50"] / 1e3 for w in chains]
-            ax.plot(xs, ys, style, marker="o", color=c, label=f"{mode}, {fmt_size(nbytes)}")
-    ax.set_yscale("log")
-    ax.set_xlabel("stages (alternating cpu / npu)")
-    ax.set_ylabel("frame latency p50 (us, log)")
-    ax.set_title("relu chains")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
+    labels, vals = [], []
+    for k, e in sets.items():
+        h = get(e, "pipelines", "identity", "modes", "direct+shared", "per_hop", "p50")
+        if h is not None:
+            labels.append(f"hostless {k}")
+            vals.append(h / 1e3)
+    for kind, nm in (("cg", "Ray CG"), ("actors", "Ray actors")):
+        h = get(result, "ray", kind, "identity", "per_hop", "p50")
+        if h is not None:
+            labels.append(nm)
+            vals.append(h / 1e3)
+    c_spin = get(result, "references", "c_spin", "p50")
+    if c_spin is not None:
+        labels.append("C spin ping-pong")
+        vals.append(c_spin / 2e3)
+    ax.barh(range(len(labels)), vals, color="#27ae60")
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("per hop p50 (us, log)")
+    ax.set_title("identity chain, direct+shared: per hop")
+    ax.grid(alpha=0.3, axis="x")
 
     ax = axes[1]
-    keys = [k for k, w in wl.items() if "modes" in w]
+    pls = [
+        p for p in ("identity", "vision_small", "vision_large", "diamond") if get(sets, key, "pipelines", p)
+    ]
     width = 0.2
     for j, (mode, c) in enumerate(colors.items()):
         ax.bar(
-            [i + (j - 1.5) * width for i in range(len(keys))],
-            [wl[k]["modes"][mode]["speedup"] for k in keys],
+            [i + (j - 1.5) * width for i in range(len(pls))],
+            [sets[key]["pipelines"][p]["modes"][mode]["speedup"] for p in pls],
             width,
             color=c,
             label=mode,
         )
-    ax.set_xticks(range(len(keys)))
-    ax.set_xticklabels(
-        [k.replace("chain_", "c").replace("_", "/") for k in keys], rotation=45, ha="right", fontsize=7
-    )
+    ax.set_xticks(range(len(pls)))
+    ax.set_xticklabels(pls, fontsize=8)
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_ylabel("speedup vs host+copy (p50)")
-    ax.set_title("speedup per workload")
+    ax.set_ylabel("latency speedup vs host+copy (p50)")
+    ax.set_title(f"speedup per pipeline ({key})")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
 
     ax = axes[2]
-    vs = get(result, "workloads", "vision_stream", "variants") or {}
-    labels = list(vs)
+    vs = get(sets, key, "pipelines", "vision_large", "stream") or {}
+    names = list(vs)
     ax.barh(
-        range(len(labels)),
-        [vs[k]["fps"] for k in labels],
-        color=[colors[mode_name(vs[k]["dispatch"], vs[k]["data"])] for k in labels],
+        range(len(names)),
+        [vs[k]["fps"] for k in names],
+        color=[colors[mode_name(vs[k]["dispatch"], vs[k]["data"])] for k in names],
     )
-    ax.set_yticks(range(len(labels)))
-    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels(names, fontsize=7)
     ax.set_xlabel("frames / s")
-    ax.set_title("vision pipeline, streaming")
+    ax.set_title(f"data-bound pipeline, streaming ({key})")
     ax.grid(alpha=0.3, axis="x")
     m = result["machine"]
     fig.suptitle(f"hostless pipeline benchmark: {m['hostname']}, {m['nproc']} CPUs, {m['date']}", fontsize=10)
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     for js in args.results:
         result = json.loads(js.read_text(encoding="utf-8"))
-        if result.get("benchmark") != "pipeline":
+        if result.get("benchmark") != "pipeline-native":
             print(f"{js}: not a pipeline result, skipped", file=sys.stderr)
             continue
         png = js.with_suffix(".png")

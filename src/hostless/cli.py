@@ -9,7 +9,7 @@
                                        remove domains no live participant uses
     hostless bench fences [--quick] [-o DIR] [-n N] [--no-write]
     hostless bench buffers [--quick] [-o DIR] [--max-size SIZE] [--no-write]
-    hostless bench pipeline [--quick] [-o DIR] [-n N] [--no-pin] [--no-write]
+    hostless bench pipeline [--quick] [-o DIR] [-n N] [--agents SETS] [--no-ray] [--no-pin] [--no-write]
     hostless trace NAME -o out.json    the domain's trace ring as Chrome / Perfetto JSON
     hostless chaos [--kills N] [--workers W] [--seconds S] [--fences F] [--seed X] [-o DIR]
                                        protocol stress (exit status 1 on any anomaly, hang or leak)
@@ -269,6 +269,10 @@ def cmd_bench_pipeline(args: argparse.Namespace) -> int:
     if args.frames is not None:
         cfg.frames = max(1, args.frames)
         cfg.rounds = max(1, min(cfg.rounds, cfg.frames))
+    if args.agents:
+        cfg.agent_sets = tuple(a.strip() for a in args.agents.split(",") if a.strip())
+    if args.no_ray:
+        cfg.ray = False
     if args.no_pin:
         cfg.pin = False
     return _report(pipeline, pipeline.run(cfg), args)
@@ -429,13 +433,21 @@ def build_parser() -> argparse.ArgumentParser:
     bp = _bench_parser(
         bsub,
         "pipeline",
-        "graphs in the four modes (host/direct x copy/shared), per-hop overhead, "
-        "multiprocessing and Ray peers (their scripts: benchmarks/peers)",
+        "graphs in the four modes (host/direct x copy/shared) on native and Python agents, per-hop "
+        "cost, C references, Ray peers (benchmarks/peers/ray_pipelines.py)",
         "a small run (well under a minute)",
         "do not pin the agents to CPUs",
         cmd_bench_pipeline,
     )
     bp.add_argument("-n", "--frames", type=int, default=None, metavar="N", help="frames per latency figure")
+    bp.add_argument(
+        "--agents",
+        default=None,
+        metavar="SETS",
+        help="comma-separated agent sets (default: native-poll,native-park,python-poll,python-park; "
+        "the first one's figures are the goals')",
+    )
+    bp.add_argument("--no-ray", action="store_true", help="skip the Ray peers even when ray is importable")
 
     t = sub.add_parser("trace", help="export the domain's trace ring as Chrome / Perfetto JSON")
     t.add_argument("name", help="domain name (/dev/shm/NAME)")

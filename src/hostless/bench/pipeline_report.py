@@ -2,28 +2,33 @@
 measures).
 
 :func:`derive` adds the per-hop figures, :func:`evaluate_goals` checks the
-issue's goals, :func:`report_markdown` / :func:`print_report` /
-:func:`write_results` report a finished result dict.  The plot is drawn by
-``benchmarks/plot.py`` in the repository, outside the installed package.
+issue's goals (each: the measured value, the goal, met or not, and when not
+met the measured reason: where the time goes, from the traced frames),
+:func:`report_markdown` / :func:`print_report` / :func:`write_results` report a
+finished result dict.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from . import report
 from .harness import met, ratio
-from .pipeline_workloads import BASELINE, BEST, mode_name
-from .report import fmt_met, fmt_ns, fmt_ratio, fmt_size, header, markdown_table
+from .pipeline_workloads import BASELINE, BEST
+from .report import fmt_met, fmt_ns, fmt_ratio, header, markdown_table
 
 __all__ = [
-    "RAY_MEASURED_P50_NS",
     "DEFAULT_OUT_DIR",
+    "HOP_LIMIT_NS",
     "derive",
     "get",
+    "default_set",
     "evaluate_goals",
+    "travel_rows",
+    "travel_figure",
     "report_markdown",
     "write_results",
     "print_report",
@@ -31,58 +36,77 @@ __all__ = [
 
 DEFAULT_OUT_DIR = "benchmarks/results"
 
-RAY_MEASURED_P50_NS = (142_000.0, 261_000.0)
-"""Ray 2.60 Compiled Graph a->b echo, p50 on the 2-core dev machine (shared/measured.md, 2026-11-30)."""
+HOP_LIMIT_NS = {"small": 2000.0, "large": 1000.0}
+"""Per-hop goal: <= 2 us on a machine with fewer than 16 CPUs (the 2-core VM), <= 1 us with 16+."""
+
+RAY_INSTALL = "pip install 'hostless[bench]'"
 
 
-def derive(result: dict[str, Any]) -> None:
-    """Per-hop figures of the chains: frame p50 / N, and the slope between the shortest and longest chain."""
-    wl = result["workloads"]
-    hops: dict[str, Any] = {}
-    for w in wl.values():
-        if w["kind"] != "chain":
-            continue
-        for st in w["modes"].values():
-            st["per_hop_ns"] = st["p50"] / w["stages"]
-    sizes = sorted({w["nbytes"] for w in wl.values() if w["kind"] == "chain"})
-    for nbytes in sizes:
-        chains = sorted(
-            (w for w in wl.values() if w["kind"] == "chain" and w["nbytes"] == nbytes),
-            key=lambda w: w["stages"],
-        )
-        if len(chains) < 2:
-            continue
-        lo, hi = chains[0], chains[-1]
-        for mode in hi["modes"]:
-            slope = (hi["modes"][mode]["p50"] - lo["modes"][mode]["p50"]) / (hi["stages"] - lo["stages"])
-            hops.setdefault(str(nbytes), {})[mode] = {
-                "per_hop_ns": hi["modes"][mode]["p50"] / hi["stages"],
-                "slope_ns": slope,
-                "stages": hi["stages"],
-            }
-    result["per_hop"] = hops
-
-
-def get(result: dict[str, Any], *path: str) -> Any:
+def get(result: Mapping[str, Any], *path: str) -> Any:
+    """``result[path[0]][path[1]]...``, or None where a key is missing."""
     cur: Any = result
     for p in path:
-        if not isinstance(cur, dict) or p not in cur:
+        if not isinstance(cur, Mapping) or p not in cur:
             return None
         cur = cur[p]
     return cur
 
 
-def evaluate_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's goals, each as a ratio measured in this run (``met`` None when a figure is missing)."""
-    goals: list[dict[str, Any]] = []
-    cfg = result["config"]
-    small, large = min(cfg["chain_sizes"]), max(cfg["chain_sizes"])
-    nmax = max(cfg["chain_stages"])
-    ck = f"chain_{small}_{nmax}"
-    best_hop = get(result, "per_hop", str(small), BEST, "per_hop_ns")
-    base_hop = get(result, "per_hop", str(small), BASELINE, "per_hop_ns")
+def default_set(result: Mapping[str, Any]) -> str | None:
+    """The agent set whose figures the goals use: the first configured one that was measured."""
+    for k in result["config"].get("agent_sets", []):
+        if k in result.get("agent_sets", {}):
+            return str(k)
+    return None
 
-    def add(goal: str, figure: str, value: float | None, limit: float, at_most: bool, detail: str) -> None:
+
+def derive(result: dict[str, Any]) -> None:
+    """Per-hop figures of the identity chain (frame / hops, with p10 / p90), per agent set and mode,
+    and of Ray's identity pipeline (the same hop count)."""
+    for entry in result.get("agent_sets", {}).values():
+        ident = get(entry, "pipelines", "identity")
+        if not ident:
+            continue
+        hops = ident["hops"]
+        for st in ident["modes"].values():
+            st["per_hop"] = {k: st[k] / hops for k in ("p50", "p10", "p90")}
+    ray = result.get("ray") or {}
+    for kind in ("cg", "actors"):
+        st = get(ray, kind, "identity")
+        if st and "p50" in st:
+            st["per_hop"] = {k: st[k] / 3 for k in ("p50", "p10", "p90")}
+
+
+def _steps_text(bd: Mapping[str, Any] | None, limit: int = 5) -> str:
+    """The largest steps of a traced frame: ``step p50`` joined, biggest first."""
+    if not bd or not bd.get("steps"):
+        return "no traced frames"
+    steps = {k: v["p50"] for k, v in bd["steps"].items() if k != "frame"}
+    top = sorted(steps.items(), key=lambda kv: -kv[1])[:limit]
+    return ", ".join(f"{k} {fmt_ns(v)}" for k, v in top)
+
+
+def evaluate_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's goals on the default agent set, each with its measured value, its limit,
+    whether it is met (None when a figure is missing) and the reason (measured) when not."""
+    goals: list[dict[str, Any]] = []
+    key = default_set(result)
+    base: Any = get(result, "agent_sets", key) if key else None
+    refs = result.get("references", {})
+    bd = result.get("breakdown", {})
+    ncpu = int(result["machine"].get("nproc") or 1)
+
+    def add(
+        goal: str,
+        figure: str,
+        value: float | None,
+        limit: float,
+        at_most: bool,
+        unit: str,
+        why: str,
+        detail: str,
+    ) -> None:
+        m = met(value, limit, at_most)
         goals.append(
             {
                 "goal": goal,
@@ -90,259 +114,471 @@ def evaluate_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "value": value,
                 "limit": limit,
                 "at_most": at_most,
-                "met": met(value, limit, at_most),
+                "unit": unit,
+                "met": m,
+                "reason": None if m else why,
                 "detail": detail,
             }
         )
 
+    # 1. per hop
+    big = ncpu >= 16
+    limit = HOP_LIMIT_NS["large" if big else "small"]
+    hop = get(base, "pipelines", "identity", "modes", BEST, "per_hop")
+    c_spin = get(refs, "c_spin", "p50")
+    poll_rt = get(refs, "native_poll_round_trip", "p50")
+    ident_bd = get(bd, "identity", BEST)
     add(
-        "per-hop overhead in direct+shared <= 5 us",
-        f"{nmax}-stage relu chain, {fmt_size(small)}: frame p50 / {nmax}",
-        best_hop,
-        5000.0,
+        f"per hop <= {fmt_ns(limit)} ({'16+' if big else 'fewer than 16'} CPUs: {ncpu} here), polling agents",
+        f"identity chain (2 copy stages, {result['config']['identity_floats']} f32), {key}, direct+shared: "
+        "frame p50 / 3 hops",
+        hop["p50"] if hop else None,
+        limit,
         True,
-        f"slope {fmt_ns(get(result, 'per_hop', str(small), BEST, 'slope_ns'))} per added stage",
+        "ns",
+        f"agents: cpu {get(base, 'agents', 'cpu')}, npu {get(base, 'agents', 'npu')}; "
+        f"traced frame ({get(ident_bd, 'frames')} frames): {_steps_text(ident_bd)}; "
+        f"the C spin round trip is {fmt_ns(c_spin)} ({fmt_ns(c_spin / 2 if c_spin else None)} a hop); "
+        f"host and one native agent both polling (2 processes, not 3, on {ncpu} CPUs): round trip "
+        f"{fmt_ns(poll_rt)} ({fmt_ns(poll_rt / 2 if poll_rt else None)} a hop)",
+        f"p10 {fmt_ns(hop['p10'] if hop else None)}, p90 {fmt_ns(hop['p90'] if hop else None)}",
     )
-    add(
-        "per-hop overhead >= 10x lower than host+copy",
-        f"{nmax}-stage relu chain, {fmt_size(small)}: host+copy per hop / direct+shared per hop",
-        ratio(base_hop, best_hop),
-        10.0,
-        False,
-        f"host+copy {fmt_ns(base_hop)} vs direct+shared {fmt_ns(best_hop)} per hop",
-    )
-    ray = result["peers"].get("ray", {})
-    echo = get(result, "workloads", "echo", "modes", BEST, "p50")
-    if ray.get("status") == "measured":
-        ray_p50, src = float(ray["p50"]), f"Ray {ray['version']} measured in this run"
+    # 2. Ray Compiled Graphs
+    ray = result.get("ray") or {}
+    ray_hop = get(ray, "cg", "identity", "per_hop", "p50")
+    if ray.get("status") != "measured":
+        why = (
+            f"Ray not measured: {ray.get('status')} (the optional extra: {RAY_INSTALL})"
+            if ray.get("status") == "not installed"
+            else f"Ray not measured: {ray.get('status')}"
+        )
+    elif ray_hop is None:
+        why = f"Ray Compiled Graph identity pipeline failed: {get(ray, 'cg', 'identity', 'error')}"
     else:
-        ray_p50, src = (
-            RAY_MEASURED_P50_NS[0],
-            "Ray 2.60 from shared/measured.md (142 us, the low end; not installed here)",
+        why = (
+            f"Ray CG {fmt_ns(ray_hop)} a hop vs hostless {fmt_ns(hop['p50'] if hop else None)}; hostless: "
+            + (_steps_text(ident_bd, 3))
         )
     add(
-        ">= 25x lower per-hop latency than Ray Compiled Graphs",
-        "2-stage echo (copy kernels, 4 KiB), direct+shared: Ray a->b p50 / hostless p50",
-        ratio(ray_p50, echo),
+        ">= 25x lower per-hop cost than Ray Compiled Graphs",
+        f"identity chain: Ray {ray.get('version') or ''} CG per hop / hostless {key} direct+shared per hop",
+        ratio(ray_hop, hop["p50"] if hop else None),
         25.0,
         False,
-        f"{src}; hostless {fmt_ns(echo)}",
+        "x",
+        why,
+        f"Ray CG {fmt_ns(ray_hop)}, hostless {fmt_ns(hop['p50'] if hop else None)} a hop",
     )
-    for d in ("host", "direct"):
-        c = get(result, "workloads", f"chain_{large}_{nmax}", "modes", mode_name(d, "copy"), "p50")
-        s = get(result, "workloads", f"chain_{large}_{nmax}", "modes", mode_name(d, "shared"), "p50")
-        add(
-            f"shared beats copy on data-heavy chains >= 2x ({d} dispatch)",
-            f"{nmax}-stage relu chain, {fmt_size(large)}: {d}+copy / {d}+shared",
-            ratio(c, s),
-            2.0,
-            False,
-            f"{fmt_ns(c)} vs {fmt_ns(s)}",
-        )
+    # 3. latency-bound pipeline
+    vs = get(base, "pipelines", "vision_small", "modes")
+    sp = get(vs, BEST, "speedup")
+    hc_bd, ds_bd = get(bd, "vision_small", BASELINE), get(bd, "vision_small", BEST)
+    hc, ds = get(vs, BASELINE, "p50"), get(vs, BEST, "p50")
+    k_ds = get(ds_bd, "kernels_p50")
     add(
-        "direct+shared beats host+copy >= 11x on the latency-bound chain",
-        f"{nmax}-stage relu chain, {fmt_size(small)}: host+copy / direct+shared frame p50",
-        get(result, "workloads", ck, "modes", BEST, "speedup"),
+        "direct+shared >= 11x lower latency than host+copy, latency-bound pipeline",
+        f"vision pipeline, 5 stages, frame {result['config']['small_shape']}, {key}: host+copy p50 / "
+        "direct+shared p50",
+        sp,
         11.0,
         False,
-        f"{fmt_ns(get(result, 'workloads', ck, 'modes', BASELINE, 'p50'))} vs "
-        f"{fmt_ns(get(result, 'workloads', ck, 'modes', BEST, 'p50'))}",
+        "x",
+        f"traced: host+copy frame {fmt_ns(get(hc_bd, 'steps', 'frame', 'p50'))} = kernels "
+        f"{fmt_ns(get(hc_bd, 'kernels_p50'))} + hand-offs {fmt_ns(get(hc_bd, 'handoffs_p50'))}; "
+        "direct+shared "
+        f"frame {fmt_ns(get(ds_bd, 'steps', 'frame', 'p50'))} = kernels {fmt_ns(k_ds)} + hand-offs "
+        f"{fmt_ns(get(ds_bd, 'handoffs_p50'))}: with no hand-off at all the ratio would be at most "
+        f"{fmt_ratio(ratio(hc, k_ds))} (host+copy p50 / direct+shared kernel time)",
+        f"host+copy {fmt_ns(hc)} vs direct+shared {fmt_ns(ds)}",
+    )
+    # 4. data-bound pipeline, throughput
+    stream = get(base, "pipelines", "vision_large", "stream") or {}
+    best_key = max(
+        (k for k, v in stream.items() if v["dispatch"] == "direct" and v["data"] == "shared"),
+        key=lambda k: stream[k]["fps"],
+        default=None,
+    )
+    base_fps = get(stream, BASELINE, "fps")
+    best_fps = stream[best_key]["fps"] if best_key else None
+    lhc, lds = get(bd, "vision_large", BASELINE), get(bd, "vision_large", BEST)
+    add(
+        "direct+shared >= 2x the throughput of host+copy, data-bound pipeline",
+        f"vision pipeline, frame {result['config']['large_shape']}, {key}, streaming: best direct+shared "
+        "frames/s / host+copy frames/s",
+        ratio(best_fps, base_fps),
+        2.0,
+        False,
+        "x",
+        f"traced: host+copy frame {fmt_ns(get(lhc, 'steps', 'frame', 'p50'))} (kernels "
+        f"{fmt_ns(get(lhc, 'kernels_p50'))}, hand-offs and copies {fmt_ns(get(lhc, 'handoffs_p50'))}); "
+        f"direct+shared frame {fmt_ns(get(lds, 'steps', 'frame', 'p50'))} (kernels "
+        f"{fmt_ns(get(lds, 'kernels_p50'))}); largest steps of direct+shared: {_steps_text(lds, 3)}; "
+        f"the agents share {ncpu} CPUs with the host",
+        f"host+copy {base_fps or 0:.1f}/s vs {best_key} {best_fps or 0:.1f}/s",
+    )
+    # 5. parked wake-up
+    park = get(refs, "native_park_round_trip", "p50")
+    c_futex = get(refs, "c_futex", "p50")
+    add(
+        "a parked agent woken within 1.3x the C futex round trip",
+        "host -> parked native agent -> host (both asleep: two futex wake-ups) p50 / C futex ping-pong p50",
+        ratio(park, c_futex),
+        1.3,
+        True,
+        "x",
+        f"hostless {fmt_ns(park)} vs C {fmt_ns(c_futex)}: "
+        f"{fmt_ns(park - c_futex if park and c_futex else None)} "
+        "more per round trip in the host's push and timeline wait and the agent's pop, checks, kernel and "
+        "signal around the two wake-ups (polling both sides: "
+        f"{fmt_ns(get(refs, 'native_poll_round_trip', 'p50'))})",
+        f"Python parked agent {fmt_ns(get(refs, 'python_park_round_trip', 'p50'))}",
+    )
+    # 6. idle CPU
+    idle = get(refs, "idle", "native_park")
+    share = idle["core_share"] if idle else None
+    wk, fine = (idle.get("wakeups_per_s"), idle.get("oncpu_share")) if idle else (None, None)
+    slow = get(refs, "idle", "native_park_poll10ms")
+    idle_txt = ", ".join(
+        x
+        for x in (
+            f"{wk:.0f} wake-ups/s while idle: its doorbell sleep is bounded by the domain's poll_interval "
+            "(1 ms), so that a device ringing by a store alone is seen"
+            if wk is not None
+            else "",
+            f"on CPU {fine * 100:.2f} % by /proc/<pid>/schedstat"
+            + (f" ({fine / wk * 1e6:.1f} us a wake-up)" if wk else "")
+            if fine is not None
+            else "",
+            f"with poll_interval 10 ms: {slow['core_share'] * 100:.2f} %"
+            + (f", {slow['wakeups_per_s']:.0f} wake-ups/s" if slow.get("wakeups_per_s") is not None else "")
+            if slow
+            else "",
+        )
+        if x
+    )
+    add(
+        "an idle agent uses < 1% of a core",
+        f"parked native agent, utime + stime (/proc/<pid>/stat) over {idle['seconds']:.1f} s"
+        if idle
+        else "parked native agent",
+        share * 100 if share is not None else None,
+        1.0,
+        True,
+        "%",
+        idle_txt,
+        idle_txt,
     )
     return goals
 
 
-GOAL_HEADERS = ["goal", "figure", "reached", "met?", "detail"]
+def _fmt_value(g: Mapping[str, Any]) -> str:
+    v = g["value"]
+    if v is None:
+        return "n/a"
+    if g["unit"] == "ns":
+        return fmt_ns(v)
+    if g["unit"] == "%":
+        return f"{v:.2f} %"
+    return fmt_ratio(v)
 
 
-def goal_rows(result: dict[str, Any]) -> list[list[str]]:
+def _fmt_limit(g: Mapping[str, Any]) -> str:
+    lim = g["limit"]
+    op = "<=" if g["at_most"] else ">="
+    if g["unit"] == "ns":
+        return f"{op} {fmt_ns(lim)}"
+    if g["unit"] == "%":
+        return f"< {lim:g} %"
+    return f"{op} {lim:g}x"
+
+
+GOAL_HEADERS = ["goal", "figure", "measured", "goal value", "met?", "reason (when not met) / detail"]
+
+
+def goal_rows(result: Mapping[str, Any]) -> list[list[str]]:
     rows = []
     for g in result["goals"]:
-        v = g["value"]
-        reached = fmt_ns(v) if g["at_most"] else fmt_ratio(v)
-        rows.append([g["goal"], g["figure"], reached, fmt_met(g["met"]), g["detail"]])
+        why = g["reason"] if g["met"] is not True and g.get("reason") else g["detail"]
+        rows.append([g["goal"], g["figure"], _fmt_value(g), _fmt_limit(g), fmt_met(g["met"]), why])
     return rows
 
 
+SET_HEADERS = ["agent set", "cpu agent", "npu agent", "idle setting", "note"]
+
+
+def set_rows(result: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for k, e in result.get("agent_sets", {}).items():
+        a = e["agents"]
+        how = f"polls {e['agent_spin_s'] * 1e3:g} ms, then parks" if e["agent_spin_s"] else "parks at once"
+        rows.append([k, a["cpu"], a["npu"], how, a.get("npu_note") or ""])
+    return rows
+
+
+HOP_HEADERS = ["agent set", "mode", "frame p50", "per hop p50", "p10", "p90"]
+
+
+def hop_rows(result: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for k, e in result.get("agent_sets", {}).items():
+        ident = get(e, "pipelines", "identity", "modes") or {}
+        for mode, st in ident.items():
+            h = st.get("per_hop", {})
+            rows.append(
+                [k, mode, fmt_ns(st["p50"]), fmt_ns(h.get("p50")), fmt_ns(h.get("p10")), fmt_ns(h.get("p90"))]
+            )
+    for kind, label in (("cg", "Ray Compiled Graph"), ("actors", "Ray classic actors")):
+        st = get(result, "ray", kind, "identity")
+        if st and "per_hop" in st:
+            h = st["per_hop"]
+            rows.append([label, "-", fmt_ns(st["p50"]), fmt_ns(h["p50"]), fmt_ns(h["p10"]), fmt_ns(h["p90"])])
+    return rows
+
+
+PIPELINE_LABELS = {
+    "identity": "identity chain, 2 copy stages",
+    "vision_small": "vision pipeline, 5 stages, latency-bound",
+    "vision_large": "vision pipeline, 5 stages, data-bound",
+    "diamond": "diamond DAG, 4 stages",
+}
+
 LATENCY_HEADERS = [
-    "workload",
+    "pipeline",
+    "agent set",
     "mode",
     "p50",
+    "p10",
     "p90",
-    "per hop",
     "host CPU / frame",
-    "speedup vs host+copy",
+    "vs host+copy",
     "ok",
 ]
 
 
-def _workload_label(key: str, w: dict[str, Any]) -> str:
-    if w["kind"] == "chain":
-        return f"relu chain, {w['stages']} stages, {fmt_size(w['nbytes'])}"
-    if w["kind"] == "echo":
-        return "echo, 2 stages (copy), 4 KiB"
-    if w["kind"] == "gemm":
-        return f"GEMM chain, {w['stages']} x {w['n']}x{w['n']} f32"
-    if w["kind"] == "vision":
-        return f"vision pipeline, {w['stages']} stages, frame {w['shape'][0]}x{w['shape'][1]} u8"
-    if w["kind"] == "diamond":
-        return f"diamond DAG, {w['stages']} stages, frame {w['shape'][0]}x{w['shape'][1]} u8"
-    return key
-
-
-def latency_rows(result: dict[str, Any]) -> list[list[str]]:
+def latency_rows(result: Mapping[str, Any]) -> list[list[str]]:
     rows = []
-    for key, w in result["workloads"].items():
-        if "modes" not in w:
-            continue
-        label = _workload_label(key, w)
-        for mode, st in w["modes"].items():
-            rows.append(
-                [
-                    label,
-                    mode,
-                    fmt_ns(st["p50"]),
-                    fmt_ns(st["p90"]),
-                    fmt_ns(st["p50"] / w["stages"]),
-                    fmt_ns(st["host_cpu_per_frame_ns"]),
-                    fmt_ratio(st["speedup"]),
-                    "yes" if st["verified"] else "NO",
-                ]
-            )
-            label = ""
+    sets = result.get("agent_sets", {})
+    names = [p for p in PIPELINE_LABELS if any(p in e.get("pipelines", {}) for e in sets.values())]
+    for pl in names:
+        label = PIPELINE_LABELS[pl]
+        for k, e in sets.items():
+            w = get(e, "pipelines", pl)
+            if not w:
+                continue
+            if label and "shape" in w:
+                label += f" ({w['shape'][0]}x{w['shape'][1]})"
+            for mode, st in w.get("modes", {}).items():
+                rows.append(
+                    [
+                        label,
+                        k,
+                        mode,
+                        fmt_ns(st["p50"]),
+                        fmt_ns(st.get("p10")),
+                        fmt_ns(st["p90"]),
+                        fmt_ns(st["host_cpu_per_frame_ns"]),
+                        fmt_ratio(st["speedup"]),
+                        "yes" if st["verified"] else "NO",
+                    ]
+                )
+                label = ""
     return rows
 
 
 STREAM_HEADERS = [
+    "agent set",
     "mode",
     "in flight",
     "frames/s",
     "time per frame",
     "host CPU / frame",
-    "speedup vs host+copy",
+    "vs host+copy",
 ]
 
 
-def stream_rows(result: dict[str, Any]) -> list[list[str]]:
-    vs = get(result, "workloads", "vision_stream", "variants") or {}
+def stream_rows(result: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for k, e in result.get("agent_sets", {}).items():
+        for v in (get(e, "pipelines", "vision_large", "stream") or {}).values():
+            rows.append(
+                [
+                    k,
+                    f"{v['dispatch']}+{v['data']}",
+                    str(v["inflight"]),
+                    f"{v['fps']:.1f}",
+                    fmt_ns(v["frame_ns"]),
+                    fmt_ns(v["host_cpu_per_frame_ns"]),
+                    fmt_ratio(v["speedup"]),
+                ]
+            )
+    for kind, label in (("cg", "Ray Compiled Graph"), ("actors", "Ray classic actors")):
+        fps = get(result, "ray", kind, "vision_large", "fps") or {}
+        for k, v in fps.items():
+            rows.append([label, "-", str(k), f"{v:.1f}", fmt_ns(1e9 / v if v else None), "-", "-"])
+    return rows
+
+
+RAY_HEADERS = [
+    "pipeline",
+    "hostless direct+shared",
+    "Ray CG",
+    "Ray CG / hostless",
+    "Ray actors",
+    "actors / hostless",
+]
+
+
+def ray_rows(result: Mapping[str, Any]) -> list[list[str]]:
+    ray = result.get("ray") or {}
+    if ray.get("status") != "measured":
+        return [[f"Ray: {ray.get('status')} ({RAY_INSTALL} adds it)", "-", "-", "-", "-", "-"]]
+    key = default_set(result)
+    rows = []
+    for pl, label in PIPELINE_LABELS.items():
+        hl = get(result, "agent_sets", key, "pipelines", pl, "modes", BEST, "p50") if key else None
+        cells = [label, fmt_ns(hl)]
+        for kind in ("cg", "actors"):
+            st = get(ray, kind, pl) or {}
+            if "p50" in st:
+                cells += [fmt_ns(st["p50"]), fmt_ratio(ratio(st["p50"], hl))]
+            else:
+                cells += [f"failed: {str(st.get('error', 'not measured'))[:80]}", "-"]
+        rows.append(cells)
+    return rows
+
+
+REF_HEADERS = ["reference", "p50", "p10", "p90", "note"]
+
+
+def ref_rows(result: Mapping[str, Any]) -> list[list[str]]:
+    refs = result.get("references", {})
+    labels = {
+        "c_spin": ("C ping-pong, spin (pingpong.c)", "both sides busy-wait on one cache line"),
+        "c_futex": ("C ping-pong, futex (pingpong.c)", "both sides sleep in FUTEX_WAIT: two wake-ups"),
+        "native_poll_round_trip": (
+            "host -> native agent -> host, polling",
+            "agent polls, host spins; on two CPUs as the C ping-pong",
+        ),
+        "native_park_round_trip": (
+            "host -> native agent -> host, parked",
+            "both asleep: two futex wake-ups; on two CPUs as the C ping-pong",
+        ),
+        "python_park_round_trip": ("host -> Python agent -> host, parked", "the previous agent loop"),
+    }
+    rows = []
+    for k, (label, note) in labels.items():
+        st = refs.get(k)
+        if st:
+            rows.append([label, fmt_ns(st["p50"]), fmt_ns(st.get("p10")), fmt_ns(st.get("p90")), note])
+    for k, st in (refs.get("idle") or {}).items():
+        wk, fine = st.get("wakeups_per_s"), st.get("oncpu_share")
+        rows.append(
+            [
+                f"idle agent: {k.replace('_', ' ')}",
+                f"{st['core_share'] * 100:.2f} % of a core",
+                "-",
+                "-",
+                f"over {st['seconds']:.1f} s (tick {st['tick_s'] * 1e3:g} ms)"
+                + (f", {wk:.0f} wake-ups/s" if wk is not None else "")
+                + (f", schedstat {fine * 100:.2f} %" if fine is not None else ""),
+            ]
+        )
+    return rows
+
+
+STEP_LABELS = {
+    "submit": "host: write inputs, patch and push the first packet (queue + doorbell)",
+    "wake": "doorbell -> agent pops the packet (poll or futex wake-up)",
+    "run": "agent: checks, input waits, kernel",
+    "signal": "agent: signal the stage's timeline",
+    "next": "-> next packet enqueued (direct: the agent's follow-up push; host: host wakes, copies, pushes)",
+    "host_wake": "last signal -> host's wait returns, outputs read",
+}
+
+TRAVEL_HEADERS = ["step", "what", "p50", "p10", "p90"]
+
+
+def travel_figure(bd: Mapping[str, Any] | None, title: str = "") -> list[str]:
+    """A mermaid sequence diagram of a traced 2-stage direct-dispatch frame (the identity chain),
+    each arrow labelled with its step's measured p50; [] without the figures."""
+    st = (bd or {}).get("steps") or {}
+    names = list((bd or {}).get("stages") or [])
+    if len(names) != 2 or any(f"{n}.run" not in st for n in names):
+        return []
+    a, b = names
+
+    def t(k: str) -> str:
+        return fmt_ns(st[k]["p50"]) if k in st else "n/a"
+
     return [
-        [
-            mode_name(v["dispatch"], v["data"]),
-            str(v["inflight"]),
-            f"{v['fps']:.0f}",
-            fmt_ns(v["frame_ns"]),
-            fmt_ns(v["host_cpu_per_frame_ns"]),
-            fmt_ratio(v["speedup"]),
-        ]
-        for v in vs.values()
+        "```mermaid",
+        "sequenceDiagram",
+        *([f"    %% {title}"] if title else []),
+        "    participant H as host (CompiledGraph.run)",
+        "    participant QA as queue A (ring + doorbell)",
+        "    participant A as agent A (cpu)",
+        "    participant QB as queue B (ring + doorbell)",
+        "    participant B as agent B (npu)",
+        f"    H->>QA: write inputs, patch frame words, push packet ({t('submit')})",
+        f"    QA-->>A: doorbell: polled or futex wake-up, pop ({t(a + '.wake')})",
+        f"    A->>A: check handles, wait inputs, kernel ({t(a + '.run')})",
+        f"    A->>A: signal timeline A = frame ({t(a + '.signal')})",
+        f"    A->>QB: push the follow-up packet ({t(a + '.next')})",
+        f"    QB-->>B: doorbell: polled or futex wake-up, pop ({t(b + '.wake')})",
+        f"    B->>B: check handles, wait inputs, kernel ({t(b + '.run')})",
+        f"    B->>B: signal timeline B = frame ({t(b + '.signal')})",
+        f"    B-->>H: the host's timeline wait returns, outputs read ({t('host_wake')})",
+        f"    Note over H,B: frame {t('frame')} (p50 of each step; the steps of one frame add up to it)",
+        "```",
     ]
 
 
-HOP_HEADERS = ["tensor", "mode", "frame p50 / N", "slope per added stage"]
-
-
-def hop_rows(result: dict[str, Any]) -> list[list[str]]:
+def travel_rows(bd: Mapping[str, Any] | None) -> list[list[str]]:
+    """The steps of a traced frame in travel order, with what each is."""
+    if not bd or not bd.get("steps"):
+        return []
     rows = []
-    for nbytes, modes in result.get("per_hop", {}).items():
-        for mode, h in modes.items():
-            rows.append([fmt_size(int(nbytes)), mode, fmt_ns(h["per_hop_ns"]), fmt_ns(h["slope_ns"])])
-    return rows
-
-
-PEER_HEADERS = ["peer", "p50", "p90", "p99", "per hop (p50 / N)"]
-
-
-def peer_rows(result: dict[str, Any]) -> list[list[str]]:
-    rows = []
-    for key, p in result["peers"].items():
-        if key == "ray":
-            if p.get("status") == "measured":
-                rows.append(
-                    [
-                        f"Ray {p['version']} Compiled Graph, 2-actor echo",
-                        fmt_ns(p["p50"]),
-                        fmt_ns(p["p90"]),
-                        fmt_ns(p["p99"]),
-                        fmt_ns(p["p50"] / 2),
-                    ]
-                )
-            else:
-                lo, hi = RAY_MEASURED_P50_NS
-                rows.append(
-                    [
-                        f"Ray Compiled Graph, 2-actor echo: {p.get('status')} (shared/measured.md: Ray 2.60)",
-                        f"{fmt_ns(lo)} - {fmt_ns(hi)}",
-                        "-",
-                        "-",
-                        f"{fmt_ns(lo / 2)} - {fmt_ns(hi / 2)}",
-                    ]
-                )
+    for k, st in bd["steps"].items():
+        if k == "frame":
             continue
-        n = p.get("stages", 2)
-        rows.append([p["label"], fmt_ns(p["p50"]), fmt_ns(p["p90"]), fmt_ns(p["p99"]), fmt_ns(p["p50"] / n)])
-    rt = result.get("spin_round_trip")
-    if rt:
+        what = STEP_LABELS.get(k.rsplit(".", 1)[-1], "")
+        rows.append([k, what, fmt_ns(st["p50"]), fmt_ns(st["p10"]), fmt_ns(st["p90"])])
+    f = bd["steps"].get("frame")
+    if f:
         rows.append(
             [
-                "host -> cpu agent -> host round trip (4 KiB relu), both polling, no wake-up",
-                fmt_ns(rt["p50"]),
-                fmt_ns(rt["p90"]),
-                fmt_ns(rt["p99"]),
-                fmt_ns(rt["p50"] / 2),
-            ]
-        )
-    for kind, fl in result.get("agent_floor", {}).items():
-        what = "KERNEL packet" if kind == "cpu" else "ERT START_CU packet"
-        rows.append(
-            [
-                f"agent floor, {kind}: one {what} (4 KiB relu) in one process, no wake-up",
-                fmt_ns(fl["p50"]),
-                fmt_ns(fl["p90"]),
-                fmt_ns(fl["p99"]),
-                fmt_ns(fl["p50"]),
+                "frame",
+                "the host's span around CompiledGraph.run",
+                fmt_ns(f["p50"]),
+                fmt_ns(f["p10"]),
+                fmt_ns(f["p90"]),
             ]
         )
     return rows
 
 
-def _chain_vs_peers_rows(result: dict[str, Any]) -> list[list[str]]:
-    """Hostless direct+shared against multiprocessing chains of the same length and size."""
-    rows = []
-    for w in result["workloads"].values():
-        if w["kind"] != "chain":
-            continue
-        n, nb = w["stages"], w["nbytes"]
-        hl50 = w["modes"][BEST]["p50"]
-        pipe = result["peers"].get(f"pipe_chain_{nb}_{n}")
-        queue = result["peers"].get(f"queue_chain_{nb}_{n}")
-        rows.append(
-            [
-                f"{n} stages, {fmt_size(nb)}",
-                fmt_ns(hl50),
-                fmt_ns(pipe["p50"]) if pipe else "-",
-                fmt_ratio(ratio(pipe["p50"], hl50)) if pipe else "-",
-                fmt_ns(queue["p50"]) if queue else "-",
-                fmt_ratio(ratio(queue["p50"], hl50)) if queue else "-",
-            ]
-        )
-    return rows
-
-
-def report_markdown(result: dict[str, Any], plot_file: str | None = None) -> str:
-    """The readable report of one run (``plot_file``: a PNG to show, see benchmarks/plot.py)."""
+def report_markdown(result: Mapping[str, Any], plot_file: str | None = None) -> str:
+    """The readable report of one run."""
     cfg = result["config"]
-    ray = result["peers"].get("ray", {})
+    ray = result.get("ray") or {}
+    m = result["machine"]
+    key = default_set(result)
+    npu = (get(result, "agent_sets", key, "agents") if key else None) or {}
     lines = header(
-        "pipeline",
+        "pipeline (native agents)",
         result,
         [
-            f"placement: {result['placement']['note']}; one cpu agent and one npu agent, stages alternate "
-            f"between them; host waits spin {result.get('host_spin_s', 50e-6) * 1e6:g} us before sleeping, "
-            "agents 50 us (their default); "
-            f"{cfg.get('blas_threads', 0) or 'default'} BLAS thread(s) per agent",
-            f"{cfg['frames']} frames per latency figure in {cfg['rounds']} interleaved round(s) after "
-            f"{cfg['warmup']} "
-            f"warm-up frames per mode; {cfg['stream_frames']} frames per streaming figure"
+            f"placement: {result['placement']['note']}; host waits spin "
+            f"{result.get('host_spin_s', 0) * 1e6:g} us "
+            f"before sleeping; {cfg.get('blas_threads', 0) or 'default'} BLAS thread(s) per agent",
+            f"load average at start {m.get('loadavg_at_start')}, at end {m.get('loadavg_at_end')} "
+            "(other work shares this machine: every figure of one run shares that load)",
+            f"{cfg['frames']} frames per latency figure ({cfg['large_frames']} for the data-bound "
+            "pipeline) in "
+            f"{cfg['rounds']} interleaved round(s) after {cfg['warmup']} warm-up frames per mode"
             f"{' (--quick run)' if cfg['quick'] else ''}",
+            f"npu agent of the default set ({key}): {npu.get('npu', '?')}"
+            + (f" ({npu['npu_note']})" if npu.get("npu_note") else ""),
         ],
         cpus_note=f" ({result['cpus_available']} available to the run)",
         arch=False,
@@ -351,101 +587,113 @@ def report_markdown(result: dict[str, Any], plot_file: str | None = None) -> str
     lines += [
         "## Goals",
         "",
-        "Every ratio is of medians (p50) measured in this run, except Ray's when it is not installed.",
+        f"On the default agent set ({key}); every ratio is of medians (p50) measured in this run.",
         "",
         markdown_table(GOAL_HEADERS, goal_rows(result)),
         "",
-    ]
-    if plot_file:
-        lines += [f"![pipeline benchmark]({plot_file})", ""]
-    lines += [
-        "## Frame latency (`CompiledGraph.run`, one frame at a time)",
+        *([f"![pipeline benchmark]({plot_file})", ""] if plot_file else []),
+        "## Agent sets",
         "",
-        "host CPU / frame is `time.process_time()` of the host process over the measured frames: what the "
-        "orchestrating CPU spends (spinning included) while the agents work.",
+        markdown_table(SET_HEADERS, set_rows(result)),
         "",
-        markdown_table(LATENCY_HEADERS, latency_rows(result)),
+        "## Per-hop cost (identity chain: 2 copy stages, cpu then npu)",
         "",
-        "## Per-hop overhead (relu chains alternating cpu and npu)",
-        "",
-        "frame p50 / N is the issue's definition (it includes the host's submit and final wait and the input "
-        "and output copies, spread over the N hops); the slope is (p50 of the longest chain - p50 of the "
-        "shortest) / (difference in stages): the cost of one more hop with the fixed costs removed.",
+        "per hop = frame latency / 3 hops (host -> s0 -> s1 -> host; Ray: driver -> a -> b -> driver).",
         "",
         markdown_table(HOP_HEADERS, hop_rows(result)),
         "",
-        "## Streaming (`CompiledGraph.stream`), vision pipeline",
+        "## Frame latency (`CompiledGraph.run`, one frame at a time)",
         "",
-        "Host modes keep one frame in flight (the host waits for each stage); direct modes keep `inflight` "
-        "frames in flight and the host submits once per frame.",
+        "host CPU / frame: `time.process_time()` of the host over the measured frames.",
+        "",
+        markdown_table(LATENCY_HEADERS, latency_rows(result)),
+        "",
+        "## Streaming, data-bound pipeline (`CompiledGraph.stream`)",
+        "",
+        "Host modes keep one frame in flight; direct modes the number shown (Ray: frames in flight).",
         "",
         markdown_table(STREAM_HEADERS, stream_rows(result)),
         "",
-        "## Peers",
+        "## Ray on the identical pipelines (frame latency p50)",
         "",
-        markdown_table(PEER_HEADERS, peer_rows(result)),
+        markdown_table(RAY_HEADERS, ray_rows(result)),
         "",
-        "### hostless direct+shared against multiprocessing chains of the same shape",
+        "## References",
         "",
-        markdown_table(
-            [
-                "chain",
-                "hostless direct+shared",
-                "Pipe chain",
-                "Pipe / hostless",
-                "Queue chain",
-                "Queue / hostless",
-            ],
-            _chain_vs_peers_rows(result),
-        ),
+        markdown_table(REF_HEADERS, ref_rows(result)),
         "",
     ]
+    bd = result.get("breakdown") or {}
+    if bd:
+        lines += [
+            "## How a packet travels (traced frames)",
+            "",
+            f"Agent set {bd.get('agent_set')}, a second domain with a trace ring; each frame cut into "
+            "its steps "
+            "from the ring's ENQUEUE / START / END / SIGNAL events and a host span around `run` "
+            "(`hostless.bench.pipeline_trace`); the steps of a frame add up to it.",
+            "",
+        ]
+        for pl in ("identity", "vision_small", "vision_large"):
+            for mode in (BEST, BASELINE):
+                b = get(bd, pl, mode)
+                if not b:
+                    continue
+                lines += [
+                    f"### {PIPELINE_LABELS[pl]}, {mode} ({b['frames']} frames; kernels "
+                    f"{fmt_ns(b.get('kernels_p50'))}, hand-offs {fmt_ns(b.get('handoffs_p50'))})",
+                    "",
+                ]
+                if pl == "identity" and mode == BEST:
+                    fig = travel_figure(b)
+                    lines += [*fig, ""] if fig else []
+                lines += [markdown_table(TRAVEL_HEADERS, travel_rows(b)), ""]
     lines += report.errors_section(result)
     lines += [
         "## How it is measured",
         "",
-        "- One domain, one `cpu` agent (NumPy worker) and one `npu` agent (emulated NPU: every stage is an "
-        "ERT START_CU command buffer), spawned once; every workload is compiled in the four modes, each mode "
-        "checked against a NumPy reference, warmed up, then timed frame by frame in interleaved rounds.",
-        "- host dispatch: the host pushes a stage's packet, waits for the stage's timeline, (copy mode: "
-        "copies "
-        "the output into the next stage's private input), pushes the next.  direct dispatch: the host pushes "
-        "the first packet; each packet carries the next stage's packet (and in copy mode a copy packet) as a "
-        "follow-up that the agent enqueues itself; the host waits for the last timeline.",
-        "- multiprocessing peers: spawned processes chained by `Pipe(duplex=False)` or `Queue`, each "
-        "applying "
-        "the same relu (`np.maximum`) and sending the array on (pickled); the host sends into the first and "
-        "receives from the last.",
-        "- Ray: `ray.dag` two-actor echo compiled with `experimental_compile()`, in a child interpreter "
-        "(`benchmarks/peers/ray_echo.py`); the multiprocessing chains run from "
-        "`benchmarks/peers/mp_chain.py`.",
-        "- agent floor: `hostless.agents.loop.AgentLoop.execute` run in the benchmark process on a packet it "
-        "pushed and popped itself: the Python work of a hop without any cross-process wake-up.",
+        "- One domain, per agent set one `cpu` and one `npu` agent (stages alternate between them); every "
+        "pipeline compiled in the four modes, each checked against a NumPy reference, warmed up, then timed "
+        "frame by frame in interleaved rounds.",
+        "- Agent sets: native = the agent loop in C (`agents.spawn(..., native=True)`), python = the Python "
+        f"loop; poll = the agent polls {cfg.get('poll_spin', 0) * 1e3:g} ms after its last packet before it "
+        "parks, park = it parks on the futex at once.",
+        "- C references: `hostless/bench/pingpong.c` compiled now with gcc -O2, two processes pinned to "
+        "two CPUs.",
+        "- Idle CPU: utime + stime of the agent process (`/proc/<pid>/stat`) over the interval, its context "
+        "switches (`/proc/<pid>/status`) as wake-ups.",
+        "- Ray: `benchmarks/peers/ray_pipelines.py` in a child interpreter, two actors as the two "
+        "engines, the "
+        "same NumPy kernels; Compiled Graph (`experimental_compile`) and classic `.remote()` chains.",
         "",
-        "Reproduce: `hostless bench pipeline` (see benchmarks/README.md).",
+        "Reproduce: `hostless bench pipeline` from the repository root (see benchmarks/README.md).",
         "",
     ]
     return "\n".join(lines)
 
 
 def write_results(result: dict[str, Any], out_dir: str | os.PathLike[str] = DEFAULT_OUT_DIR) -> list[Path]:
-    """Write ``pipeline-<host>-<date>.json`` and ``.md`` into ``out_dir``; returns the paths.
-
-    The plot is drawn apart: ``python benchmarks/plot.py <the JSON>`` (needs matplotlib)
-    writes the ``.png`` beside it and shows it in the ``.md``.
-    """
-    return list(report.write_results("pipeline", result, report_markdown(result), out_dir))
+    """Write ``pipeline-native-<host>-<date>.json`` and ``.md`` into ``out_dir``; returns the paths."""
+    return list(report.write_results("pipeline-native", result, report_markdown(result), out_dir))
 
 
 def print_report(result: dict[str, Any], *, plain: bool = False) -> None:
-    """Print the goal, latency, streaming, per-hop and peer tables."""
+    """Print the goal, per-hop, latency, streaming, Ray and reference tables."""
+    key = default_set(result)
     report.print_tables(
         [
             ("hostless pipeline benchmark: goals", GOAL_HEADERS, goal_rows(result)),
+            ("agent sets", SET_HEADERS, set_rows(result)),
+            ("per-hop cost (identity chain)", HOP_HEADERS, hop_rows(result)),
             ("frame latency", LATENCY_HEADERS, latency_rows(result)),
-            ("per-hop overhead", HOP_HEADERS, hop_rows(result)),
-            ("vision pipeline, streaming", STREAM_HEADERS, stream_rows(result)),
-            ("peers", PEER_HEADERS, peer_rows(result)),
+            ("data-bound pipeline, streaming", STREAM_HEADERS, stream_rows(result)),
+            ("Ray on the identical pipelines", RAY_HEADERS, ray_rows(result)),
+            ("references", REF_HEADERS, ref_rows(result)),
+            (
+                f"how a packet travels: identity chain, direct+shared, {key}",
+                TRAVEL_HEADERS,
+                travel_rows(get(result, "breakdown", "identity", BEST)),
+            ),
         ],
         result,
         plain=plain,

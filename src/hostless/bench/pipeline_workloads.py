@@ -1,39 +1,38 @@
 """The hostless workloads of the pipeline benchmark and how each is timed.
 
-Graphs (:func:`relu_chain`, :func:`gemm_chain`, :func:`vision_graph`,
-:func:`diamond_graph`) are
-compiled in the four :data:`MODES` and timed by :func:`latency` (frame by
-frame, interleaved rounds) and :func:`throughput` (streaming); the agent
-floor and the both-polling round trip isolate the Python work of a hop.
-:mod:`hostless.bench.pipeline` runs them and records the figures.
+Graphs (:func:`identity_chain`, :func:`vision_graph`, :func:`diamond_graph`)
+are compiled in the four :data:`MODES` and timed by :func:`latency` (frame by
+frame, interleaved rounds) and :func:`throughput` (streaming).  The agent
+references isolate one agent: :func:`agent_round_trip` (host -> agent -> host,
+polling or parked), :func:`idle_cpu` (an idle agent's CPU share from
+``/proc/<pid>/stat``).  :mod:`hostless.bench.pipeline` runs them and records
+the figures; :mod:`hostless.bench.pipeline_trace` says where a frame's time goes.
 """
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from .harness import agent_loop, summarize
-
-if TYPE_CHECKING:
-    from .pipeline import PipelineBenchConfig
+from .harness import summarize
 
 __all__ = [
     "MODES",
     "BASELINE",
     "BEST",
     "mode_name",
-    "relu_chain",
-    "gemm_chain",
+    "identity_chain",
     "vision_graph",
     "diamond_graph",
     "latency",
     "throughput",
-    "spin_round_trip",
-    "agent_floor",
+    "agent_round_trip",
+    "idle_cpu",
+    "proc_cpu_ticks",
 ]
 
 MODES: tuple[tuple[str, str], ...] = (
@@ -54,61 +53,46 @@ BASELINE = mode_name(*MODES[0])
 BEST = mode_name(*MODES[3])
 
 
-def relu_chain(dom: Any, cpu: Any, npu: Any, n: int, nbytes: int, kernel: str = "relu") -> tuple[Any, Any]:
-    """An n-stage chain alternating cpu and npu; returns (graph, inputs -> reference function)."""
+def identity_chain(dom: Any, cpu: Any, npu: Any, floats: int, stages: int = 2) -> tuple[Any, Any]:
+    """``stages`` ``copy`` stages alternating cpu and npu on ``floats`` float32 (the pure per-hop
+    cost: the kernel moves a few bytes); returns (graph, input -> reference function)."""
     from hostless.graph import Graph
 
-    shape = (nbytes // 4,)
+    shape = (floats,)
     g = Graph(dom).input("x", shape, np.float32)
     prev = "x"
-    for k in range(n):
-        agent = cpu if k % 2 == 0 else npu
-        g.stage(f"s{k}", agent, kernel, [prev], (f"t{k}", shape, np.float32))
+    for k in range(stages):
+        g.stage(f"s{k}", cpu if k % 2 == 0 else npu, "copy", [prev], (f"t{k}", shape, np.float32))
         prev = f"t{k}"
     last = prev
 
     def ref(x: np.ndarray) -> dict[str, np.ndarray]:
-        return {last: np.maximum(x, 0) if kernel == "relu" else x.copy()}
-
-    return g, ref
-
-
-def gemm_chain(
-    dom: Any, cpu: Any, npu: Any, n: int, stages: int, rng: np.random.Generator
-) -> tuple[Any, Any]:
-    from hostless.graph import Graph
-
-    ws = [(rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32) for _ in range(stages)]
-    g = Graph(dom).input("x", (n, n), np.float32)
-    prev = "x"
-    for k in range(stages):
-        g.constant(f"w{k}", ws[k])
-        agent = cpu if k % 2 == 0 else npu
-        g.stage(f"mm{k}", agent, "gemm", [prev, f"w{k}"], (f"y{k}", (n, n), np.float32))
-        prev = f"y{k}"
-    last = prev
-
-    def ref(x: np.ndarray) -> dict[str, np.ndarray]:
-        y = x
-        for w in ws:
-            y = (y @ w).astype(np.float32)
-        return {last: y}
+        return {last: x.copy()}
 
     return g, ref
 
 
 def vision_graph(
-    dom: Any, cpu: Any, npu: Any, shape: tuple[int, int], rng: np.random.Generator, post: Any = None
+    dom: Any,
+    cpu: Any,
+    npu: Any,
+    shape: tuple[int, int],
+    rng: np.random.Generator,
+    post: Any = None,
+    hidden: int | None = None,
 ) -> tuple[Any, Callable[[np.ndarray], dict[str, np.ndarray]]]:
     """The demo's pipeline: normalize (cpu) -> fc1, relu, fc2 (npu) -> softmax (cpu).
 
-    ``post``: the agent of the softmax stage (default: ``cpu``).  Returns the
-    graph and a NumPy reference of its output ``probs``.
+    ``shape``: (rows, features) of a frame; ``hidden``: the width of fc1
+    (default: ``features``), fc2's is a quarter of it (at least 8).  ``post``:
+    the agent of the softmax stage (default: ``cpu``).  Returns the graph and a
+    NumPy reference of its output ``probs``.
     """
     from hostless.graph import Graph
 
     rows, feat = shape
-    hid, out = feat, max(8, feat // 4)
+    hid = feat if hidden is None else hidden
+    out = max(8, hid // 4)
     w1 = (rng.standard_normal((feat, hid)) / np.sqrt(feat)).astype(np.float32)
     w2 = (rng.standard_normal((hid, out)) / np.sqrt(hid)).astype(np.float32)
     mean, std = 127.5, 64.0
@@ -159,22 +143,33 @@ def _check(out: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> bool:
     return all(np.allclose(out[k], v, rtol=1e-3, atol=1e-4) for k, v in ref.items())
 
 
+def _p10(samples: np.ndarray) -> float:
+    return float(np.percentile(samples, 10))
+
+
 def latency(
-    g: Any, inputs: dict[str, np.ndarray], ref: dict[str, np.ndarray], cfg: PipelineBenchConfig
+    g: Any,
+    inputs: dict[str, np.ndarray],
+    ref: dict[str, np.ndarray],
+    frames: int,
+    warmup: int,
+    rounds: int,
 ) -> dict[str, Any]:
-    """Frame latency of ``run`` in the four modes, interleaved rounds; with host CPU time per frame."""
+    """Frame latency of ``run`` in the four modes: ``warmup`` dropped frames per mode, then
+    ``frames`` measured ones in ``rounds`` interleaved rounds; with the host's CPU time per
+    frame, whether the output matched the reference and the speedup against host+copy."""
     cgs = {mode_name(d, m): g.compile(dispatch=d, data=m, inflight=1) for d, m in MODES}
     try:
         ok = {}
         for key, cg in cgs.items():
             ok[key] = _check(cg.run(inputs), ref)
-            for _ in range(cfg.warmup):
+            for _ in range(warmup):
                 cg.run(inputs)
-        per_round = max(1, cfg.frames // cfg.rounds)
+        per_round = max(1, frames // max(1, rounds))
         groups: dict[str, list[np.ndarray]] = {k: [] for k in cgs}
         cpu_s: dict[str, float] = dict.fromkeys(cgs, 0.0)
         clock = time.perf_counter_ns
-        for _ in range(cfg.rounds):
+        for _ in range(max(1, rounds)):
             for key, cg in cgs.items():
                 run = cg.run
                 samples = np.empty(per_round, dtype=np.int64)
@@ -187,8 +182,10 @@ def latency(
                 groups[key].append(samples)
         out: dict[str, Any] = {}
         for key in cgs:
-            st = summarize(np.concatenate(groups[key]), groups=groups[key])
-            st["host_cpu_per_frame_ns"] = cpu_s[key] / (per_round * cfg.rounds) * 1e9
+            every = np.concatenate(groups[key])
+            st: dict[str, Any] = summarize(every, groups=groups[key])
+            st["p10"] = _p10(every)
+            st["host_cpu_per_frame_ns"] = cpu_s[key] / every.size * 1e9
             st["verified"] = ok[key]
             out[key] = st
         base = out[BASELINE]["p50"]
@@ -201,31 +198,35 @@ def latency(
 
 
 def throughput(
-    g: Any, make_inputs: Callable[[int], dict[str, np.ndarray]], cfg: PipelineBenchConfig
+    g: Any,
+    make_inputs: Callable[[int], dict[str, np.ndarray]],
+    frames: int,
+    warmup: int,
+    inflight: Sequence[int],
 ) -> dict[str, Any]:
-    """Streaming frames per second: host modes with 1 frame in flight, direct modes with each inflight."""
+    """Streaming frames per second: host modes with 1 frame in flight, direct modes with each
+    of ``inflight``; ``warmup`` dropped frames, then ``frames`` measured ones per variant."""
     variants: list[tuple[str, str, str, int]] = []
     for d, m in MODES:
         if d == "host":
             variants.append((mode_name(d, m), d, m, 1))
         else:
-            for k in cfg.vision_inflight:
+            for k in inflight:
                 variants.append((f"{mode_name(d, m)} inflight={k}", d, m, k))
-    n = cfg.stream_frames
-    frames = [make_inputs(i) for i in range(8)]
+    cache = [make_inputs(i) for i in range(4)]
 
     def feed(count: int) -> Iterator[dict[str, np.ndarray]]:
         for i in range(count):
-            yield frames[i % len(frames)]
+            yield cache[i % len(cache)]
 
     out: dict[str, Any] = {}
     for key, d, m, k in variants:
         cg = g.compile(dispatch=d, data=m, inflight=k)
         try:
-            for _ in cg.stream(feed(max(4, cfg.warmup // 2))):
+            for _ in cg.stream(feed(max(2, warmup))):
                 pass
             c0, t0 = time.process_time(), time.perf_counter()
-            count = sum(1 for _ in cg.stream(feed(n)))
+            count = sum(1 for _ in cg.stream(feed(frames)))
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         finally:
             cg.close()
@@ -244,77 +245,85 @@ def throughput(
     return out
 
 
-def spin_round_trip(dom: Any, n: int = 3000) -> dict[str, Any]:
-    """Host -> cpu agent -> host round trip when neither sleeps: the host pushes a 4 KiB relu
-    packet and spins on its timeline; the agent (a separate process) polls its doorbell."""
+def agent_round_trip(dom: Any, agent: Any, n: int, host_spin: float, floats: int = 16) -> dict[str, Any]:
+    """Host -> ``agent`` -> host: the host pushes a ``copy`` packet of ``floats`` float32 and
+    waits on the timeline the agent signals (spinning ``host_spin`` seconds before it sleeps);
+    ``n`` round trips, the first tenth dropped.  With a parked agent (spawned with ``spin=0``)
+    and ``host_spin=0`` each round trip is two futex wake-ups, as in the C futex ping-pong."""
     import hostless as hl
-    from hostless import agents
     from hostless.kernels import kernel_id
 
-    a = agents.spawn(dom, "cpu", spin=0.5)
-    x, y = dom.buffer((1024,), np.float32), dom.buffer((1024,), np.float32)
+    x, y = dom.buffer((floats,), np.float32), dom.buffer((floats,), np.float32)
     ka = hl.Kernargs(buffers=[x.handle, y.handle]).to_buffer(dom)
-    tl = dom.timeline(owner=a.id)
+    tl = dom.timeline(owner=agent.id)
     try:
         samples = np.empty(n, dtype=np.int64)
         clock = time.perf_counter_ns
-        p = hl.Packet(kernel=kernel_id("relu"), args=ka.handle, signal=tl.handle)
+        p = hl.Packet(kernel=kernel_id("copy"), args=ka.handle, signal=tl.handle)
+        push, wait = agent.queue.push, tl.wait
         for i in range(n):
             p.signal_value = i + 1
             raw = p.encode()
             t0 = clock()
-            a.queue.push(raw)
-            tl.wait(i + 1, 10.0, spin=1.0)
+            push(raw)
+            wait(i + 1, 10.0, spin=host_spin)
             samples[i] = clock() - t0
-        return summarize(samples[n // 10 :])
+        kept = samples[n // 10 :]
+        st: dict[str, Any] = summarize(kept)
+        st["p10"] = _p10(kept)
+        return st
     finally:
-        a.stop()
         for o in (x, y, ka, tl):
             o.release()
 
 
-def agent_floor(dom: Any, kind: str, n: int = 4000) -> dict[str, Any]:
-    """Per-packet work of an agent with no wake-up: push, pop, decode, a 4 KiB relu (a KERNEL
-    packet for cpu, an ERT START_CU command for npu), signal, all in this process (the agent's
-    loop body, run here)."""
-    import hostless as hl
-    from hostless import ert
-    from hostless.kernels import cu_index, kernel_id
+def proc_cpu_ticks(pid: int) -> int:
+    """utime + stime of process ``pid`` in clock ticks (``/proc/<pid>/stat`` fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        raw = f.read()
+    fields = raw[raw.rindex(")") + 2 :].split()  # the name may hold spaces and parentheses
+    return int(fields[11]) + int(fields[12])
 
-    q = dom.queue(64)
-    x, y = dom.buffer((1024,), np.float32), dom.buffer((1024,), np.float32)
-    tl = dom.timeline()
-    owned: list[Any] = []
-    if kind == "cpu":
-        ka = hl.Kernargs(buffers=[x.handle, y.handle]).to_buffer(dom)
-        p = hl.Packet(kernel=kernel_id("relu"), args=ka.handle, signal=tl.handle)
-    else:
-        cmd = ert.start_cu(cu_index("relu"), [2] + ert.u64_args([x.handle, y.handle])).encode()
-        cb = dom.buffer(len(cmd))
-        owned.append(cb)
-        ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(dom)
-        p = hl.Packet(type=hl.PacketType.ERT, kernel=cu_index("relu"), args=ka.handle, signal=tl.handle)
-    owned.append(ka)
-    raw_cmd = cb.numpy() if kind == "npu" else None
-    agent = None
+
+def _wakeups(pid: int) -> int | None:
+    """Context switches of process ``pid``'s main thread (voluntary + involuntary), or None."""
     try:
-        q.bind()
-        agent = agent_loop(dom, q, kind)
-        samples = np.empty(n, dtype=np.int64)
-        clock = time.perf_counter_ns
-        for i in range(n):
-            p.signal_value = i + 1
-            if raw_cmd is not None:
-                raw_cmd[:] = np.frombuffer(cmd, np.uint8)  # a fresh NEW command each time
-            t0 = clock()
-            q.push(p)
-            r = q.pop_raw(0, 0)
-            assert r is not None
-            agent.execute(r[0], hl.Packet.decode(r[1]))
-            samples[i] = clock() - t0
-        return summarize(samples[n // 10 :])
-    finally:
-        if agent is not None:
-            agent.cache.clear()
-        for o in owned + [tl, y, x, q]:
-            o.release()
+        with open(f"/proc/{pid}/status") as f:
+            n = 0
+            for line in f:
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    n += int(line.split()[-1])
+            return n
+    except OSError:
+        return None
+
+
+def _oncpu_ns(pid: int) -> int | None:
+    """Nanoseconds process ``pid``'s main thread has run (``/proc/<pid>/schedstat``), or None."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def idle_cpu(pid: int, seconds: float, settle: float = 0.3) -> dict[str, Any]:
+    """The CPU share of an idle process ``pid`` (an agent with an empty queue) over ``seconds``:
+    utime + stime from ``/proc/<pid>/stat`` (clock ticks, 10 ms at the usual 100 Hz) divided by
+    the wall time (``core_share``); the same from ``/proc/<pid>/schedstat`` in ns
+    (``oncpu_share``, main thread, finer than a tick); its context switches per second (its
+    wake-ups while idle)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    time.sleep(settle)
+    c0, n0, w0, t0 = proc_cpu_ticks(pid), _oncpu_ns(pid), _wakeups(pid), time.monotonic()
+    time.sleep(seconds)
+    c1, n1, w1, t1 = proc_cpu_ticks(pid), _oncpu_ns(pid), _wakeups(pid), time.monotonic()
+    wall = t1 - t0
+    return {
+        "seconds": wall,
+        "cpu_s": (c1 - c0) / tick,
+        "core_share": (c1 - c0) / tick / wall,
+        "tick_s": 1.0 / tick,
+        "oncpu_share": None if n0 is None or n1 is None else (n1 - n0) / 1e9 / wall,
+        "wakeups_per_s": None if w0 is None or w1 is None else (w1 - w0) / wall,
+    }
