@@ -184,14 +184,15 @@ def test_a_packet_needing_python_fails_alone_with_why(dom: hl.Domain) -> None:
         st, why = _run_why(dom, a, kernel_id("relu"), [xd.handle, od.handle])
         assert st is S.ERROR and "needs Python" in (why or "")
         assert od.numpy().tolist() == [0.0, 0.0]
-        # an ERT packet (the NPU's command format) on this cpu agent
+        # an ERT packet (the NPU's command format) whose buffer holds no ERT command: the C
+        # loop decodes ERT itself and fails the packet with the decoder's why
         cb = _buf(dom, np.zeros(16, np.uint8), keep)
         ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(dom)
         keep.append(ka)
         f = dom.fence(owner=a.id)
         a.queue.push(hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=f.handle), timeout=5)
         assert f.wait(10) is S.ERROR
-        assert "ERT packet" in (records.read(dom, f.handle) or "")
+        assert "ERT command" in (records.read(dom, f.handle) or "")
         f.release()
         # ... and the agent goes on, computing in C
         assert _run(dom, a, kernel_id("relu"), [x.handle, o.handle]) is S.SUCCESS

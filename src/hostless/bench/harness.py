@@ -263,10 +263,12 @@ def pinned(cpu: int | Sequence[int] | None) -> Iterator[bool]:
             os.sched_setaffinity(0, old)
 
 
-def pin_cpus() -> tuple[int | None, int | None]:
-    """Two distinct CPUs this process may run on, or (None, None) with fewer than two."""
+def pin_cpus(allowed: Sequence[int] | None = None) -> tuple[int | None, int | None]:
+    """Two distinct CPUs of ``allowed`` (default: those this process may run on now), or
+    (None, None) with fewer than two.  Pass the set taken before a ``pinned`` block: inside
+    it this process may run on one CPU only."""
     try:
-        cpus = sorted(os.sched_getaffinity(0))
+        cpus = sorted(allowed) if allowed is not None else sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return None, None
     if len(cpus) < 2:

@@ -401,9 +401,10 @@ def _run_set(
 # --------------------------------------------------------------------------- references
 
 
-def _c_refs(cfg: PipelineBenchConfig, rec: Recorder) -> dict[str, Any]:
-    """The C ping-pong round trips (spin, futex), compiled now; {} when they cannot be built."""
-    a, b = pin_cpus() if cfg.pin else (None, None)
+def _c_refs(cfg: PipelineBenchConfig, rec: Recorder, cpus: Sequence[int]) -> dict[str, Any]:
+    """The C ping-pong round trips (spin, futex), compiled now; {} when they cannot be built.
+    ``cpus``: the CPUs of the run (the host itself may be pinned to one of them)."""
+    a, b = pin_cpus(cpus) if cfg.pin else (None, None)
     out: dict[str, Any] = {}
     with scratch_dir() as tmp:
         exe, err = compile_c(Path(__file__).with_name("pingpong.c"), tmp, "pingpong")
@@ -423,7 +424,9 @@ def _c_refs(cfg: PipelineBenchConfig, rec: Recorder) -> dict[str, Any]:
     return out
 
 
-def _agent_refs(dom: Any, cfg: PipelineBenchConfig, place: dict[str, Any], rec: Recorder) -> dict[str, Any]:
+def _agent_refs(
+    dom: Any, cfg: PipelineBenchConfig, place: dict[str, Any], rec: Recorder, cpus: Sequence[int]
+) -> dict[str, Any]:
     """Round trips host -> agent -> host (polling and parked) and idle CPU of agents."""
     from hostless import agents
 
@@ -436,7 +439,7 @@ def _agent_refs(dom: Any, cfg: PipelineBenchConfig, place: dict[str, Any], rec: 
     ]
     # the host and the agent on two different CPUs, as the C ping-pong's two processes (a wake-up
     # on the waker's own CPU costs less than one that crosses CPUs, in a VM above all)
-    host_cpu, agent_cpu = pin_cpus() if cfg.pin else (None, None)
+    host_cpu, agent_cpu = pin_cpus(cpus) if cfg.pin else (None, None)
     for key, native, spin, host_spin in cases:
         a = agents.spawn(dom, "cpu", native=native, spin=spin, label=key)
         try:
@@ -579,13 +582,15 @@ def run(
                     if r is not None:
                         result["agent_sets"][key] = r
                 say("references: agent round trips, idle CPU")
-                r = rec.attempt("agent_refs", lambda: _agent_refs(dom, cfg, place, rec), "agent references")
+                r = rec.attempt(
+                    "agent_refs", lambda: _agent_refs(dom, cfg, place, rec, cpus), "agent references"
+                )
                 if r is not None:
                     result["references"].update(r)
             finally:
                 drop_domain(dom, name)
             say("references: C ping-pong")
-            result["references"].update(_c_refs(cfg, rec))
+            result["references"].update(_c_refs(cfg, rec, cpus))
             say("where the time goes (traced frames)")
             r = rec.attempt("breakdown", lambda: _breakdowns(cfg, place, host_spin, rec), "breakdown")
             if r is not None:
