@@ -177,19 +177,14 @@ class _DeviceView:
         dl_device: tuple[int, int] | None = None,
         copy: bool | None = None,
     ) -> Any:
-        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
-            raise BufferError(f"this view is on cuda:{self.ordinal}, not {dl_device}")
-        if copy:
-            raise BufferError("__dlpack__(copy=True) is not supported: buffers are shared by design")
-        b = self.buf
-        return devmem.capsule(
-            devmem.own_reference(b),
+        return devmem.export(
+            self.buf,
             self.ptr,
-            b.shape,
-            b.dtype,
             self.__dlpack_device__(),
             stream=stream,
             max_version=max_version,
+            dl_device=dl_device,
+            copy=copy,
         )
 
 

@@ -68,6 +68,7 @@ __all__ = [
     "to_host",
     "from_host",
     "export_dlpack",
+    "export",
     "capsule",
     "parse_device",
 ]
@@ -432,6 +433,27 @@ def own_reference(buf: Any) -> Any:
     return buf._dom.import_buffer(buf.handle)
 
 
+def export(
+    buf: Any,
+    ptr: int,
+    device: tuple[int, int],
+    *,
+    stream: Any = None,
+    max_version: tuple[int, int] | None = None,
+    dl_device: tuple[int, int] | None = None,
+    copy: bool | None = None,
+) -> Any:
+    """A ``__dlpack__`` export of ``buf``'s memory at ``ptr`` on ``device``, no copy: the
+    protocol's arguments checked (a request for another device or a copy is refused), the
+    capsule holding a reference of its own (:func:`own_reference`)."""
+    _check_stream(stream)
+    if dl_device is not None and tuple(dl_device) != tuple(device):
+        raise BufferError(f"cannot export memory of device {device} to device {dl_device} without a copy")
+    if copy:
+        raise BufferError("__dlpack__(copy=True) is not supported: buffers are shared by design")
+    return capsule(own_reference(buf), ptr, tuple(buf.shape), buf.dtype, device, max_version=max_version)
+
+
 def export_dlpack(
     buf: Any,
     *,
@@ -441,13 +463,14 @@ def export_dlpack(
     copy: bool | None = None,
 ) -> Any:
     """``Buffer.__dlpack__`` for a device buffer: a kDLCUDA capsule over its memory, no copy."""
-    _check_stream(stream)
     b = backing(buf._dom, buf.device)
-    if dl_device is not None and tuple(dl_device) != (KDL_CUDA, b.ordinal):
-        raise BufferError(f"cannot export a cuda:{b.ordinal} buffer to device {dl_device} without a copy")
-    if copy:
-        raise BufferError("__dlpack__(copy=True) is not supported: buffers are shared by design")
     ptr = b.va + int(buf.device_offset)
-    return capsule(
-        own_reference(buf), ptr, tuple(buf.shape), buf.dtype, (KDL_CUDA, b.ordinal), max_version=max_version
+    return export(
+        buf,
+        ptr,
+        (KDL_CUDA, b.ordinal),
+        stream=stream,
+        max_version=max_version,
+        dl_device=dl_device,
+        copy=copy,
     )

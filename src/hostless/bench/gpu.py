@@ -73,8 +73,9 @@ def _weights(chain: Chain, n: int, rng: np.random.Generator) -> list[np.ndarray]
     ]
 
 
-def _cupy_ops(cp: Any, chain: Chain, x: Any, ws: list[Any]) -> Any:
-    """What a user writes: the chain's ops in CuPy."""
+def _ops(chain: Chain, x: Any, ws: list[Any], relu: Any, softmax: Any) -> Any:
+    """What a user writes: the chain's ops on arrays of CuPy or PyTorch (``relu``, ``softmax``:
+    the library's functions; the rest is operators)."""
     wi = 0
     for kern, nw, sc in chain:
         if kern == "normalize":
@@ -82,14 +83,21 @@ def _cupy_ops(cp: Any, chain: Chain, x: Any, ws: list[Any]) -> Any:
         elif kern == "gemm":
             x = x @ ws[wi]
         elif kern == "relu":
-            x = cp.maximum(x, 0)
+            x = relu(x)
         elif kern == "softmax":
-            e = cp.exp(x - x.max(axis=-1, keepdims=True))
-            x = e / e.sum(axis=-1, keepdims=True)
+            x = softmax(x)
         else:
             raise ValueError(kern)
         wi += nw
     return x
+
+
+def _cupy_ops(cp: Any, chain: Chain, x: Any, ws: list[Any]) -> Any:
+    def softmax(x: Any) -> Any:
+        e = cp.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    return _ops(chain, x, ws, lambda x: cp.maximum(x, 0), softmax)
 
 
 def plain_cupy(chain: Chain, n: int, frames: int, seed: int = 0) -> tuple[dict[str, float], np.ndarray]:
@@ -109,20 +117,7 @@ def plain_cupy(chain: Chain, n: int, frames: int, seed: int = 0) -> tuple[dict[s
 
 
 def _torch_ops(torch: Any, chain: Chain, x: Any, ws: list[Any]) -> Any:
-    wi = 0
-    for kern, nw, sc in chain:
-        if kern == "normalize":
-            x = (x - sc[0]) / sc[1]
-        elif kern == "gemm":
-            x = x @ ws[wi]
-        elif kern == "relu":
-            x = torch.relu(x)
-        elif kern == "softmax":
-            x = torch.softmax(x, dim=-1)
-        else:
-            raise ValueError(kern)
-        wi += nw
-    return x
+    return _ops(chain, x, ws, torch.relu, lambda x: torch.softmax(x, dim=-1))
 
 
 def cuda_graph(chain: Chain, n: int, frames: int, seed: int = 0) -> tuple[dict[str, float], np.ndarray]:
