@@ -52,6 +52,7 @@ import struct
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,8 @@ from .errors import HostlessError
 
 __all__ = [
     "DeviceHeapBacking",
+    "Broker",
+    "Allocation",
     "backing",
     "device_pointer",
     "cupy_array",
@@ -125,127 +128,72 @@ def _holders(prefix: str) -> list[str]:
 
 
 @dataclass
-class _Info:
+class Allocation:
+    """What holders of a device heap's allocation pass along with its descriptor."""
+
     size: int
+    """Bytes of the allocation (a multiple of ``granularity``)."""
     granularity: int
+    """Its mapping granularity (bytes)."""
     ordinal: int
+    """The GPU it lives on."""
     generation: bytes
+    """16 random bytes chosen by its creator: which allocation a holder holds."""
 
 
-class DeviceHeapBacking:
-    """This process's mapping of one device heap's allocation (see the module doc).
+class Broker:
+    """Passes one device heap's allocation descriptor between the processes of a domain.
 
-    Made by :func:`backing`; lives until the process exits or :meth:`close`.
-    ``va`` is the device address of heap offset 0 in this process."""
+    No CUDA here: a descriptor is any file descriptor.  Every holder serves it on
+    the abstract Unix socket ``hostless/<domain key>/dh<index>/p<pid>`` (``SCM_RIGHTS``,
+    to peers of its own uid only: ``SO_PEERCRED``), from a daemon thread.  :meth:`acquire`
+    asks every live holder in turn (one that answers garbage or exits meanwhile is
+    skipped) and, when none answers, creates the allocation under the creation lock
+    (the abstract socket ``.../create``, bound while it creates and until it serves), so
+    two processes never create two: the second finds the first's serving socket."""
 
-    def __init__(self, key: str, index: int, ordinal: int, size: int, timeout: float = 30.0) -> None:
-        cp, cu = _cuda()
-        self.cp, self.cu = cp, cu
-        self.key, self.index, self.ordinal = key, index, ordinal
-        self._prefix = f"hostless/{key}/dh{index}/"
-        self._fd = -1
-        self._handle: Any = None
+    def __init__(self, key: str, index: int) -> None:
+        self.prefix = f"hostless/{key}/dh{index}/"
+        self.index = index
         self._server: socket.socket | None = None
-        self.va = 0
-        self.created = False
-        cp.cuda.Device(ordinal).use()  # a context on the heap's device
+
+    def acquire(
+        self, create: Callable[[], tuple[int, Allocation]], timeout: float = 30.0
+    ) -> tuple[int, Allocation, bool]:
+        """(descriptor, allocation, created): fetched from a holder, or made by ``create``
+        under the creation lock and then served (a fetched one is served by :meth:`serve`
+        once the caller has mapped it).  HostlessError when another process holds the
+        lock for ``timeout`` seconds and serves nothing."""
         deadline = time.monotonic() + timeout
         while True:
-            got = self._fetch()
+            got = self.fetch()
             if got is not None:
-                self._fd, info = got
-                break
+                return got[0], got[1], False
             lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                lock.bind("\0" + self._prefix + "create")
+                lock.bind("\0" + self.prefix + "create")
             except OSError:
                 lock.close()
                 if time.monotonic() > deadline:
                     raise HostlessError(
-                        f"device heap {index} of domain {key}: another process holds the creation "
+                        f"device heap {self.index} ({self.prefix}): another process holds the creation "
                         f"lock for over {timeout:.0f} s and serves no allocation"
                     ) from None
                 time.sleep(0.005)
                 continue
             try:
-                got = self._fetch()  # a holder may have appeared before we took the lock
+                got = self.fetch()  # a holder may have appeared before we took the lock
                 if got is not None:
-                    self._fd, info = got
-                    break
-                self._fd, info = self._create(size)
-                self.created = True
-                self._serve(info)  # bound before the lock goes: no second creator
+                    return got[0], got[1], False
+                fd, info = create()
+                self.serve(fd, info)  # bound before the lock goes: no second creator
+                return fd, info, True
             finally:
                 lock.close()
-            break
-        self.size, self.granularity, self.generation = info.size, info.granularity, info.generation
-        if info.size < size:
-            raise HostlessError(
-                f"device heap {index}: the shared allocation has {info.size} bytes, the domain {size}"
-            )
-        if info.ordinal != ordinal:
-            raise HostlessError(
-                f"device heap {index}: allocation on device {info.ordinal}, the domain says {ordinal}"
-            )
-        if self._handle is None:
-            err, self._handle = cu.cuMemImportFromShareableHandle(
-                self._fd, cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-            )
-            _check(cu, err, "cuMemImportFromShareableHandle")
-        self._map()
-        if self._server is None:
-            self._serve(info)
 
-    # --------------------------------------------------------------- allocation
-    def _prop(self) -> Any:
-        cu = self.cu
-        prop = cu.CUmemAllocationProp()
-        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        prop.location.id = self.ordinal
-        prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        return prop
-
-    def _create(self, size: int) -> tuple[int, _Info]:
-        cu = self.cu
-        prop = self._prop()
-        err, gran = cu.cuMemGetAllocationGranularity(
-            prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
-        )
-        _check(cu, err, "cuMemGetAllocationGranularity")
-        gran = int(gran) or (2 << 20)
-        size = -(-size // gran) * gran
-        err, self._handle = cu.cuMemCreate(size, prop, 0)
-        _check(cu, err, f"cuMemCreate({size} bytes on device {self.ordinal})")
-        err, fd = cu.cuMemExportToShareableHandle(
-            self._handle, cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0
-        )
-        _check(cu, err, "cuMemExportToShareableHandle")
-        return int(fd), _Info(size, gran, self.ordinal, os.urandom(16))
-
-    def _map(self) -> None:
-        cu = self.cu
-        err, va = cu.cuMemAddressReserve(self.size, self.granularity, 0, 0)
-        _check(cu, err, "cuMemAddressReserve")
-        self.va = int(va)
-        (err,) = cu.cuMemMap(self.va, self.size, 0, self._handle, 0)
-        _check(cu, err, "cuMemMap")
-        self.grant(self.ordinal)
-
-    def grant(self, ordinal: int) -> None:
-        """Let GPU ``ordinal`` read and write this mapping (a peer over NVLink/PCIe too)."""
-        cu = self.cu
-        desc = cu.CUmemAccessDesc()
-        desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        desc.location.id = ordinal
-        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        (err,) = cu.cuMemSetAccess(self.va, self.size, [desc], 1)
-        _check(cu, err, f"cuMemSetAccess(device {ordinal})")
-
-    # ------------------------------------------------------------- descriptors
-    def _fetch(self) -> tuple[int, _Info] | None:
+    def fetch(self) -> tuple[int, Allocation] | None:
         """The descriptor from any live holder, or None when there is none."""
-        for name in _holders(self._prefix + "p"):
+        for name in _holders(self.prefix + "p"):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.settimeout(2.0)
             try:
@@ -263,17 +211,19 @@ class DeviceHeapBacking:
             if magic != _MAGIC or size == 0 or gran == 0 or size % gran:
                 os.close(fds[0])
                 continue
-            return fds[0], _Info(size, gran, ordinal, gen)
+            return fds[0], Allocation(size, gran, ordinal, gen)
         return None
 
-    def _serve(self, info: _Info) -> None:
+    def serve(self, fd: int, info: Allocation) -> None:
+        """Serve ``fd`` to the domain's other processes until :meth:`close` or exit."""
+        if self._server is not None:
+            return
         srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        srv.bind(f"\0{self._prefix}p{os.getpid()}")
+        srv.bind(f"\0{self.prefix}p{os.getpid()}")
         srv.listen(16)
         self._server = srv
         hello = _HELLO.pack(_MAGIC, info.size, info.granularity, info.ordinal, info.generation)
         uid = os.getuid()
-        fd = self._fd
 
         def loop() -> None:
             while True:
@@ -294,7 +244,7 @@ class DeviceHeapBacking:
         threading.Thread(target=loop, name=f"hostless-devheap-{self.index}", daemon=True).start()
 
     def close(self) -> None:
-        """Unmap and stop serving (the allocation lives on in other holders)."""
+        """Stop serving (the allocation lives on in other holders)."""
         if self._server is not None:
             try:
                 self._server.shutdown(socket.SHUT_RDWR)
@@ -302,6 +252,90 @@ class DeviceHeapBacking:
                 pass
             self._server.close()
             self._server = None
+
+
+class DeviceHeapBacking:
+    """This process's mapping of one device heap's allocation (see the module doc).
+
+    Made by :func:`backing`; lives until the process exits or :meth:`close`.
+    ``va`` is the device address of heap offset 0 in this process."""
+
+    def __init__(self, key: str, index: int, ordinal: int, size: int, timeout: float = 30.0) -> None:
+        cp, cu = _cuda()
+        self.cp, self.cu = cp, cu
+        self.key, self.index, self.ordinal = key, index, ordinal
+        self._broker = Broker(key, index)
+        self._fd = -1
+        self._handle: Any = None
+        self.va = 0
+        cp.cuda.Device(ordinal).use()  # a context on the heap's device
+        self._fd, info, self.created = self._broker.acquire(lambda: self._create(size), timeout)
+        self.size, self.granularity, self.generation = info.size, info.granularity, info.generation
+        if info.size < size:
+            raise HostlessError(
+                f"device heap {index}: the shared allocation has {info.size} bytes, the domain {size}"
+            )
+        if info.ordinal != ordinal:
+            raise HostlessError(
+                f"device heap {index}: allocation on device {info.ordinal}, the domain says {ordinal}"
+            )
+        if self._handle is None:
+            err, self._handle = cu.cuMemImportFromShareableHandle(
+                self._fd, cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            )
+            _check(cu, err, "cuMemImportFromShareableHandle")
+        self._map()
+        self._broker.serve(self._fd, info)  # a holder now: serve it too
+
+    # --------------------------------------------------------------- allocation
+    def _prop(self) -> Any:
+        cu = self.cu
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = self.ordinal
+        prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        return prop
+
+    def _create(self, size: int) -> tuple[int, Allocation]:
+        cu = self.cu
+        prop = self._prop()
+        err, gran = cu.cuMemGetAllocationGranularity(
+            prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+        )
+        _check(cu, err, "cuMemGetAllocationGranularity")
+        gran = int(gran) or (2 << 20)
+        size = -(-size // gran) * gran
+        err, self._handle = cu.cuMemCreate(size, prop, 0)
+        _check(cu, err, f"cuMemCreate({size} bytes on device {self.ordinal})")
+        err, fd = cu.cuMemExportToShareableHandle(
+            self._handle, cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0
+        )
+        _check(cu, err, "cuMemExportToShareableHandle")
+        return int(fd), Allocation(size, gran, self.ordinal, os.urandom(16))
+
+    def _map(self) -> None:
+        cu = self.cu
+        err, va = cu.cuMemAddressReserve(self.size, self.granularity, 0, 0)
+        _check(cu, err, "cuMemAddressReserve")
+        self.va = int(va)
+        (err,) = cu.cuMemMap(self.va, self.size, 0, self._handle, 0)
+        _check(cu, err, "cuMemMap")
+        self.grant(self.ordinal)
+
+    def grant(self, ordinal: int) -> None:
+        """Let GPU ``ordinal`` read and write this mapping (a peer over NVLink/PCIe too)."""
+        cu = self.cu
+        desc = cu.CUmemAccessDesc()
+        desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = ordinal
+        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        (err,) = cu.cuMemSetAccess(self.va, self.size, [desc], 1)
+        _check(cu, err, f"cuMemSetAccess(device {ordinal})")
+
+    def close(self) -> None:
+        """Unmap and stop serving (the allocation lives on in other holders)."""
+        self._broker.close()
         cu = self.cu
         if self.va:
             cu.cuMemUnmap(self.va, self.size)
