@@ -42,6 +42,11 @@ HOP_LIMIT_NS = {"small": 2000.0, "large": 1000.0}
 RAY_INSTALL = "pip install 'hostless[bench]'"
 
 
+
+def _shape(shape: Any) -> str:
+    """A frame shape as text, the same before and after a JSON round trip (tuple or list)."""
+    return "x".join(str(int(d)) for d in shape)
+
 def get(result: Mapping[str, Any], *path: str) -> Any:
     """``result[path[0]][path[1]]...``, or None where a key is missing."""
     cur: Any = result
@@ -177,7 +182,7 @@ def evaluate_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     k_ds = get(ds_bd, "kernels_p50")
     add(
         "direct+shared >= 11x lower latency than host+copy, latency-bound pipeline",
-        f"vision pipeline, 5 stages, frame {result['config']['small_shape']}, {key}: host+copy p50 / "
+        f"vision pipeline, 5 stages, frame {_shape(result['config']['small_shape'])}, {key}: host+copy p50 / "
         "direct+shared p50",
         sp,
         11.0,
@@ -203,8 +208,8 @@ def evaluate_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     lhc, lds = get(bd, "vision_large", BASELINE), get(bd, "vision_large", BEST)
     add(
         "direct+shared >= 2x the throughput of host+copy, data-bound pipeline",
-        f"vision pipeline, frame {result['config']['large_shape']}, {key}, streaming: best direct+shared "
-        "frames/s / host+copy frames/s",
+        f"vision pipeline, frame {_shape(result['config']['large_shape'])}, {key}, streaming: "
+        "best direct+shared frames/s / host+copy frames/s",
         ratio(best_fps, base_fps),
         2.0,
         False,
