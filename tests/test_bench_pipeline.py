@@ -332,3 +332,27 @@ def test_cli_trace_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         d.close()
         hl.Domain.unlink(plain)
     assert cli.main(["trace", plain, "-o", str(tmp_path / "x.json")]) == 2
+
+
+def test_dead_ray_semaphores_are_removed_and_live_ones_kept() -> None:
+    import subprocess
+    import sys
+
+    from hostless.bench import pipeline as pl
+
+    before = pl._shm_semaphores()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    mine = os.getpid()
+    made = [f"/dev/shm/sem.hdr{dead.pid}-hltest", f"/dev/shm/sem.obj{dead.pid}-hltest",
+            f"/dev/shm/sem.hdr{mine}-hltest"]  # fmt: skip
+    for p in made:
+        open(p, "w").close()
+    try:
+        assert pl._remove_dead_semaphores(before) == 2
+        assert not os.path.exists(made[0]) and not os.path.exists(made[1])
+        assert os.path.exists(made[2])  # its process (this one) lives
+    finally:
+        for p in made:
+            if os.path.exists(p):
+                os.unlink(p)

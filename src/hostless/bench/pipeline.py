@@ -53,6 +53,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -251,6 +252,34 @@ def ray_available() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
+_SEM_NAME = re.compile(r"^sem\.(?:hdr|obj)(\d+)-")
+
+
+def _shm_semaphores() -> set[str]:
+    """Names of the POSIX semaphores in /dev/shm that Ray's channels make (sem.hdrPID-*, sem.objPID-*)."""
+    try:
+        return {n for n in os.listdir("/dev/shm") if _SEM_NAME.match(n)}
+    except OSError:
+        return set()
+
+
+def _remove_dead_semaphores(before: set[str]) -> int:
+    """Remove the Ray channel semaphores that appeared since ``before`` and whose creating
+    process is gone (the peer script ends with os._exit when a graph does not tear down, so
+    Ray's own cleanup does not run); returns how many went."""
+    n = 0
+    for name in sorted(_shm_semaphores() - before):
+        m = _SEM_NAME.match(name)
+        if m is None or os.path.exists(f"/proc/{m.group(1)}"):
+            continue
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+            n += 1
+        except OSError:
+            pass
+    return n
+
+
 def _ray_peers(cfg: PipelineBenchConfig, peers: Path | None, say: Progress) -> dict[str, Any]:
     """Ray Compiled Graphs and classic actors on the identical pipelines (a child interpreter)."""
     if not cfg.ray:
@@ -271,10 +300,15 @@ def _ray_peers(cfg: PipelineBenchConfig, peers: Path | None, say: Progress) -> d
         "stream_frames": cfg.stream_frames,
         "inflight": list(cfg.inflight),
     }
+    before = _shm_semaphores()
     try:
         data = run_json([sys.executable, str(peers / RAY_SCRIPT), json.dumps(spec)], timeout=900)
     except Exception as e:  # keep the rest of the run
         return {"status": f"failed: {type(e).__name__}: {str(e)[-500:]}", "version": None}
+    finally:
+        removed = _remove_dead_semaphores(before)
+        if removed:
+            say(f"  ray: removed {removed} semaphore file(s) its dead processes left in /dev/shm")
     out: dict[str, Any] = {"status": "measured", "version": data["version"]}
     for kind in ("cg", "actors"):
         out[kind] = {}
