@@ -769,3 +769,16 @@ def test_trace_export_has_every_packet(env: Env, tmp_path: Path) -> None:
     names = [e["args"]["name"] for e in tev if e.get("ph") == "M" and e["name"] == "thread_name"]
     assert any("cpu0" in nm for nm in names) and any("npu0" in nm for nm in names)
     assert all(isinstance(e.get("ts", 0), (int, float)) for e in tev)
+
+
+def test_gpucp_refuses_user_kernels_before_starting_anything() -> None:
+    import uuid
+
+    d = hl.Domain.create(f"hlgcp-{uuid.uuid4().hex[:8]}", heap="1M", unlink_on_close=True)
+    try:
+        with pytest.raises(ValueError, match="built-in device kernels only"):
+            agents.spawn(d, "gpucp", user_kernels={"k": "mod:fn"})
+        with pytest.raises(ValueError, match="cpu and npu"):
+            agents.spawn(d, "gpucp", native=True)
+    finally:
+        d.close()

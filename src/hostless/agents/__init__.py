@@ -270,6 +270,8 @@ def spawn(
         raise ValueError(f"native agents serve cpu and npu queues (not {kind} ones)")
     if native == "exe" and user_kernels:
         raise ValueError("hostless-agent (native='exe') runs built-in kernels only: no user_kernels")
+    if kind == "gpucp" and user_kernels:
+        raise ValueError("the GPU command processor runs its built-in device kernels only: no user_kernels")
     if kind in ("cuda", "gpucp"):
         from ..cuda import available
 
