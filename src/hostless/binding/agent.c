@@ -37,12 +37,12 @@ static int pa_should_stop(void *ud) {
     return a->signalled;
 }
 
-static uint64_t pa_kernel(void *ud, uint64_t idx, const struct hl_packet *p) {
-    struct pyagent *a = ud;
+/* The status a Python callback returned (its result r, a new reference or NULL), ERROR when
+ * it raised or returned no valid status.  A callback's own exception is reported as
+ * unraisable (the packet failed); SystemExit (SIGTERM's handler) and KeyboardInterrupt are
+ * kept to stop the agent.  Called with the GIL held. */
+static uint64_t call_status(struct pyagent *a, PyObject *fn, PyObject *r) {
     uint64_t st = HL_STATUS_ERROR;
-    relock(a);
-    PyObject *r = PyObject_CallFunction(a->kernel, "Ky#", (unsigned long long)idx, (const char *)p,
-                                        (Py_ssize_t)sizeof *p);
     if (r) {
         unsigned long long v = PyLong_AsUnsignedLongLong(r);
         if (!PyErr_Occurred() && hl_status_valid(v)) st = v;
@@ -50,10 +50,19 @@ static uint64_t pa_kernel(void *ud, uint64_t idx, const struct hl_packet *p) {
     }
     if (PyErr_Occurred()) {
         if (PyErr_ExceptionMatches(PyExc_Exception))
-            PyErr_WriteUnraisable(a->kernel); /* the callback's own bug: the packet failed */
+            PyErr_WriteUnraisable(fn);
         else
-            keep_exc(a); /* SystemExit (SIGTERM's handler), KeyboardInterrupt: stop the agent */
+            keep_exc(a);
     }
+    return st;
+}
+
+static uint64_t pa_kernel(void *ud, uint64_t idx, const struct hl_packet *p) {
+    struct pyagent *a = ud;
+    relock(a);
+    PyObject *r = PyObject_CallFunction(a->kernel, "Ky#", (unsigned long long)idx, (const char *)p,
+                                        (Py_ssize_t)sizeof *p);
+    uint64_t st = call_status(a, a->kernel, r);
     unlock(a);
     return st;
 }
@@ -74,23 +83,12 @@ static PyObject *u64_tuple(const uint64_t *v, uint32_t n) {
 static uint64_t pa_cu(void *ud, uint32_t cu, const uint64_t *bufs, uint32_t nbuf, const uint64_t *sc, uint32_t ns,
                       uint64_t sig) {
     struct pyagent *a = ud;
-    uint64_t st = HL_STATUS_ERROR;
     relock(a);
     PyObject *hb = u64_tuple(bufs, nbuf), *hs = u64_tuple(sc, ns), *r = NULL;
     if (hb && hs) r = PyObject_CallFunction(a->cu, "IOOK", cu, hb, hs, (unsigned long long)sig);
     Py_XDECREF(hb);
     Py_XDECREF(hs);
-    if (r) {
-        unsigned long long v = PyLong_AsUnsignedLongLong(r);
-        if (!PyErr_Occurred() && hl_status_valid(v)) st = v;
-        Py_DECREF(r);
-    }
-    if (PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_Exception))
-            PyErr_WriteUnraisable(a->cu);
-        else
-            keep_exc(a);
-    }
+    uint64_t st = call_status(a, a->cu, r);
     unlock(a);
     return st;
 }
