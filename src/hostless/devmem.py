@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from . import _core, lowlevel
+from ._abi import C
 from .errors import HostlessError
 
 __all__ = [
@@ -108,7 +109,7 @@ def _check(cu: Any, err: Any, what: str) -> None:
 def _domain_key(dom: Any) -> str:
     """A name for the domain unique on this host: its path and creation time."""
     base = lowlevel.base_address(dom)
-    created = ctypes.c_uint64.from_address(base + 112).value  # hl_header.created_ns
+    created = ctypes.c_uint64.from_address(base + int(C.H_CREATED_NS)).value
     return hashlib.sha1(f"{dom.name}:{created}".encode()).hexdigest()[:20]
 
 
