@@ -1,8 +1,10 @@
 """The GPU command processor (GPU tests: run on the GPU machine, skipped elsewhere with the reason).
 
 Execution of built-in kernels by the resident kernel, direct chains GPU ->
-GPU and GPU -> CPU agent, failure passing, a bad packet failing alone, STOP,
-and a killed host process (its stage fails OWNER_DIED; a new processor serves).
+GPU and GPU -> CPU agent, follow-ups run in place, the decoded-argument cache
+seeing a rewritten block, failure passing (to follow-ups too), a bad packet
+failing alone, STOP, a killed host process (its stage fails OWNER_DIED; a new
+processor serves), and both isolations (green context, bounded grid).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import pytest
 
 import hostless as hl
 from hostless import agents
+from hostless.agents import gpucp
 from hostless.buffer import bytes_buffer
 from hostless.graph import Graph
 from hostless.status import Status
-from hostless.wire import Kernargs, Packet, PacketType
+from hostless.wire import Follow, Kernargs, Packet, PacketType
 
 cuda = pytest.importorskip("hostless.cuda")
 _why = cuda.available()
@@ -64,6 +67,99 @@ def test_chain_runs_on_the_command_processor(dom, dispatch, data):
             for _ in range(5):
                 out = cg.run({"x": x}, timeout=60)["y"]
                 assert np.allclose(out, ref(x), rtol=1e-4, atol=1e-5)
+        st = gpucp.stats(cp)
+        assert st["packets"] >= 20 and st["failed"] == 0
+        if dispatch == "direct":  # one frame at a time: each follow-up finds the queue empty
+            assert st["inplace"] >= 15, st
+        else:
+            assert st["inplace"] == 0, st
+    finally:
+        cp.stop()
+
+
+@pytest.mark.parametrize("isolation", ["green", "grid"])
+def test_isolation_is_reported_and_serves(dom, isolation):
+    if isolation == "green":
+        cu = pytest.importorskip("cuda.bindings.driver")
+        if not hasattr(cu, "cuGreenCtxCreate"):
+            pytest.skip("these CUDA bindings have no green contexts")
+    cp = agents.spawn(dom, "gpucp", device=0, sms=8, isolation=isolation)
+    try:
+        caps = cp.capabilities
+        assert caps["isolation"] == ("green context" if isolation == "green" else "grid")
+        assert caps["sms"] >= 8 and caps["workers"] == caps["sms"] and caps["sms"] <= caps["sms_total"]
+        n = 96  # not a multiple of the 32-wide tiles
+        rng = np.random.default_rng(1)
+        w = rng.standard_normal((n, n)).astype("f4")
+        g = Graph(dom).input("x", (n, n), "f4").constant("w", w)
+        g.stage("mm", cp, "gemm", ["x", "w"], ("y", (n, n), "f4"))
+        g.stage("s", cp, "sum", ["y"], ("t", (1,), "f4"))
+        x = rng.standard_normal((n, n)).astype("f4")
+        with g.compile() as cg:
+            r = cg.run({"x": x}, timeout=60)
+        assert np.allclose(r["y"], x @ w, rtol=1e-3, atol=1e-3)
+        assert np.isclose(r["t"][0], (x @ w).sum(), rtol=1e-3, atol=1e-2)
+    finally:
+        cp.stop()
+
+
+def test_rewritten_argument_block_is_seen(dom):
+    """The processor keeps decoded argument blocks; a block rewritten between packets
+    (another buffer handle in it) must be decoded again, not served from the cache."""
+    cp = agents.spawn(dom, "gpucp", device=0)
+    try:
+        x1 = dom.buffer((8,), "f4")
+        x2 = dom.buffer((8,), "f4")
+        y = dom.buffer((8,), "f4")
+        x1.numpy()[...] = -1
+        x2.numpy()[...] = 5
+        args = bytes_buffer(dom, Kernargs(buffers=[x1.handle, y.handle]).encode())
+        f = dom.fence()
+        cp.queue.push(Packet(type=PacketType.KERNEL, kernel=4, args=args.handle, signal=f.handle))
+        assert f.wait(timeout=30) == Status.SUCCESS and (y.numpy() == 0).all()
+        args.numpy()[:] = np.frombuffer(Kernargs(buffers=[x2.handle, y.handle]).encode(), np.uint8)
+        f2 = dom.fence()
+        cp.queue.push(Packet(type=PacketType.KERNEL, kernel=4, args=args.handle, signal=f2.handle))
+        assert f2.wait(timeout=30) == Status.SUCCESS and (y.numpy() == 5).all()
+        # the same block, a released buffer in it: the cached decode must not be used
+        x2.release()
+        f3 = dom.fence()
+        cp.queue.push(Packet(type=PacketType.KERNEL, kernel=4, args=args.handle, signal=f3.handle))
+        assert f3.wait(timeout=30) == Status.ERROR
+        assert gpucp.stats(cp)["last_reason"] == "a buffer handle names no live buffer here"
+    finally:
+        cp.stop()
+
+
+def test_failure_reaches_the_follow_ups(dom):
+    """A packet whose input failed runs nothing and fails its follow-ups' signals, so that
+    their waiters are released (here the follow-up was meant to run in place)."""
+    cp = agents.spawn(dom, "gpucp", device=0)
+    try:
+        x = dom.buffer((4,), "f4")
+        y = dom.buffer((4,), "f4")
+        z = dom.buffer((4,), "f4")
+        f2 = dom.fence()
+        args2 = bytes_buffer(dom, Kernargs(buffers=[y.handle, z.handle]).encode())
+        follow = Packet(type=PacketType.KERNEL, kernel=4, args=args2.handle, signal=f2.handle)
+        args1 = bytes_buffer(
+            dom, Kernargs(buffers=[x.handle, y.handle], follow=[Follow(cp.queue.handle, follow)]).encode()
+        )
+        bad = dom.fence()
+        bad.signal(Status.CANCEL)
+        f1 = dom.fence()
+        cp.queue.push(
+            Packet(type=PacketType.KERNEL, kernel=4, args=args1.handle, signal=f1.handle,
+                   wait=(bad.handle, 0))
+        )
+        assert f1.wait(timeout=30) == Status.CANCEL
+        assert f2.wait(timeout=30) == Status.CANCEL
+        # an argument block too large for the processor fails alone
+        big = bytes_buffer(dom, Kernargs(buffers=[x.handle, y.handle], scalars=[0] * 200).encode())
+        f3 = dom.fence()
+        cp.queue.push(Packet(type=PacketType.KERNEL, kernel=4, args=big.handle, signal=f3.handle))
+        assert f3.wait(timeout=30) == Status.ERROR
+        assert gpucp.stats(cp)["last_reason"] == "bad argument block"
     finally:
         cp.stop()
 

@@ -233,7 +233,8 @@ HL_INLINE int hl_attach(struct hl_dom *d, void *base, hl_u64 size) {
  *   1 when slot f holds the LIVE object `handle` names (same 24-bit
  *   generation and kind in f->ctl), else 0.  Ordering: one acquire load of
  *   ctl.  A match says the object was live at that instant; only a reference
- *   (or the write rule's other cases) keeps it so.
+ *   (or the write rule's other cases) keeps it so.  hl_ctl_matches(c, handle)
+ *   is the same test on a ctl word the caller read.
  *
  * hl_word(d, handle)
  *   Address of the completion word of the slot `handle` names (any kind):
@@ -255,11 +256,12 @@ HL_INLINE struct hl_fence *hl_fence_slot(const struct hl_dom *d, hl_u64 handle, 
     return d->fences + idx;
 }
 
-HL_INLINE int hl_fence_matches(const struct hl_fence *f, hl_u64 handle) {
-    hl_u64 c = hl_load64(&f->ctl);
+HL_INLINE int hl_ctl_matches(hl_u64 c, hl_u64 handle) {
     return HL_CTL_STATE(c) == HL_SLOT_LIVE && (HL_CTL_GEN(c) & 0xffffffu) == HL_HANDLE_GEN(handle) &&
            HL_CTL_KIND(c) == HL_HANDLE_KIND(handle);
 }
+
+HL_INLINE int hl_fence_matches(const struct hl_fence *f, hl_u64 handle) { return hl_ctl_matches(hl_load64(&f->ctl), handle); }
 
 HL_INLINE hl_u64 *hl_word(const struct hl_dom *d, hl_u64 handle) {
     struct hl_fence *f = hl_fence_slot(d, handle, 0);
@@ -435,35 +437,53 @@ HL_INLINE int hl_timeline_poll(const struct hl_dom *d, hl_u64 handle, hl_u64 *wo
  *   *nbytes = its size.  Returns HL_OK; HL_E_HANDLE (not a live buffer of
  *   this domain); HL_E_VALUE (a host buffer: nothing is written);
  *   HL_E_CORRUPT (placement or extent outside the heap, checked against the
- *   private view by subtraction).  Ordering and holding as hl_buffer_data. */
+ *   private view by subtraction).  Ordering and holding as hl_buffer_data.
+ *
+ * hl_buffer_extent(d, err, offset, nbytes)
+ *   The pure part of both: checks a buffer slot's placement word (err),
+ *   offset (word) and size (aux), as read by the caller from a slot whose
+ *   ctl it matched, against the private view: a host buffer (HL_PLACE_HEAP
+ *   -1) must lie in the heap's data area, a device buffer in its device
+ *   heap, within its granule count.  Returns HL_OK or HL_E_CORRUPT.  A
+ *   device reads the whole 64-byte slot at once (one bus round trip) and
+ *   checks the words with hl_ctl_matches and this. */
+
+HL_INLINE int hl_buffer_extent(const struct hl_dom *d, hl_u64 e, hl_u64 off, hl_u64 n) {
+    int i = HL_PLACE_HEAP(e);
+    hl_u64 size;
+    if (i < 0) return d->heap && off <= d->heap_data_size && n <= d->heap_data_size - off ? HL_OK : HL_E_CORRUPT;
+    if ((hl_u32)i >= d->devheap_count) return HL_E_CORRUPT;
+    size = d->devheap_granules[i] * HL_DEVICE_GRANULE;
+    if (off % HL_DEVICE_GRANULE || off > size || n > size - off || HL_PLACE_GRANULES(e) > (size - off) / HL_DEVICE_GRANULE ||
+        n > HL_PLACE_GRANULES(e) * HL_DEVICE_GRANULE)
+        return HL_E_CORRUPT;
+    return HL_OK;
+}
 
 HL_INLINE void *hl_buffer_data(const struct hl_dom *d, hl_u64 handle, hl_u64 *nbytes) {
     struct hl_fence *f = hl_fence_slot(d, handle, HL_KIND_BUFFER);
-    hl_u64 off, n;
+    hl_u64 e, off, n;
     if (!f || !hl_fence_matches(f, handle) || !d->heap) return 0;
-    if (HL_PLACE_HEAP(hl_load64(&f->err)) >= 0) return 0; /* device memory */
+    e = hl_load64(&f->err);
+    if (HL_PLACE_HEAP(e) >= 0) return 0; /* device memory */
     off = hl_load64(&f->word);
     n = hl_load64(&f->aux);
-    if (off > d->heap_data_size || n > d->heap_data_size - off) return 0;
+    if (hl_buffer_extent(d, e, off, n) != HL_OK) return 0;
     if (nbytes) *nbytes = n;
     return d->heap_data + off;
 }
 
 HL_INLINE int hl_buffer_device(const struct hl_dom *d, hl_u64 handle, hl_u32 *heap, hl_u64 *offset, hl_u64 *nbytes) {
     struct hl_fence *f = hl_fence_slot(d, handle, HL_KIND_BUFFER);
-    hl_u64 e, off, n, size;
+    hl_u64 e, off, n;
     int i;
     if (!f || !hl_fence_matches(f, handle)) return HL_E_HANDLE;
     e = hl_load64(&f->err);
     i = HL_PLACE_HEAP(e);
     if (i < 0) return HL_E_VALUE;
-    if ((hl_u32)i >= d->devheap_count) return HL_E_CORRUPT;
     off = hl_load64(&f->word);
     n = hl_load64(&f->aux);
-    size = d->devheap_granules[i] * HL_DEVICE_GRANULE;
-    if (off % HL_DEVICE_GRANULE || off > size || n > size - off || HL_PLACE_GRANULES(e) > (size - off) / HL_DEVICE_GRANULE ||
-        n > HL_PLACE_GRANULES(e) * HL_DEVICE_GRANULE)
-        return HL_E_CORRUPT;
+    if (hl_buffer_extent(d, e, off, n) != HL_OK) return HL_E_CORRUPT;
     *heap = (hl_u32)i;
     *offset = off;
     *nbytes = n;

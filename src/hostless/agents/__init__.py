@@ -205,7 +205,10 @@ def spawn(
     by default).  A "gpucp" agent is the GPU command processor (:mod:`hostless.agents.gpucp`):
     a resident kernel takes the queue's packets with no host in the loop.
 
-    ``device=N`` picks the GPU of a cuda or gpucp agent; ``spin`` (seconds, default 50 us)
+    ``device=N`` picks the GPU of a cuda or gpucp agent.  ``sms`` (gpucp, default 8) is
+    the number of worker SMs: a green context's partition where the driver has them, else a
+    bounded grid (``isolation="grid"`` asks for that; ``"green"`` refuses to start without
+    one); ``agent.capabilities`` says which was used.  ``spin`` (seconds, default 50 us)
     is how long an idle agent polls its doorbell before a bounded sleep: longer
     spins cut the hand-off latency and cost CPU while idle.
 
@@ -264,6 +267,12 @@ def spawn(
     idle_poll = float(opts.pop("idle_poll", 0.02))
     if not idle_poll >= 0:
         raise ValueError("idle_poll must be >= 0")
+    sms = int(opts.pop("sms", 8))
+    isolation = str(opts.pop("isolation", "auto"))
+    if kind == "gpucp" and sms < 1:
+        raise ValueError("sms must be >= 1")
+    if isolation not in ("auto", "green", "grid"):
+        raise ValueError(f"isolation must be 'auto', 'green' or 'grid', not {isolation!r}")
     if opts:
         raise TypeError(f"unknown options {sorted(opts)}")
     if native and kind not in ("cpu", "npu"):
@@ -290,6 +299,8 @@ def spawn(
             dom.name, q, kind, spin, wait_timeout, follow_timeout, label, bool(native), device,
             fixed_spin, idle_poll,
         )
+        if kind == "gpucp":
+            cmd += ["--sms", str(sms), "--isolation", isolation]
     ids: dict[str, int] = {}
     for i, (name, spec) in enumerate(sorted((user_kernels or {}).items())):
         ids[name] = USER_KERNEL_BASE + i
@@ -316,7 +327,7 @@ def spawn(
     a.native = native
     a.user_kernels = ids
     a.device = f"cuda:{device}" if kind in ("cuda", "gpucp") else "cpu"
-    if native is True:  # the Python worker of a native loop says what it runs natively
+    if native is True or kind == "gpucp":  # what a native loop runs natively; how a gpucp runs
         caps = proc.stdout.readline()
         try:
             a.capabilities = dict(json.loads(caps))

@@ -1,28 +1,39 @@
 """The GPU command processor: a resident kernel that serves a hostless queue.
 
-``agents.spawn(dom, "gpucp", device=0)`` starts an agent process that
+``agents.spawn(dom, "gpucp", device=0, sms=8)`` starts an agent process that
 registers the domain with the GPU, compiles ``gpucp.cu`` (with
-``hostless.h``) through NVRTC and launches it once, as one block of 256
-threads on its own stream.  From then on the GPU takes the queue's packets
-itself: it waits for their inputs on the completion words, runs the kernel
-(built-in float32 kernels, by the cpu kernels' ids: copy, add, scale, relu,
-gemm, sum, softmax, normalize), signals, and pushes the follow-up packets into
-their queues (the next GPU stage's, or a CPU agent's), with no host launch or
-wake-up per packet.  The host process only watches: the spawner's death, a
-STOP packet (the kernel leaves by itself) or SIGTERM (it sets the control
-word the kernel polls, then waits for it to leave).  A host process killed
-outright takes its CUDA context, and the kernel, with it; the domain's
-recovery marks its fences OWNER_DIED like any participant's.
+``hostless.h``) through NVRTC and launches it once.  From then on the GPU
+takes the queue's packets itself: it waits for their inputs on the
+completion words, runs the kernel (built-in float32 kernels, by the cpu
+kernels' ids: copy, add, scale, relu, gemm, sum, softmax, normalize), signals,
+and pushes the follow-up packets into their queues (the next GPU stage's, or a
+CPU agent's), with no host launch or wake-up per packet.  A follow-up for its
+own queue runs in place when that queue is empty.  The host process only
+watches: the spawner's death, a STOP packet (the kernel leaves by itself) or
+SIGTERM (it sets the control word the kernel polls, then waits for it to
+leave).  A host process killed outright takes its CUDA context, and the
+kernel, with it; the domain's recovery marks its fences OWNER_DIED like any
+participant's.
 
-The control block is a small heap buffer (the GPU reads and writes it over the
-host link): stop, state, packets taken, packets failed, the last failure
-(packet index and reason), a heartbeat.  Statistics are readable from the
-spawner with :func:`read_ctl`.
+Isolation.  The kernel is one front-end block (a warp that takes packets)
+and ``sms`` worker blocks.  Where the driver has green contexts
+(``cuGreenCtxCreate``), it runs in one holding an SM partition of its own
+(``sms`` rounded up to the driver's granularity, 8 on an H200), so that
+ordinary CUDA work of the same process runs beside it on the other SMs;
+otherwise it is a bounded grid of that many blocks in the primary context
+(``isolation="grid"`` asks for that).  Which one was used, and the SM
+counts, are in ``agent.capabilities``.  Work of *other processes* still
+shares the GPU by time slices, as every CUDA context does without MPS.
 
-Isolation: the kernel runs as one block (a bounded grid) in the device's
-primary context next to other CUDA work; green contexts (an SM partition of
-its own) are not used yet.  Not supported yet: ERT packets, buffers of
-another GPU's heap, dtypes other than float32 (copy takes any), conv2d.
+The control block is a small heap buffer (the GPU writes it over the host
+link): stop, state, packets run, packets failed, the last failure (packet
+number and reason), a heartbeat, follow-ups run in place, and the summed
+device-timer nanoseconds of in-place hand-offs (a stage's end to the next's
+start).  :func:`stats` reads it from the spawner.
+
+Not supported yet: buffers of another GPU's heap, dtypes other than float32
+(copy takes any), conv2d; argument blocks over 1 KiB fail with "bad argument
+block".
 """
 
 from __future__ import annotations
@@ -38,13 +49,14 @@ from ..domain import Domain
 from ..errors import HostlessError
 from ..queue import Queue
 
-__all__ = ["GpuCommandProcessor", "GPUCP_KERNEL_NAMES", "CTL_FIELDS", "read_ctl"]
+__all__ = ["GpuCommandProcessor", "GPUCP_KERNEL_NAMES", "CTL_FIELDS", "read_ctl", "stats", "compile_cubin"]
 
 GPUCP_KERNEL_NAMES = ("copy", "add", "scale", "relu", "gemm", "sum", "softmax", "normalize")
-CTL_FIELDS = ("stop", "state", "packets", "failed", "last_error", "heartbeat")
+CTL_FIELDS = ("stop", "state", "packets", "failed", "last_error", "heartbeat", "inplace", "handoff_ns")
 REASONS = {0: "ok", 1: "an input failed", 2: "unknown kernel or packet type", 3: "bad argument block",
            4: "a buffer handle names no live buffer here", 5: "shapes do not fit", 6: "not float32"}
 _STATE_RUNNING, _STATE_LEFT, _STATE_ATTACH_FAILED = 1, 2, 3
+_THREADS = 256
 
 
 def read_ctl(words: np.ndarray) -> dict[str, int]:
@@ -52,23 +64,78 @@ def read_ctl(words: np.ndarray) -> dict[str, int]:
     return {k: int(words[i]) for i, k in enumerate(CTL_FIELDS)}
 
 
+def stats(agent: Any) -> dict[str, Any]:
+    """The control block of a running gpucp ``agent`` (from :func:`hostless.agents.spawn`), by name,
+    with ``last_reason`` spelled out.  Reads host memory only."""
+    h = int(agent.capabilities.get("ctl", 0)) if getattr(agent, "capabilities", None) else 0
+    if not h:
+        raise HostlessError("this agent has no GPU command processor control block")
+    buf = agent.dom.import_buffer(h)
+    try:
+        st: dict[str, Any] = dict(read_ctl(buf.numpy().view(np.uint64)))
+    finally:
+        buf.release()
+    st["last_reason"] = REASONS.get(st["last_error"] & 0xFFFF, "?")
+    return st
+
+
+def _ok(res: Any, what: str) -> Any:
+    """cuda.bindings returns (err, *values): raise on an error, return the values."""
+    err, *vals = res if isinstance(res, tuple) else (res,)
+    if int(err) != 0:
+        raise HostlessError(f"{what} failed: {err!r}")
+    return vals[0] if len(vals) == 1 else tuple(vals)
+
+
+def compile_cubin(device: int) -> bytes:
+    """gpucp.cu compiled by NVRTC for the device's architecture (a cubin)."""
+    from cuda.bindings import driver as cu
+    from cuda.bindings import nvrtc
+
+    from .. import abi_header_path
+
+    dev = _ok(cu.cuDeviceGet(device), "cuDeviceGet")
+    attr = cu.CUdevice_attribute
+    major = _ok(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "attribute")
+    minor = _ok(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "attribute")
+    src = open(os.path.join(os.path.dirname(__file__), "gpucp.cu"), "rb").read()
+    inc = os.path.dirname(abi_header_path())
+    prog = _ok(nvrtc.nvrtcCreateProgram(src, b"gpucp.cu", 0, [], []), "nvrtcCreateProgram")
+    opts = [f"-I{inc}".encode(), b"--std=c++14", f"--gpu-architecture=sm_{major}{minor}".encode()]
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if int(err) != 0:
+            n = _ok(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+            log = b" " * n
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            raise HostlessError(f"gpucp.cu does not compile:\n{log.decode(errors='replace')}")
+        n = _ok(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
+        cubin = b" " * n
+        _ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        return bytes(cubin)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
 class GpuCommandProcessor:
     """The host half of a GPU command processor (see the module doc)."""
 
-    def __init__(self, dom: Domain, queue: Queue, parent: int, device: int, ctl_handle: int = 0) -> None:
+    def __init__(
+        self, dom: Domain, queue: Queue, parent: int, device: int, sms: int = 8, isolation: str = "auto"
+    ) -> None:
+        from cuda.bindings import driver as cu
+
         from ..cuda import CudaPeer
 
+        if sms < 1:
+            raise ValueError("sms must be >= 1")
+        if isolation not in ("auto", "green", "grid"):
+            raise ValueError(f"isolation must be 'auto', 'green' or 'grid', not {isolation!r}")
         self.dom, self.queue, self.parent, self.device = dom, queue, parent, device
+        self.cu = cu
         self.peer = CudaPeer(dom, device)
         cp = self.cp = self.peer.cp
-        from .. import abi_header_path
-
-        inc = os.path.dirname(abi_header_path())
-        src = open(os.path.join(os.path.dirname(__file__), "gpucp.cu")).read()
-        self.module = cp.RawModule(code=src, options=(f"-I{inc}", "--std=c++14"))
-        self.kernel = self.module.get_function("hl_cp_main")
-        # the control block: a heap buffer the spawner may name (so it can read it)
-        self.ctl_buf = dom.import_buffer(ctl_handle) if ctl_handle else dom.buffer((8,), np.uint64)
+        self.ctl_buf = dom.buffer((8,), np.uint64)
         self.ctl = self.ctl_buf.numpy().view(np.uint64)
         self.ctl[...] = 0
         va = np.zeros(8, dtype=np.uint64)
@@ -76,26 +143,101 @@ class GpuCommandProcessor:
             if h.ordinal == device and h.heap_index < 8:
                 va[h.heap_index] = devmem.backing(dom, h.name).va
         self.dh_va = cp.asarray(va)
-        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.share = cp.zeros(64, dtype=np.uint64)  # struct cp_share (go, done, the job)
+        self.cubin = compile_cubin(device)
+        total = int(cp.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
+        self.info: dict[str, Any] = {"sms_total": total, "ctl": self.ctl_buf.handle}
+        self.green: Any = None
+        self.ctx: Any = None
+        why_not = ""
+        if isolation in ("auto", "green"):
+            try:
+                self._green_context(sms)
+            except Exception as e:  # no green contexts on this driver / bindings
+                if isolation == "green":
+                    raise HostlessError(f"no green context for the GPU command processor: {e}") from e
+                why_not = str(e)
+        if self.green is None:
+            self.ctx = _ok(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")  # CuPy's: the primary context
+            self.stream_obj = cp.cuda.Stream(non_blocking=True)
+            self.stream = cu.CUstream(self.stream_obj.ptr)
+            self.workers = min(sms, total - 1)
+            self.info.update(isolation="grid", sms=self.workers, workers=self.workers)
+            if why_not:
+                self.info["green_unavailable"] = why_not
+        self._push()
+        try:
+            self.module = _ok(cu.cuModuleLoadData(self.cubin), "cuModuleLoadData")
+            self.function = _ok(cu.cuModuleGetFunction(self.module, b"hl_cp_main"), "cuModuleGetFunction")
+        finally:
+            self._pop()
+
+    def _green_context(self, sms: int) -> None:
+        cu = self.cu
+        dev = _ok(cu.cuDeviceGet(self.device), "cuDeviceGet")
+        res = _ok(cu.cuDeviceGetDevResource(dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM),
+                  "cuDeviceGetDevResource")
+        groups, _n, _rest = _ok(cu.cuDevSmResourceSplitByCount(1, res, 0, sms), "cuDevSmResourceSplitByCount")
+        desc = _ok(cu.cuDevResourceGenerateDesc([groups[0]], 1), "cuDevResourceGenerateDesc")
+        flags = cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
+        self.green = _ok(cu.cuGreenCtxCreate(desc, dev, flags), "cuGreenCtxCreate")
+        self.ctx = _ok(cu.cuCtxFromGreenCtx(self.green), "cuCtxFromGreenCtx")
+        self.stream = _ok(
+            cu.cuGreenCtxStreamCreate(self.green, cu.CUstream_flags.CU_STREAM_NON_BLOCKING, 0),
+            "cuGreenCtxStreamCreate",
+        )
+        got = int(groups[0].sm.smCount)
+        self.workers = got
+        self.info.update(isolation="green context", sms=got, workers=got)
+
+    def _push(self) -> None:
+        _ok(self.cu.cuCtxPushCurrent(self.ctx), "cuCtxPushCurrent")
+
+    def _pop(self) -> None:
+        _ok(self.cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
+
+    @property
+    def done(self) -> bool:
+        """The kernel has left (or never ran)."""
+        self._push()
+        try:
+            (err,) = self.cu.cuStreamQuery(self.stream)
+        finally:
+            self._pop()
+        return int(err) != int(self.cu.CUresult.CUDA_ERROR_NOT_READY)
 
     def start(self) -> None:
-        """Launch the resident kernel; returns once it attached (or raises why not)."""
+        """Launch the resident kernel; returns once it attached (or raises why not).  A cooperative
+        launch, so that the driver guarantees every block is resident at once (the front end waits
+        for the workers); a plain launch where cooperative launches are refused."""
+        import ctypes
+
+        cu = self.cu
         layout = lowlevel.layout(self.dom)
-        self.kernel(
-            (1,),
-            (256,),
-            (
-                np.uint64(self.peer.dbase),
-                np.uint64(layout["size"]),
-                np.uint64(self.queue.handle),
-                self.dh_va,
-                np.uint64(self.peer.dptr(self.ctl_buf.offset)),
-            ),
-            stream=self.stream,
+        vals = (
+            self.peer.dbase,
+            int(layout["size"]),
+            int(self.queue.handle),
+            int(self.dh_va.data.ptr),
+            self.peer.dptr(self.ctl_buf.offset),
+            int(self.share.data.ptr),
         )
+        args = (vals, (ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_ulonglong) + (ctypes.c_void_p,) * 3)
+        grid = 1 + self.workers
+        self._push()
+        try:
+            fn, st = self.function, self.stream
+            (err,) = cu.cuLaunchCooperativeKernel(fn, grid, 1, 1, _THREADS, 1, 1, 0, st, args)
+            self.info["launch"] = "cooperative"
+            if int(err) != 0:
+                self.info["launch"] = f"plain (cooperative refused: {err!r})"
+                _ok(cu.cuLaunchKernel(self.function, grid, 1, 1, _THREADS, 1, 1, 0, self.stream, args, 0),
+                    "cuLaunchKernel")
+        finally:
+            self._pop()
         deadline = time.monotonic() + 30
         while int(self.ctl[1]) == 0:
-            if time.monotonic() > deadline or self.stream.done:
+            if time.monotonic() > deadline or self.done:
                 raise HostlessError(f"the GPU command processor did not start (state {int(self.ctl[1])})")
             time.sleep(1e-4)
         if int(self.ctl[1]) == _STATE_ATTACH_FAILED:
@@ -105,7 +247,7 @@ class GpuCommandProcessor:
         """Watch until the kernel leaves (STOP), the spawner dies, or an exception
         (SIGTERM's SystemExit) ends the wait; the kernel has left on return."""
         try:
-            while not self.stream.done:
+            while not self.done:
                 if self.parent and os.getppid() != self.parent:
                     break  # the spawner died (we were reparented), as the agent loops check it
                 time.sleep(poll)
@@ -116,10 +258,8 @@ class GpuCommandProcessor:
         """Ask the kernel to leave and wait for it (it checks between packets and in waits)."""
         self.ctl[0] = 1
         deadline = time.monotonic() + timeout
-        while not self.stream.done and time.monotonic() < deadline:
+        while not self.done and time.monotonic() < deadline:
             time.sleep(1e-3)
-        if self.stream.done:
-            self.stream.synchronize()
 
     def stats(self) -> dict[str, Any]:
         st: dict[str, Any] = dict(read_ctl(self.ctl))
@@ -127,6 +267,10 @@ class GpuCommandProcessor:
         return st
 
     def close(self) -> None:
+        """Release the control block, the green context (if any) and the domain's registration."""
         self.ctl_buf.release()
+        if self.green is not None:
+            self.cu.cuStreamDestroy(self.stream)
+            self.cu.cuGreenCtxDestroy(self.green)
+            self.green = None
         self.peer.close()
-

@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         "--idle-poll", type=float, default=0.0, help="native: longest doorbell sleep once idle (s)"
     )
     ap.add_argument("--follow-timeout", type=float, default=10.0, help="bound on a packet's follow-up pushes")
+    ap.add_argument("--sms", type=int, default=8, help="gpucp: worker SMs (a green context's partition)")
+    ap.add_argument("--isolation", choices=["auto", "green", "grid"], default="auto", help="gpucp: how")
     a = ap.parse_args(argv)
     wait_timeout = None if a.wait_timeout < 0 else a.wait_timeout
     follow_timeout = max(0.0, a.follow_timeout)
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     q = dom.import_queue(a.queue)
     q.bind()
     if a.kind == "gpucp":
-        return _run_gpucp(dom, q, a.parent, a.device)
+        return _run_gpucp(dom, q, a.parent, a.device, a.sms, a.isolation)
     native = a.native and a.kind in ("cpu", "npu")
     sys.stdout.write(f"{dom.participant_id}\n")
     if native:
@@ -101,14 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run_gpucp(dom: Domain, q: Any, parent: int, device: int) -> int:
-    """The GPU command processor's host process: start the resident kernel, then watch it."""
+def _run_gpucp(dom: Domain, q: Any, parent: int, device: int, sms: int, isolation: str) -> int:
+    """The GPU command processor's host process: start the resident kernel, then watch it.
+    Prints the participant id, then a JSON line of capabilities (isolation, SMs, control block)."""
+    import json
+
     from .gpucp import GpuCommandProcessor
 
-    cpu = GpuCommandProcessor(dom, q, parent, device)
+    cpu = GpuCommandProcessor(dom, q, parent, device, sms=sms, isolation=isolation)
     try:
         cpu.start()
-        sys.stdout.write(f"{dom.participant_id}\n")
+        sys.stdout.write(f"{dom.participant_id}\n{json.dumps(cpu.info)}\n")
         sys.stdout.flush()
         cpu.run()
     finally:

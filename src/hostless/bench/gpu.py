@@ -86,6 +86,8 @@ def _ops(chain: Chain, x: Any, ws: list[Any], relu: Any, softmax: Any) -> Any:
             x = relu(x)
         elif kern == "softmax":
             x = softmax(x)
+        elif kern == "scale":
+            x = x * sc[0]
         else:
             raise ValueError(kern)
         wi += nw
@@ -155,9 +157,18 @@ def cuda_graph(chain: Chain, n: int, frames: int, seed: int = 0) -> tuple[dict[s
 
 
 def hostless_modes(
-    dom: hl.Domain, chain: Chain, n: int, frames: int, gpu: Any, npu: Any = None, seed: int = 0
+    dom: hl.Domain,
+    chain: Chain,
+    n: int,
+    frames: int,
+    gpu: Any,
+    npu: Any = None,
+    seed: int = 0,
+    modes: tuple[tuple[str, str], ...] = (("host", "copy"), ("host", "shared"), ("direct", "copy"),
+                                          ("direct", "shared")),
 ) -> dict[str, Any]:
-    """The chain as a hostless Graph in the four modes; npu: run relu stages there (mixed)."""
+    """The chain as a hostless Graph in the four modes (or ``modes``: (dispatch, data) pairs);
+    npu: run relu stages there (mixed)."""
     rng = np.random.default_rng(seed)
     ws = _weights(chain, n, rng)
     frame = rng.standard_normal((n, n)).astype(np.float32)
@@ -172,16 +183,15 @@ def hostless_modes(
         g.stage(f"s{k}_{kern}", ag, kern, ins, (f"x{k + 1}", (n, n), "f4"), scalars=list(sc))
         prev = f"x{k + 1}"
     res: dict[str, Any] = {}
-    for dispatch in ("host", "direct"):
-        for data in ("copy", "shared"):
-            with g.compile(dispatch=dispatch, data=data) as cg:
-                o = cg.run({"x0": frame}, timeout=300)[prev]  # warm-up (kernel compilation)
-                ts = []
-                for _ in range(frames):
-                    t0 = time.perf_counter()
-                    o = cg.run({"x0": frame}, timeout=300)[prev]
-                    ts.append(time.perf_counter() - t0)
-                res[f"{dispatch}+{data}"] = {**_stats(ts), "plan": cg.plan(), "out": o}
+    for dispatch, data in modes:
+        with g.compile(dispatch=dispatch, data=data) as cg:
+            o = cg.run({"x0": frame}, timeout=300)[prev]  # warm-up (kernel compilation)
+            ts = []
+            for _ in range(frames):
+                t0 = time.perf_counter()
+                o = cg.run({"x0": frame}, timeout=300)[prev]
+                ts.append(time.perf_counter() - t0)
+            res[f"{dispatch}+{data}"] = {**_stats(ts), "plan": cg.plan(), "out": o}
     return res
 
 

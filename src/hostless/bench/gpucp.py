@@ -1,0 +1,384 @@
+"""The thesis matrix on the GPU command processor: ``python -m hostless.bench.gpucp -o DIR``.
+
+Measured in one run on one GPU, one frame at a time (host input in, host
+output out):
+
+* **anchors**: the mapped-memory ping-pong (a resident kernel answering a
+  host store through pinned host memory: the floor of any host <-> GPU
+  hand-off); the latency-bound chain as a plain CuPy script and as a CUDA
+  graph replay (PyTorch); the chain on the ``cuda`` agent with host dispatch
+  and host-staged data (``host+copy``: a host process launches every stage,
+  the library's reference mode);
+* **the matrix**: the chain on the GPU command processor (``gpucp``) in the
+  four modes, copy/shared x host/direct, for a latency-bound chain (6 stages
+  at 64x64 f32) and a data-bound one (4 elementwise stages at 2048x2048 f32,
+  16 MiB a tensor);
+* **hand-off**: chains of 2 and 34 copy stages of 64 bytes, direct+shared:
+  the slope per stage, and the device timer's mean from a stage's end to the
+  next in-place stage's start (``handoff_ns / inplace`` of the control block);
+* **CPU -> GPU -> CPU**: a native cpu agent's stage, a gpucp stage, a native
+  cpu agent's stage, direct; minus the same without the gpucp stage;
+* **isolation**: plain CuPy in this process while a command processor runs in
+  this process (green context, then bounded grid) and while one runs in
+  another process.
+
+Goals (issue 14): a hand-off between two command-processor stages <= 2 us;
+direct+shared >= 11x lower latency than host+copy on the latency-bound chain
+and faster than the CUDA graph replay; >= 2x on the data-bound chain; the
+CPU -> GPU -> CPU round trip <= 5 us.  Each is reported met or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+import hostless as hl
+from hostless import agents
+from hostless.agents import gpucp as gpucp_mod
+from hostless.bench import gpu as gb
+from hostless.graph import Graph
+
+DATA: gb.Chain = [("normalize", 0, (0.5, 2.0)), ("relu", 0, ()), ("scale", 0, (0.5,)), ("relu", 0, ())]
+
+_PINGPONG = r"""
+extern "C" __global__ void pingpong(volatile unsigned long long *w, int n) {
+    for (int i = 0; i < n; i++) {
+        while (w[0] != 2ull * i + 1) { }
+        __threadfence_system();
+        w[8] = 2ull * i + 2;
+    }
+}
+"""
+
+
+def pingpong(n: int = 2000) -> dict[str, float]:
+    """Round trip host -> resident kernel -> host through mapped pinned memory (both polling)."""
+    import cupy as cp
+
+    mem = cp.cuda.alloc_pinned_memory(128)
+    w = np.frombuffer(mem, dtype=np.uint64, count=16)
+    w[...] = 0
+    dptr = cp.cuda.runtime.hostGetDevicePointer(mem.ptr, 0)
+    k = cp.RawKernel(_PINGPONG, "pingpong")
+    s = cp.cuda.Stream(non_blocking=True)
+    k((1,), (1,), (dptr, np.int32(n)), stream=s)
+    ts = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        w[0] = 2 * i + 1
+        while w[8] != 2 * i + 2:
+            pass
+        ts.append(time.perf_counter() - t0)
+    s.synchronize()
+    return gb._stats(ts[50:])
+
+
+def _frames(
+    cg: Any, feed: dict[str, np.ndarray], out: str, frames: int
+) -> tuple[dict[str, float], np.ndarray]:
+    o = cg.run(feed, timeout=300)[out]
+    ts = []
+    for _ in range(frames):
+        t0 = time.perf_counter()
+        o = cg.run(feed, timeout=300)[out]
+        ts.append(time.perf_counter() - t0)
+    return gb._stats(ts), o
+
+
+def handoff(dom: hl.Domain, cp_agent: Any, frames: int, short: int = 2, long: int = 34) -> dict[str, Any]:
+    """Per-stage cost of a command-processor chain: the slope between a short and a long chain of
+    64-byte copies (direct+shared), and the device timer's mean in-place hand-off."""
+    res: dict[str, Any] = {}
+    x = np.arange(16, dtype=np.float32)
+    for n in (short, long):
+        g = Graph(dom).input("x0", (16,), "f4")
+        for k in range(n):
+            g.stage(f"c{k}", cp_agent, "copy", [f"x{k}"], (f"x{k + 1}", (16,), "f4"))
+        before = gpucp_mod.stats(cp_agent)
+        with g.compile(dispatch="direct", data="shared") as cg:
+            st, o = _frames(cg, {"x0": x}, f"x{n}", frames)
+        after = gpucp_mod.stats(cp_agent)
+        assert np.array_equal(o, x)
+        inpl = after["inplace"] - before["inplace"]
+        st["device_handoff_ns"] = (after["handoff_ns"] - before["handoff_ns"]) / inpl if inpl else 0.0
+        st["inplace"] = inpl
+        res[f"chain{n}"] = st
+    slope = (res[f"chain{long}"]["p50_us"] - res[f"chain{short}"]["p50_us"]) / (long - short)
+    res["per_stage_us"] = slope
+    res["device_handoff_us"] = res[f"chain{long}"]["device_handoff_ns"] / 1e3
+    return res
+
+
+def cpu_gpu_cpu(dom: hl.Domain, cp_agent: Any, cpu: Any, frames: int) -> dict[str, Any]:
+    """[cpu copy, gpucp copy, cpu copy] against [cpu copy, cpu copy], direct, 64-byte tensors."""
+    x = np.arange(16, dtype=np.float32)
+    res: dict[str, Any] = {}
+    for name, ags in (("cpu-gpu-cpu", [cpu, cp_agent, cpu]), ("cpu-cpu", [cpu, cpu])):
+        g = Graph(dom).input("x0", (16,), "f4")
+        for k, ag in enumerate(ags):
+            g.stage(f"c{k}", ag, "copy", [f"x{k}"], (f"x{k + 1}", (16,), "f4"))
+        with g.compile(dispatch="direct", data="shared") as cg:
+            st, o = _frames(cg, {"x0": x}, f"x{len(ags)}", frames)
+        assert np.array_equal(o, x)
+        res[name] = st
+    res["round_trip_us"] = res["cpu-gpu-cpu"]["p50_us"] - res["cpu-cpu"]["p50_us"]
+    return res
+
+
+def isolation(dom: hl.Domain, frames: int) -> dict[str, Any]:
+    """Plain CuPy (the small chain) alone, beside an in-process command processor (green
+    context, then bounded grid) and beside one in another process."""
+    from hostless.agents.gpucp import GpuCommandProcessor
+
+    res: dict[str, Any] = {"alone": gb.plain_cupy(gb.SMALL, 64, frames)[0]}
+    for iso in ("green", "grid"):
+        q = dom.queue(16)
+        q.bind()
+        try:
+            p = GpuCommandProcessor(dom, q, 0, 0, sms=8, isolation=iso)
+        except Exception as e:  # no green contexts here
+            res[f"in-process {iso}"] = {"error": str(e)}
+            q.release()
+            continue
+        try:
+            p.start()
+            res[f"in-process {iso}"] = {**gb.plain_cupy(gb.SMALL, 64, frames)[0], "info": dict(p.info)}
+        finally:
+            p.stop()
+            p.close()
+            q.release()
+    a = agents.spawn(dom, "gpucp", device=0)
+    try:
+        res["other process"] = {
+            **gb.plain_cupy(gb.SMALL, 64, max(20, frames // 10))[0],
+            "info": a.capabilities,
+        }
+    finally:
+        a.stop()
+    return res
+
+
+def run(frames: int, frames_data: int, n_data: int, agent_spin: float = 5e-3, sms: int = 8) -> dict[str, Any]:
+    import cupy as cp
+
+    big = n_data * n_data * 4
+    dom = hl.Domain.create(
+        f"hl-bench-gpucp-{os.getpid()}",
+        fences=4096,
+        heap=16 * big + (64 << 20),
+        device_heaps={"cuda:0": 12 * big + (64 << 20)},
+    )
+    dom.spin = agent_spin
+    out: dict[str, Any] = {
+        "machine": platform.node(),
+        "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "agent_spin_s": agent_spin,
+        "frames": frames,
+    }
+    try:
+        out["pingpong"] = pingpong()
+        print(f"ping-pong {out['pingpong']['p50_us']:.2f} us", flush=True)
+        plain, ref = gb.plain_cupy(gb.SMALL, 64, frames)
+        graph, gout = gb.cuda_graph(gb.SMALL, 64, frames)
+        out["small"] = {"plain_cupy": plain, "cuda_graph": {**graph, "matches": gb._check(gout, ref)}}
+        cuda_agent = agents.spawn(dom, "cuda", device=0, spin=agent_spin)
+        try:
+            m = gb.hostless_modes(dom, gb.SMALL, 64, frames, cuda_agent, modes=(("host", "copy"),))
+        finally:
+            cuda_agent.stop()
+        r = m["host+copy"]
+        r["matches"] = gb._check(r.pop("out"), ref)
+        out["small"]["cuda agent host+copy"] = r
+        dplain, dref = gb.plain_cupy(DATA, n_data, frames_data)
+        out["data"] = {"n": n_data, "plain_cupy": dplain}
+        print(
+            f"anchors: plain {plain['p50_us']:.1f} us, graph {graph['p50_us']:.1f} us, "
+            f"cuda agent host+copy {r['p50_us']:.1f} us",
+            flush=True,
+        )
+
+        gcp = agents.spawn(dom, "gpucp", device=0, sms=sms)
+        cpu = agents.spawn(dom, "cpu", native=True, spin=agent_spin)
+        out["gpucp"] = gcp.capabilities
+        try:
+            for key, chain, n, fr, want in (
+                ("small", gb.SMALL, 64, frames, ref),
+                ("data", DATA, n_data, frames_data, dref),
+            ):
+                modes = gb.hostless_modes(dom, chain, n, fr, gcp)
+                for mname, mr in modes.items():
+                    mr["matches"] = gb._check(mr.pop("out"), want)
+                    out[key][f"gpucp {mname}"] = mr
+                print(
+                    f"{key}: " + ", ".join(f"{k} {v['p50_us']:.1f} us" for k, v in modes.items()), flush=True
+                )
+            out["handoff"] = handoff(dom, gcp, frames)
+            print(
+                f"hand-off: {out['handoff']['per_stage_us']:.2f} us a stage, device "
+                f"{out['handoff']['device_handoff_us']:.2f} us",
+                flush=True,
+            )
+            out["cpu_gpu_cpu"] = cpu_gpu_cpu(dom, gcp, cpu, frames)
+            print(f"cpu->gpu->cpu {out['cpu_gpu_cpu']['round_trip_us']:.2f} us", flush=True)
+            out["gpucp_stats"] = gpucp_mod.stats(gcp)
+        finally:
+            gcp.stop()
+            cpu.stop()
+        out["isolation"] = isolation(dom, max(50, frames // 2))
+    finally:
+        dom.close()
+    out["goals"] = goals(out)
+    return out
+
+
+def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The goals of issue 14, each with its measured value and met / not met."""
+    rows = []
+    s, d = res["small"], res["data"]
+    ds, hc = s["gpucp direct+shared"]["p50_us"], s["gpucp host+copy"]["p50_us"]
+    ref = s["cuda agent host+copy"]["p50_us"]
+    g = s["cuda_graph"]["p50_us"]
+    h = res["handoff"]
+    rows.append(
+        {
+            "goal": "hand-off between two command-processor stages <= 2 us",
+            "measured": f"{h['per_stage_us']:.2f} us a stage (slope, incl. a 64-byte copy); device timer "
+            f"{h['device_handoff_us']:.2f} us",
+            "met": h["per_stage_us"] <= 2.0,
+        }
+    )
+    rows.append(
+        {
+            "goal": "latency-bound: direct+shared >= 11x lower than host+copy",
+            "measured": f"gpucp direct+shared {ds:.1f} us; vs gpucp host+copy {hc:.1f} us: {hc / ds:.2f}x; "
+            f"vs the cuda agent's host+copy (a host launching each stage) {ref:.1f} us: "
+            f"{ref / ds:.2f}x",
+            "met": hc / ds >= 11.0,
+        }
+    )
+    rows.append(
+        {
+            "goal": "latency-bound: direct+shared faster than a CUDA graph replay",
+            "measured": f"{ds:.1f} us vs {g:.1f} us ({g / ds:.2f}x)",
+            "met": ds < g,
+        }
+    )
+    dds, dhc = d["gpucp direct+shared"]["p50_us"], d["gpucp host+copy"]["p50_us"]
+    rows.append(
+        {
+            "goal": "data-bound: direct+shared >= 2x host+copy",
+            "measured": f"{dds:.0f} us vs {dhc:.0f} us ({dhc / dds:.2f}x)",
+            "met": dhc / dds >= 2.0,
+        }
+    )
+    rt = res["cpu_gpu_cpu"]["round_trip_us"]
+    rows.append(
+        {
+            "goal": "CPU agent -> GPU command processor -> CPU agent <= 5 us (native CPU agents)",
+            "measured": f"{rt:.2f} us (frame {res['cpu_gpu_cpu']['cpu-gpu-cpu']['p50_us']:.1f} us minus "
+            f"{res['cpu_gpu_cpu']['cpu-cpu']['p50_us']:.1f} us without the GPU stage)",
+            "met": rt <= 5.0,
+        }
+    )
+    return rows
+
+
+def report(res: dict[str, Any]) -> str:
+    def row(name: str, r: dict[str, Any], base: float | None = None) -> str:
+        if "p50_us" not in r:
+            return f"| {name} | {r.get('error', '?')} | | | |"
+        sp = f"{base / r['p50_us']:.2f}x" if base else ""
+        spread = f"{r['p10_us']:.1f}-{r['p90_us']:.1f}"
+        return f"| {name} | {r['p50_us']:.1f} | {spread} | {sp} | {r.get('matches', '')} |"
+
+    g = res["gpucp"]
+    lines = [
+        f"# GPU command processor: the thesis matrix ({res['gpu']}, {res['machine']}, {res['date']})",
+        "",
+        f"Command processor: {g.get('isolation')} with {g.get('sms')} of {g.get('sms_total')} SMs "
+        f"({g.get('workers')} worker blocks, {g.get('launch', '')} launch). "
+        "One frame at a time; p50 [p10-p90] us. "
+        f"Mapped-memory ping-pong (host -> GPU -> host, both polling): {res['pingpong']['p50_us']:.2f} us.",
+        "",
+    ]
+    for key, title in (
+        ("small", "latency-bound: normalize, GEMM, relu, GEMM, relu, softmax at 64x64 f32"),
+        ("data", f"data-bound: normalize, relu, scale, relu at {res['data']['n']}^2 f32"),
+    ):
+        e = res[key]
+        base = e.get("gpucp host+copy", {}).get("p50_us")
+        lines += [
+            f"## {title}",
+            "",
+            "| path | p50 us | p10-p90 us | vs gpucp host+copy | same result |",
+            "|---|---|---|---|---|",
+        ]
+        for name, r in e.items():
+            if isinstance(r, dict) and name != "n":
+                lines.append(row(name, r, base))
+        lines.append("")
+    h = res["handoff"]
+    lines += [
+        "## Hand-off and round trip",
+        "",
+        f"- copy chains, direct+shared: 2 stages {h['chain2']['p50_us']:.1f} us, 34 stages "
+        f"{h['chain34']['p50_us']:.1f} us: **{h['per_stage_us']:.2f} us a stage**; the device timer's "
+        f"mean in-place hand-off (a stage's join to the next's fork): **{h['device_handoff_us']:.2f} us** "
+        f"over {h['chain34']['inplace']} hand-offs.",
+        f"- native cpu -> gpucp -> native cpu, direct: {res['cpu_gpu_cpu']['cpu-gpu-cpu']['p50_us']:.1f} us; "
+        f"without the GPU stage {res['cpu_gpu_cpu']['cpu-cpu']['p50_us']:.1f} us: the GPU leg "
+        f"**{res['cpu_gpu_cpu']['round_trip_us']:.2f} us**.",
+        "",
+        "## Isolation: plain CuPy (small chain) in this process",
+        "",
+        "| beside | p50 us | p10-p90 us | | |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in res["isolation"].items():
+        lines.append(row(name, r))
+    lines += ["", "## Goals", "", "| goal | measured | met |", "|---|---|---|"]
+    for go in res["goals"]:
+        lines.append(f"| {go['goal']} | {go['measured']} | {'yes' if go['met'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-o", "--out", default="benchmarks/results")
+    ap.add_argument("--frames", type=int, default=300)
+    ap.add_argument("--frames-data", type=int, default=30)
+    ap.add_argument("--n-data", type=int, default=2048)
+    ap.add_argument("--sms", type=int, default=8)
+    ap.add_argument("--tag", default="h200")
+    a = ap.parse_args(argv)
+    from hostless.cuda import available
+
+    why = available()
+    if why:
+        print(f"no GPU benchmark: {why}", file=sys.stderr)
+        return 2
+    res = run(a.frames, a.frames_data, a.n_data, sms=a.sms)
+    os.makedirs(a.out, exist_ok=True)
+    stem = os.path.join(a.out, f"gpucp-matrix-{a.tag}-{time.strftime('%Y-%m-%d-%H%M')}")
+    with open(stem + ".json", "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    with open(stem + ".md", "w") as f:
+        f.write(report(res))
+    print(report(res))
+    print(f"wrote {stem}.json and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
