@@ -66,7 +66,12 @@ def pingpong(n: int = 2000) -> dict[str, float]:
     mem = cp.cuda.alloc_pinned_memory(128)
     w = np.frombuffer(mem, dtype=np.uint64, count=16)
     w[...] = 0
-    dptr = cp.cuda.runtime.hostGetDevicePointer(mem.ptr, 0)
+    from cuda.bindings import driver as cu
+
+    err, dptr = cu.cuMemHostGetDevicePointer(mem.ptr, 0)
+    if int(err):
+        raise RuntimeError(f"cuMemHostGetDevicePointer: {err!r}")
+    dptr = int(dptr)
     k = cp.RawKernel(_PINGPONG, "pingpong")
     s = cp.cuda.Stream(non_blocking=True)
     k((1,), (1,), (dptr, np.int32(n)), stream=s)
