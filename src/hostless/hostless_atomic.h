@@ -59,6 +59,14 @@ extern long syscall(long number, ...);
  *                on failure (device: atomicCAS_system).
  * hl_load32(p)   Reads the 32-bit word *p (waiter counts, futex words).
  *                Ordering: seq_cst (device: volatile).  Cannot fail.
+ * hl_publish64(p, v)
+ *                Writes v to *p, publishing what was written before it (a
+ *                queue cell's READY, a doorbell).  Ordering: seq_cst on a
+ *                host, where a read of a waiter count may follow (no lost
+ *                wake-up); release on a device (a system-scope fence, then a
+ *                volatile store, with no fence after it: devices never read
+ *                waiter counts, and a trailing fence would wait a bus round
+ *                trip for the store).  Cannot fail.
  *
  * p must be naturally aligned and inside the mapping (the callers' bounds
  * checks guarantee it). */
@@ -72,6 +80,7 @@ HL_INLINE int hl_cas64(hl_u64 *p, hl_u64 *expected, hl_u64 desired) {
     return 0;
 }
 HL_INLINE hl_u32 hl_load32(const hl_u32 *p) { return *(const volatile hl_u32 *)p; }
+HL_INLINE void hl_publish64(hl_u64 *p, hl_u64 v) { __threadfence_system(); *(volatile hl_u64 *)p = v; }
 #else
 HL_INLINE hl_u64 hl_load64(const hl_u64 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 HL_INLINE void hl_store64(hl_u64 *p, hl_u64 v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
@@ -79,6 +88,7 @@ HL_INLINE int hl_cas64(hl_u64 *p, hl_u64 *expected, hl_u64 desired) {
     return __atomic_compare_exchange_n(p, expected, desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE);
 }
 HL_INLINE hl_u32 hl_load32(const hl_u32 *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+HL_INLINE void hl_publish64(hl_u64 *p, hl_u64 v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
 #endif
 
 /* ---- futex wake-ups (hosts only; the sleeping side lives in the core library) ----

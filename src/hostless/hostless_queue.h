@@ -76,8 +76,9 @@ HL_INLINE int hl_queue_open(const struct hl_dom *d, hl_u64 handle, struct hl_qvi
  *   handed the view by its host, so it skips the table reads that each
  *   cross the bus.  producer: the participant index, or HL_PRODUCER_DEVICE.
  *   Ordering: seq_cst CASes of the cell and write_index; the READY store is
- *   seq_cst (release for the packet's bytes, which the consumer reads after
- *   an acquire load of the cell); the doorbell store follows it, and the
+ *   seq_cst on a host, release on a device (hl_publish64: release for the
+ *   packet's bytes, which the consumer reads after an acquire load of the
+ *   cell); the doorbell store follows it, and on a host the
  *   doorbell_waiters read follows that (no lost wake-up).
  *   Returns:
  *     HL_OK         enqueued; *index_out (optional) receives w
@@ -86,14 +87,36 @@ HL_INLINE int hl_queue_open(const struct hl_dom *d, hl_u64 handle, struct hl_qvi
  *     HL_E_CORRUPT  the queue's words contradict each other (a cell ahead of
  *                   write_index that does not move), or no progress in 4096
  *                   rounds (every retry means another producer moved on)
- *   Bounded: it never spins forever and never overwrites a packet. */
+ *   Bounded: it never spins forever and never overwrites a packet.
+ *
+ * hl_queue_reserve(v, producer, hint, *w_out) and hl_queue_publish(v, w, p, producer)
+ *   hl_queue_push in two halves, for a producer that reserves while it does
+ *   something else (a device reserving the follow-up's cell while its
+ *   signal's CAS crosses the bus: each half is a bus round trip).
+ *   hl_queue_reserve returns as hl_queue_push, without writing a packet; on
+ *   HL_OK the caller must hl_queue_publish index *w_out (a reserved cell
+ *   that is never published holds the queue until recovery SKIPs it).
+ *   hint: a write index the caller expects to be free (e.g. the one after
+ *   its last push into this queue), or HL_QUEUE_NO_HINT.  The first round
+ *   CASes cell hint from FREE(hint) without reading write_index or the cell;
+ *   a stale hint fails that CAS (the 48-bit lap sequence is in the cell) and
+ *   costs one round, after which the usual rounds run.  hl_queue_publish
+ *   cannot fail. */
+#define HL_QUEUE_NO_HINT (~0ULL)
 
-HL_INLINE int hl_queue_push(const struct hl_qview *v, const struct hl_packet *p, hl_u32 producer,
-                            hl_u64 *index_out) {
+HL_INLINE int hl_queue_reserve(const struct hl_qview *v, hl_u32 producer, hl_u64 hint, hl_u64 *w_out) {
     struct hl_queue *q = v->q;
     hl_u64 *cells = v->cells, w, c, mask = v->capacity - 1, seq48 = 0xffffffffffffULL;
-    struct hl_packet *slot;
     int rounds;
+    if (hint != HL_QUEUE_NO_HINT) {
+        hl_u64 e = HL_CELL(hint, 0, HL_CELL_FREE);
+        if (hl_cas64(&cells[hint & mask], &e, HL_CELL(hint, producer, HL_CELL_RESERVED))) {
+            hl_u64 ww = hint;
+            hl_cas64(&q->write_index, &ww, hint + 1);
+            *w_out = hint;
+            return HL_OK;
+        }
+    }
     for (rounds = 0;; rounds++) {
         if (rounds >= 4096) return HL_E_CORRUPT; /* every retry means another producer moved on */
         w = hl_load64(&q->write_index);
@@ -117,7 +140,13 @@ HL_INLINE int hl_queue_push(const struct hl_qview *v, const struct hl_packet *p,
         /* the cell is ahead of w: write_index moved under us, or the words are corrupt */
         if (hl_load64(&q->write_index) == w) return HL_E_CORRUPT;
     }
-    slot = v->packets + (w & mask);
+    *w_out = w;
+    return HL_OK;
+}
+
+HL_INLINE void hl_queue_publish(const struct hl_qview *v, hl_u64 w, const struct hl_packet *p, hl_u32 producer) {
+    struct hl_queue *q = v->q;
+    struct hl_packet *slot = v->packets + (w & (v->capacity - 1));
     slot->signal = p->signal; /* first: recovery reads it if we die while filling */
     slot->type = p->type;
     slot->flags = p->flags;
@@ -128,12 +157,20 @@ HL_INLINE int hl_queue_push(const struct hl_qview *v, const struct hl_packet *p,
     slot->wait[1] = p->wait[1];
     slot->wait_value[0] = p->wait_value[0];
     slot->wait_value[1] = p->wait_value[1];
-    hl_store64(&cells[w & mask], HL_CELL(w, producer, HL_CELL_READY));
-    hl_store64(&q->doorbell, w + 1);
+    hl_publish64(&v->cells[w & (v->capacity - 1)], HL_CELL(w, producer, HL_CELL_READY));
+    hl_publish64(&q->doorbell, w + 1);
 #if defined(HL_HAVE_FUTEX)
     if (hl_load32(&q->doorbell_waiters) != 0)
         hl_futex_wake_all((hl_u32 *)&q->doorbell);
 #endif
+}
+
+HL_INLINE int hl_queue_push(const struct hl_qview *v, const struct hl_packet *p, hl_u32 producer,
+                            hl_u64 *index_out) {
+    hl_u64 w = 0;
+    int r = hl_queue_reserve(v, producer, HL_QUEUE_NO_HINT, &w);
+    if (r != HL_OK) return r;
+    hl_queue_publish(v, w, p, producer);
     if (index_out) *index_out = w;
     return HL_OK;
 }

@@ -3,8 +3,9 @@
  * hostless queue with no host in the loop (compiled with NVRTC by
  * hostless.agents.gpucp, from this file and hostless.h).
  *
- * Grid: block 0 is the front end (its warp 0 only; the other warps leave at
- * once); blocks 1..W are the workers, HL_CP_THREADS threads each.  The host
+ * Grid: block 0 is the front end (warp 0 takes and decodes packets; its
+ * other warps join it to run small jobs); blocks 1..W are the workers,
+ * HL_CP_THREADS threads each, that run the larger jobs.  The host
  * launches it on a green context's SM partition when the driver has them,
  * else as a bounded grid next to other work (hostless.agents.gpucp).
  *
@@ -21,15 +22,22 @@
  * GPU or GPU -> CPU agent).
  *
  * The bus is the cost: every read of host memory is a round trip over PCIe
- * (~1 us).  So the front end reads with the whole warp (a 64-byte slot, a
- * packet or an argument block is one round trip, a lane per word), keeps a
- * small cache of decoded argument blocks (a hit re-reads the block and the
- * liveness of its buffers in one round trip and compares), and does work
- * for what comes next while the workers run: it decodes the follow-up for
- * its own queue, reads the signal's slot and the cells it will push into.
- * A follow-up for its own queue runs in place, without the ring, when the
- * queue is empty at that moment (the push and the pop it stands for would
- * be adjacent, so nobody can tell the difference but the statistics).
+ * (~1 us), and the front end is built to make few of them, each one wide:
+ * - it reads with the whole warp: a 64-byte slot, a packet or an argument
+ *   block is one round trip, a lane per word;
+ * - it keeps decoded argument blocks (HL_CP_CACHE: a directory in shared
+ *   memory, the words and the decoded job in device memory); a hit re-reads
+ *   the block and its buffers' ctl words in one round trip and compares;
+ * - the reads a packet needs besides (its inputs' words, its signal's slot,
+ *   the first other queue's slot) ride along in that round trip;
+ * - a small job (job_local) runs on block 0 itself, no fork to the workers;
+ * - a follow-up for its own queue is decoded before the packet's job ends
+ *   and runs in place, without the ring, when the queue is empty at that
+ *   moment (the push and the pop it stands for would be adjacent, so nobody
+ *   can tell but the statistics);
+ * - a follow-up for another queue is reserved (hl_queue_reserve, hinted
+ *   with the index after this processor's last push there) while the
+ *   signal's CAS is on the bus, and published after it.
  *
  * Failure passes through: an input that failed, a bad packet (unknown kernel,
  * a handle that names no live buffer, a shape that does not fit, an
@@ -54,10 +62,13 @@
 #define HL_CP_THREADS 256
 #define HL_CP_MAX_BUFS 4
 #define HL_CP_ARGS_WORDS 128 /* an argument block of at most 1 KiB */
-#define HL_CP_CACHE 8        /* decoded argument blocks kept */
+#define HL_CP_CACHE 128      /* decoded argument blocks kept (a power of two) */
+#define HL_CP_FW 36          /* follow-up words kept in shared memory (4 follow-ups) */
 #define HL_CP_STOP_POLL 4096
 #define HL_CP_FULL 0xffffffffu
-#define HL_CP_TILE 32        /* gemm: 32x32 output tiles, 32-deep k steps */
+#define HL_CP_TILE 64        /* gemm: 64x64 output tiles, 16-deep k steps */
+#define HL_CP_QCACHE 4       /* queues pushed into, kept validated */
+#define HL_FOLLOW_WORDS 9    /* sizeof(struct hl_follow) / 8 */
 
 /* pinned host memory, mapped: the host's window on the processor */
 struct hl_cp_ctl {
@@ -68,14 +79,19 @@ struct hl_cp_ctl {
     hl_u64 last_error; /* (packets at the time << 16) | reason of the last failure */
     hl_u64 heartbeat;  /* bumped every HL_CP_STOP_POLL idle polls */
     hl_u64 inplace;    /* follow-ups run in place (own queue, empty) */
-    hl_u64 handoff_ns; /* summed %globaltimer from a stage's join to the next in-place stage's fork */
+    hl_u64 handoff_ns; /* summed %globaltimer from a stage's end to the next in-place stage's start */
+    hl_u64 hits;       /* argument blocks found decoded */
+    hl_u64 misses;     /* argument blocks decoded */
+    hl_u64 local;      /* jobs block 0 ran itself */
+    hl_u64 job_ns;     /* summed %globaltimer from a job's start to its end */
+    hl_u64 pad[4];
 };
 
 enum { R_OK = 0, R_INPUT = 1, R_KERNEL = 2, R_ARGS = 3, R_BUFFER = 4, R_SHAPE = 5, R_DTYPE = 6 };
 enum { K_STOP = -1, K_NONE = 0, K_COPY = 1, K_ADD = 2, K_SCALE = 3, K_RELU = 4, K_GEMM = 5, K_SUM = 6,
        K_SOFTMAX = 7, K_NORMALIZE = 9 };
 
-/* What the workers need: plain values, no handles. */
+/* What the blocks that run a job need: plain values, no handles. */
 struct cp_job {
     int run;  /* K_* */
     int nbuf;
@@ -85,6 +101,7 @@ struct cp_job {
     double s0, s1;
     hl_u64 m, k, n; /* gemm (m,k)x(k,n); softmax: m rows of n */
 };
+#define HL_CP_JOB_WORDS (sizeof(struct cp_job) / 8)
 
 /* device memory: the front end's hand-off to the worker blocks */
 struct cp_share {
@@ -94,18 +111,23 @@ struct cp_share {
     struct cp_job job;
 };
 
-/* A decoded argument block (the front end's cache). */
-struct cp_entry {
-    hl_u64 args;      /* its handle, 0 = empty */
-    const hl_u64 *src; /* its words in the host heap */
-    hl_u32 nw;        /* words */
-    hl_u32 nfollow;   /* follow-ups, from word fo */
-    hl_u32 fo;
-    hl_u32 nbuf;
-    hl_u32 kernel;    /* the packet's kernel id it was decoded for */
-    hl_u64 bh[HL_CP_MAX_BUFS]; /* buffer handles (words 2..) */
+/* device memory: a cache entry's words and decoded job */
+struct cp_gent {
     struct cp_job job;
     hl_u64 aw[HL_CP_ARGS_WORDS];
+};
+
+/* shared memory: a cache entry's directory */
+struct cp_dir {
+    hl_u64 args;               /* the block's handle, 0 = empty */
+    const hl_u64 *src;         /* its words in the host heap */
+    hl_u64 bh[HL_CP_MAX_BUFS]; /* its buffer handles */
+    hl_u64 q0;                 /* the first follow-up's queue that is not ours, 0 = none */
+    hl_u32 kernel;             /* the packet's kernel id it was decoded for */
+    hl_u32 nw, nbuf, nfollow, fo; /* words; buffers; follow-ups, from word fo */
+    hl_u32 local;              /* job_local */
+    hl_u32 self;               /* 1 + the index of the first follow-up for our queue, 0 = none */
+    hl_u32 pad;
 };
 
 __device__ static volatile hl_u64 *vol(hl_u64 *p) { return (volatile hl_u64 *)p; }
@@ -129,8 +151,9 @@ __device__ static float block_sum(float v, float *red) {
     return t;
 }
 
-/* Worker block wb of nw: its share of the job (every thread of the block). */
-__device__ static void cp_run(const struct cp_job *job, int wb, int nw, float *As, float *Bs, float *red) {
+/* Block wb of nw: its share of the job (every thread of the block: a worker
+ * block, or block 0 with its front-end warp for a local job). */
+__device__ __noinline__ static void cp_run(const struct cp_job *job, int wb, int nw, float *As, float *Bs, float *red) {
     const int t = threadIdx.x, T = HL_CP_THREADS;
     const hl_u64 gt = (hl_u64)wb * T + t, GT = (hl_u64)nw * T;
     float *out = (float *)job->data[job->nbuf - 1], *x = (float *)job->data[0];
@@ -164,40 +187,48 @@ __device__ static void cp_run(const struct cp_job *job, int wb, int nw, float *A
         for (hl_u64 i = gt; i < n; i += GT) out[i] = (x[i] - mean) * inv;
         break;
     }
-    case K_GEMM: { /* 32x32 output tiles over the worker blocks; 2x2 outputs a thread */
+    case K_GEMM: { /* 64x64 output tiles over the blocks, 4x4 outputs a thread, 16-deep k steps */
         const float *w = (const float *)job->data[1];
-        const hl_u64 M = job->m, K = job->k, N = job->n, S = HL_CP_TILE;
+        const hl_u64 M = job->m, K = job->k, N = job->n, S = HL_CP_TILE, KS = 16;
         const hl_u64 tm = (M + S - 1) / S, tn = (N + S - 1) / S;
         const int ty = t >> 4, tx = t & 15;
         for (hl_u64 tile = wb; tile < tm * tn; tile += nw) {
-            hl_u64 bi = (tile / tn) * S, bj = (tile % tn) * S;
-            float a00 = 0.f, a01 = 0.f, a10 = 0.f, a11 = 0.f;
-            for (hl_u64 kk = 0; kk < K; kk += S) {
-                for (int e = t; e < S * S; e += T) {
-                    int rr = e / S, cc = e % S;
-                    hl_u64 r = bi + rr, c = kk + cc;
-                    As[e] = (r < M && c < K) ? x[r * K + c] : 0.f;
-                    r = kk + rr;
-                    c = bj + cc;
-                    Bs[e] = (r < K && c < N) ? w[r * N + c] : 0.f;
+            const hl_u64 bi = (tile / tn) * S, bj = (tile % tn) * S;
+            float acc[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
+            for (hl_u64 kk = 0; kk < K; kk += KS) {
+                for (int e = t; e < (int)(S * KS); e += T) {
+                    int r = e >> 4, c = e & 15; /* A: row r, column c of the tile; kept transposed */
+                    As[c * S + r] = (bi + r < M && kk + c < K) ? x[(bi + r) * K + kk + c] : 0.f;
+                    int r2 = e >> 6, c2 = e & 63; /* B: row r2, column c2 */
+                    Bs[r2 * S + c2] = (kk + r2 < K && bj + c2 < N) ? w[(kk + r2) * N + bj + c2] : 0.f;
                 }
                 __syncthreads();
-#pragma unroll 8
-                for (int q = 0; q < S; q++) {
-                    float p0 = As[(2 * ty) * S + q], p1 = As[(2 * ty + 1) * S + q];
-                    float q0 = Bs[q * S + 2 * tx], q1 = Bs[q * S + 2 * tx + 1];
-                    a00 += p0 * q0;
-                    a01 += p0 * q1;
-                    a10 += p1 * q0;
-                    a11 += p1 * q1;
+#pragma unroll
+                for (int q = 0; q < 16; q++) {
+                    float av[4], bv[4];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        av[i] = As[q * S + ty * 4 + i];
+                        bv[i] = Bs[q * S + tx * 4 + i];
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) acc[i][j] += av[i] * bv[j];
                 }
                 __syncthreads();
             }
-            hl_u64 r0 = bi + 2 * ty, c0 = bj + 2 * tx;
-            if (r0 < M && c0 < N) out[r0 * N + c0] = a00;
-            if (r0 < M && c0 + 1 < N) out[r0 * N + c0 + 1] = a01;
-            if (r0 + 1 < M && c0 < N) out[(r0 + 1) * N + c0] = a10;
-            if (r0 + 1 < M && c0 + 1 < N) out[(r0 + 1) * N + c0 + 1] = a11;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    hl_u64 r = bi + ty * 4 + i, c = bj + tx * 4 + j;
+                    if (r < M && c < N) out[r * N + c] = acc[i][j];
+                }
         }
         break;
     }
@@ -228,10 +259,7 @@ __device__ static void cp_run(const struct cp_job *job, int wb, int nw, float *A
     }
 }
 
-__device__ static void worker_loop(struct cp_share *sh) {
-    __shared__ struct cp_job job;
-    __shared__ float As[HL_CP_TILE * HL_CP_TILE], Bs[HL_CP_TILE * HL_CP_TILE];
-    __shared__ float red[HL_CP_THREADS / 32];
+__device__ static void worker_loop(struct cp_share *sh, struct cp_job *job, float *As, float *Bs, float *red) {
     const int wb = blockIdx.x - 1, nw = gridDim.x - 1;
     unsigned int gen = 0;
     for (;;) {
@@ -240,17 +268,32 @@ __device__ static void worker_loop(struct cp_share *sh) {
             __threadfence(); /* the job was written before go */
         }
         __syncthreads();
-        if (threadIdx.x < sizeof(struct cp_job) / 8)
-            ((hl_u64 *)&job)[threadIdx.x] = ((const volatile hl_u64 *)&sh->job)[threadIdx.x];
+        if (threadIdx.x < HL_CP_JOB_WORDS)
+            ((hl_u64 *)job)[threadIdx.x] = ((const volatile hl_u64 *)&sh->job)[threadIdx.x];
         gen++;
         __syncthreads();
-        if (job.run == K_STOP) return;
-        cp_run(&job, wb, nw, As, Bs, red);
+        if (job->run == K_STOP) return;
+        cp_run(job, wb, nw, As, Bs, red);
         __syncthreads();
         if (threadIdx.x == 0) {
             __threadfence_system(); /* this block's writes, before the front end's signal */
             atomicAdd(&sh->done, 1u);
         }
+    }
+}
+
+/* Block 0's barriers between its front-end warp and its other warps (named
+ * barriers: the two sides reach them from different code) */
+__device__ static void bar_a(void) { asm volatile("bar.sync 1;" ::: "memory"); }
+__device__ static void bar_b(void) { asm volatile("bar.sync 2;" ::: "memory"); }
+
+/* Block 0's warps 1..7: run the local jobs the front end hands them in *job. */
+__device__ static void helper_loop(struct cp_job *job, float *As, float *Bs, float *red) {
+    for (;;) {
+        bar_a(); /* a job (or the stop) is in *job */
+        if (job->run == K_STOP) return;
+        cp_run(job, 0, 1, As, Bs, red);
+        bar_b(); /* done */
     }
 }
 
@@ -355,13 +398,33 @@ __device__ static int job_check(struct cp_job *job, hl_u32 kernel, hl_u32 nscala
     return R_OK;
 }
 
+/* A job small enough that block 0 runs it itself: a fork to the worker
+ * blocks and the join cost more than the work (a few microseconds). */
+__device__ static int job_local(const struct cp_job *job) {
+    const hl_u64 n = job->count[job->nbuf - 1];
+    switch (job->run) {
+    case K_COPY:
+        return job->nbytes[1] <= (64u << 10);
+    case K_GEMM:
+        return job->m * job->n <= 64 * 64 && job->k <= 256;
+    case K_SUM:
+        return 1; /* one block runs it in any case */
+    default:
+        return n <= 16384;
+    }
+}
+
 struct cp_front {
     struct hl_dom d;
     struct hl_qview v;
-    struct cp_entry cache[HL_CP_CACHE];
-    struct hl_packet pk[2]; /* the packet to run, and the in-place candidate */
-    int ent[2];             /* their cache entries, -1 = not decoded */
-    hl_u64 tmp[32];         /* lane scratch */
+    hl_u64 qh;                   /* our queue's handle */
+    struct cp_dir dir[HL_CP_CACHE];
+    struct hl_packet pk[2];      /* the packet to run, and the in-place candidate */
+    int ent[2];                  /* their cache entries, -1 = not decoded */
+    hl_u64 fw[2][HL_CP_FW];      /* their first follow-ups' words */
+    hl_u64 tmp[32];              /* lane scratch */
+    hl_u64 bs[HL_CP_MAX_BUFS][8]; /* buffer slots */
+    hl_u64 side[8];              /* the reads that ride along (see decode_warp) */
     hl_u64 shape[HL_CP_MAX_BUFS][HL_BUFFER_MAX_DIMS];
     hl_u32 ndim[HL_CP_MAX_BUFS];
     int f32[HL_CP_MAX_BUFS];
@@ -369,40 +432,82 @@ struct cp_front {
     int res;
 };
 
-/* Decode packet pk's argument block into the cache (the whole warp; every
- * lane gets the same result): R_OK or R_*.  *entry is always set; on failure
- * the entry's nfollow and follow-ups are valid when the block's header was
- * (so that the caller can fail them), and the entry is not kept. */
-__device__ static int decode_warp(struct cp_front *F, const hl_u64 *dh_va, const struct hl_packet *pk, int *entry,
-                                  int avoid) {
+/* The cache entry of argument block ah (direct-mapped). */
+__device__ static int cache_slot(hl_u64 ah) {
+    return (int)((HL_HANDLE_INDEX(ah) ^ ((hl_i64)HL_HANDLE_GEN(ah) << 5)) & (HL_CP_CACHE - 1));
+}
+
+/* Side reads: up to 8 host words read by lanes 24..31 in the first round trip
+ * of decode_warp (0 = none); results in F->side[]. */
+struct cp_side {
+    const hl_u64 *a[8];
+};
+
+__device__ static void side_read(struct cp_front *F, const struct cp_side *sd, int lane) {
+    if (lane >= 24 && sd && sd->a[lane - 24]) F->side[lane - 24] = rd(sd->a[lane - 24]);
+}
+
+/* Decode packet pk's argument block into cache entry *entry (the whole warp;
+ * every lane gets the same result): R_OK or R_*.  *entry is always set; on
+ * failure the entry is not kept, and its follow-ups (F->fw[which], the
+ * directory's nfollow/fo) are valid when the block's header was (so that the
+ * caller can fail them).  avoid: an entry that must not be evicted (the
+ * current packet's), or -1.  The side reads of sd ride along in the first
+ * round trip. */
+__device__ static int decode_warp(struct cp_front *F, struct cp_gent *gc, const hl_u64 *dh_va,
+                                  const struct hl_packet *pk, int *entry, int avoid, int which,
+                                  const struct cp_side *sd, struct hl_cp_ctl *ctl, hl_u64 *nhit, hl_u64 *nmiss) {
     const int lane = threadIdx.x;
     const struct hl_dom *d = &F->d;
-    hl_u64 ah = pk->args;
-    int slot = (int)((HL_HANDLE_INDEX(ah) ^ (HL_HANDLE_GEN(ah) << 3)) & (HL_CP_CACHE - 1));
+    const hl_u64 ah = pk->args;
+    int slot = cache_slot(ah);
     if (slot == avoid) slot = (slot + 1) & (HL_CP_CACHE - 1);
-    struct cp_entry *E = &F->cache[slot];
+    struct cp_dir *D = &F->dir[slot];
+    struct cp_gent *G = &gc[slot];
+    *entry = slot;
     /* a hit: the block's words and its buffers' ctl words, re-read in one round trip and compared */
-    if (E->args == ah && ah && E->kernel == pk->kernel) {
+    if (D->args == ah && ah && D->kernel == pk->kernel) {
         hl_u64 c = 0;
+        const hl_u32 nw = D->nw, nb = D->nbuf, fo = D->fo;
         if (lane == 0) {
             struct hl_fence *f = hl_fence_slot(d, ah, HL_KIND_BUFFER);
             c = f ? rd(&f->ctl) : 0;
-        } else if (lane <= (int)E->nbuf) {
-            struct hl_fence *f = hl_fence_slot(d, E->bh[lane - 1], HL_KIND_BUFFER);
+        } else if (lane <= (int)nb) {
+            struct hl_fence *f = hl_fence_slot(d, D->bh[lane - 1], HL_KIND_BUFFER);
             c = f ? rd(&f->ctl) : 0;
         }
-        int same = lane == 0 ? hl_ctl_matches(c, ah) : (lane <= (int)E->nbuf ? hl_ctl_matches(c, E->bh[lane - 1]) : 1);
-        for (hl_u32 i = lane; i < E->nw; i += 32) same &= rd(E->src + i) == E->aw[i];
+        side_read(F, sd, lane);
+        hl_u64 hv[HL_CP_ARGS_WORDS / 32], gv[HL_CP_ARGS_WORDS / 32];
+#pragma unroll
+        for (int k = 0; k < HL_CP_ARGS_WORDS / 32; k++) {
+            hl_u32 i = lane + 32 * k;
+            if (i < nw) {
+                hv[k] = rd(D->src + i);
+                gv[k] = G->aw[i];
+            }
+        }
+        int same = lane == 0 ? hl_ctl_matches(c, ah) : (lane <= (int)nb ? hl_ctl_matches(c, D->bh[lane - 1]) : 1);
+#pragma unroll
+        for (int k = 0; k < HL_CP_ARGS_WORDS / 32; k++) {
+            hl_u32 i = lane + 32 * k;
+            if (i < nw) {
+                same &= hv[k] == gv[k];
+                if (i >= fo && i - fo < HL_CP_FW) F->fw[which][i - fo] = hv[k];
+            }
+        }
         if (__all_sync(HL_CP_FULL, same)) {
-            *entry = slot;
+            if (lane == 0) *vol(&ctl->hits) = ++*nhit;
+            __syncwarp();
             return R_OK;
         }
+    } else {
+        side_read(F, sd, lane);
     }
     __syncwarp();
-    *entry = slot;
     if (lane == 0) {
-        E->args = 0;
-        E->nfollow = 0;
+        D->args = 0;
+        D->nfollow = 0;
+        *vol(&ctl->misses) = ++*nmiss;
     }
     /* a miss: the block's slot, its words, its buffers' slots and metadata */
     if (lane < 8) slot_read(d, ah, F->tmp, lane);
@@ -413,59 +518,70 @@ __device__ static int decode_warp(struct cp_front *F, const hl_u64 *dh_va, const
         if (HL_HANDLE_KIND(ah) == HL_KIND_BUFFER && hl_ctl_matches(s[1], ah) && HL_PLACE_HEAP(s[7]) < 0 &&
             hl_buffer_extent(d, s[7], s[0], s[4]) == HL_OK && s[4] >= 16 && s[4] % 8 == 0 &&
             s[4] / 8 <= HL_CP_ARGS_WORDS) {
-            E->src = (const hl_u64 *)(d->heap_data + s[0]);
-            E->nw = (hl_u32)(s[4] / 8);
+            D->src = (const hl_u64 *)(d->heap_data + s[0]);
+            D->nw = (hl_u32)(s[4] / 8);
             r = R_OK;
         }
         F->res = r;
     }
     __syncwarp();
     if (F->res) return F->res;
-    for (hl_u32 i = lane; i < E->nw; i += 32) E->aw[i] = rd(E->src + i);
+    for (hl_u32 i = lane; i < D->nw; i += 32) G->aw[i] = rd(D->src + i);
     __syncwarp();
     if (lane == 0) {
-        struct hl_kernarg ka;
-        const hl_u64 *a = E->aw;
-        ka.magic = (hl_u32)a[0];
-        ka.nbuffers = (hl_u16)(a[0] >> 32);
-        ka.nscalars = (hl_u16)(a[0] >> 48);
-        ka.nfollow = (hl_u16)a[1];
-        hl_u64 left = E->nw - 2, nf9 = (hl_u64)ka.nfollow * (sizeof(struct hl_follow) / 8);
+        const hl_u64 *a = G->aw;
+        hl_u32 magic = (hl_u32)a[0], nbuf = (hl_u16)(a[0] >> 32), nsc = (hl_u16)(a[0] >> 48);
+        hl_u32 nf = (hl_u16)a[1];
+        hl_u64 left = D->nw - 2, nf9 = (hl_u64)nf * HL_FOLLOW_WORDS;
         int r = R_OK;
-        if (ka.magic != HL_KERNARG_MAGIC || ka.nbuffers > left) r = R_ARGS;
-        else if ((left -= ka.nbuffers, ka.nscalars > left)) r = R_ARGS;
-        else if ((left -= ka.nscalars, nf9 > left)) r = R_ARGS;
-        else if (ka.nbuffers < 1 || ka.nbuffers > HL_CP_MAX_BUFS) r = R_ARGS;
+        if (magic != HL_KERNARG_MAGIC || nbuf > left) r = R_ARGS;
+        else if ((left -= nbuf, nsc > left)) r = R_ARGS;
+        else if ((left -= nsc, nf9 > left)) r = R_ARGS;
+        if (r == R_OK) { /* the follow-ups are known: a failure below can still fail them */
+            D->nfollow = nf;
+            D->fo = 2 + nbuf + nsc;
+            if (nbuf < 1 || nbuf > HL_CP_MAX_BUFS) r = R_ARGS;
+        }
         if (r == R_OK) {
-            E->nbuf = ka.nbuffers;
-            E->nfollow = ka.nfollow;
-            E->fo = 2 + ka.nbuffers + ka.nscalars;
-            for (int i = 0; i < ka.nbuffers; i++) E->bh[i] = a[2 + i];
-            E->job.nbuf = ka.nbuffers;
-            E->job.run = K_NONE;
-            E->job.s0 = __longlong_as_double((long long)(ka.nscalars > 0 ? a[2 + ka.nbuffers] : 0));
-            E->job.s1 = __longlong_as_double((long long)(ka.nscalars > 1 ? a[3 + ka.nbuffers] : 0));
-            F->tmp[31] = ka.nscalars;
+            D->nbuf = nbuf;
+            for (hl_u32 i = 0; i < nbuf; i++) D->bh[i] = a[2 + i];
+            G->job.nbuf = (int)nbuf;
+            G->job.run = K_NONE;
+            G->job.s0 = __longlong_as_double((long long)(nsc > 0 ? a[2 + nbuf] : 0));
+            G->job.s1 = __longlong_as_double((long long)(nsc > 1 ? a[3 + nbuf] : 0));
+            F->tmp[31] = nsc;
         }
         F->res = r;
     }
     __syncwarp();
-    if (F->res) return F->res;
+    for (hl_u32 i = lane; D->nfollow && i < D->nfollow * HL_FOLLOW_WORDS && i < HL_CP_FW; i += 32)
+        F->fw[which][i] = G->aw[D->fo + i];
+    if (F->res) {
+        __syncwarp();
+        return F->res;
+    }
     /* lanes 8b..8b+7 read buffer b's slot; then lane b checks it and reads its metadata */
-    __shared__ hl_u64 bs[HL_CP_MAX_BUFS][8];
-    if (lane < 8 * (int)E->nbuf) slot_read(d, E->bh[lane >> 3], bs[lane >> 3], lane & 7);
+    if (lane < 8 * (int)D->nbuf) slot_read(d, D->bh[lane >> 3], F->bs[lane >> 3], lane & 7);
     __syncwarp();
-    if (lane < (int)E->nbuf)
-        F->rc[lane] = buffer_from_slot(d, dh_va, E->bh[lane], bs[lane], &E->job, lane, F->shape[lane], &F->ndim[lane],
-                                       &F->f32[lane]);
+    if (lane < (int)D->nbuf)
+        F->rc[lane] = buffer_from_slot(d, dh_va, D->bh[lane], F->bs[lane], &G->job, lane, F->shape[lane],
+                                       &F->ndim[lane], &F->f32[lane]);
     __syncwarp();
     if (lane == 0) {
         int r = R_OK;
-        for (hl_u32 i = 0; i < E->nbuf && r == R_OK; i++) r = F->rc[i];
-        if (r == R_OK) r = job_check(&E->job, pk->kernel, (hl_u32)F->tmp[31], F->shape, F->ndim, F->f32);
+        for (hl_u32 i = 0; i < D->nbuf && r == R_OK; i++) r = F->rc[i];
+        if (r == R_OK) r = job_check(&G->job, pk->kernel, (hl_u32)F->tmp[31], F->shape, F->ndim, F->f32);
         if (r == R_OK) {
-            E->args = ah;
-            E->kernel = pk->kernel;
+            D->kernel = pk->kernel;
+            D->local = job_local(&G->job);
+            D->self = 0;
+            D->q0 = 0;
+            for (hl_u32 i = 0; i < D->nfollow; i++) {
+                hl_u64 q = G->aw[D->fo + i * HL_FOLLOW_WORDS];
+                if (q == F->qh && !D->self) D->self = i + 1;
+                if (q != F->qh && !D->q0) D->q0 = q;
+            }
+            D->args = ah;
         }
         F->res = r;
     }
@@ -494,25 +610,31 @@ __device__ static hl_i64 cp_wait(const struct hl_dom *d, hl_u64 h, hl_u64 v, str
     return 0;
 }
 
-/* Signal h with `status` (timeline: `value` on success).  pre: the slot's
- * ctl and word, read while the packet ran (0, 0: read them now).  Returns 1
- * when h is known to hold success (at `value` or later for a timeline). */
-__device__ static int cp_signal(const struct hl_dom *d, hl_u64 h, hl_u64 value, hl_u32 status, hl_u64 pre_ctl,
-                                 hl_u64 pre_word) {
+/* An input whose ctl and word were read already: 1 when they show it succeeded (at v). */
+__device__ static int input_done(hl_u64 h, hl_u64 v, hl_u64 c, hl_u64 w) {
+    if (!hl_ctl_matches(c, h)) return 0;
+    if (HL_HANDLE_KIND(h) == HL_KIND_TIMELINE) return !(w & HL_TIMELINE_FAILED) && w >= v;
+    return w == HL_STATUS_SUCCESS;
+}
+
+/* Signal h with `status` (timeline: `value` on success).  ctl and word: the
+ * slot's, read before (0, 0: read them now).  Returns 1 when h is known to
+ * hold success (at `value` or later for a timeline). */
+__device__ static int cp_signal(const struct hl_dom *d, hl_u64 h, hl_u64 value, hl_u32 status, hl_u64 c,
+                                hl_u64 word) {
     struct hl_fence *f = hl_fence_slot(d, h, 0);
     if (!h || !f) return 0;
-    if (!pre_ctl) {
-        pre_ctl = rd(&f->ctl);
-        pre_word = rd(&f->word);
+    if (!c) {
+        c = rd(&f->ctl);
+        word = rd(&f->word);
     }
-    if (!hl_ctl_matches(pre_ctl, h)) return 0;
-    __threadfence_system();
+    if (!hl_ctl_matches(c, h)) return 0;
     if (HL_HANDLE_KIND(h) == HL_KIND_TIMELINE) {
         if (status != HL_STATUS_SUCCESS) {
             hl_timeline_fail(f, status, 0);
             return 0;
         }
-        hl_u64 cur = pre_word;
+        hl_u64 cur = word;
         if (value > HL_TIMELINE_MAX) return 0;
         while (!(cur & HL_TIMELINE_FAILED) && value > cur && !hl_cas64(&f->word, &cur, value)) {
         }
@@ -526,43 +648,65 @@ __device__ static int cp_signal(const struct hl_dom *d, hl_u64 h, hl_u64 value, 
     return 0;
 }
 
-/* Queues pushed into: their validated views, kept while their slot's ctl
- * says the same live queue (one read instead of hl_queue_open's). */
-#define HL_CP_QCACHE 4
+/* Queues pushed into: their validated views and the index after our last push. */
 struct cp_qcache {
     hl_u64 handle[HL_CP_QCACHE];
+    hl_u64 next[HL_CP_QCACHE];
     struct hl_qview v[HL_CP_QCACHE];
 };
 
-/* Push p into queue q (lane 0): hl_queue_push, retried while full (bounded). */
-__device__ static int cp_push(const struct hl_dom *d, struct cp_qcache *qc, hl_u64 q, const struct hl_packet *p) {
-    int i = (int)(HL_HANDLE_INDEX(q) & (HL_CP_QCACHE - 1)), pr;
+/* The view of queue q (lane 0): from the cache when c (its slot's ctl, read
+ * by the caller, or 0: read it now) says the same live queue, else opened
+ * and kept.  0 when q is not a live queue. */
+__device__ static int cp_qview(const struct hl_dom *d, struct cp_qcache *qc, hl_u64 q, hl_u64 c) {
+    int i = (int)(HL_HANDLE_INDEX(q) & (HL_CP_QCACHE - 1));
     struct hl_fence *f = hl_fence_slot(d, q, HL_KIND_QUEUE);
-    if (!f) return HL_E_HANDLE;
-    if (qc->handle[i] != q || !hl_ctl_matches(rd(&f->ctl), q)) {
-        qc->handle[i] = 0;
-        if ((pr = hl_queue_open(d, q, &qc->v[i])) != HL_OK) return pr;
-        qc->handle[i] = q;
-    }
-    pr = HL_E_FULL;
-    for (long s = 0; s < (1L << 22) && pr == HL_E_FULL; s++) pr = hl_queue_push(&qc->v[i], p, HL_PRODUCER_DEVICE, 0);
+    if (!f) return -1;
+    if (!c) c = rd(&f->ctl);
+    if (qc->handle[i] == q && hl_ctl_matches(c, q)) return i;
+    qc->handle[i] = 0;
+    if (hl_queue_open(d, q, &qc->v[i]) != HL_OK) return -1;
+    qc->handle[i] = q;
+    qc->next[i] = HL_QUEUE_NO_HINT;
+    return i;
+}
+
+/* Reserve a cell of cached queue i (retried while full, bounded). */
+__device__ static int cp_reserve(struct cp_qcache *qc, int i, hl_u64 *w) {
+    int pr = hl_queue_reserve(&qc->v[i], HL_PRODUCER_DEVICE, qc->next[i], w);
+    for (long s = 0; s < (1L << 22) && pr == HL_E_FULL; s++) pr = hl_queue_reserve(&qc->v[i], HL_PRODUCER_DEVICE,
+                                                                                     HL_QUEUE_NO_HINT, w);
+    qc->next[i] = pr == HL_OK ? *w + 1 : HL_QUEUE_NO_HINT;
     return pr;
 }
 
+/* The follow-up i of entry e (from shared memory, or device memory past HL_CP_FW words). */
+__device__ static void follow_at(const struct cp_front *F, const struct cp_gent *gc, int e, int which, hl_u32 i,
+                                 struct hl_follow *f) {
+    for (hl_u32 k = 0; k < HL_FOLLOW_WORDS; k++) {
+        hl_u32 o = i * HL_FOLLOW_WORDS + k;
+        ((hl_u64 *)f)[k] = o < HL_CP_FW ? F->fw[which][o] : gc[e].aw[F->dir[e].fo + o];
+    }
+}
+
 __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh, const hl_u64 *dh_va,
-                                 struct hl_cp_ctl *ctl, struct cp_share *sh) {
+                                 struct hl_cp_ctl *ctl, struct cp_share *sh, struct cp_gent *gc,
+                                 struct cp_job *ljob, float *As, float *Bs, float *red) {
     __shared__ struct cp_front F;
     __shared__ struct cp_qcache QC;
+    __shared__ struct cp_side SD;
     const int lane = threadIdx.x;
     const unsigned int nworkers = gridDim.x - 1;
     unsigned int gen = 0;
     /* counters kept here and written out (a read-modify-write of host memory is a round trip) */
     hl_u64 r = 0, completed = 0, npk = 0, nfail = 0, ninplace = 0, beats = 0, handoff = 0, handoff_from = 0;
+    hl_u64 nhit = 0, nmiss = 0, nlocal = 0, jobns = 0;
     hl_u64 last_sig = 0, last_val = 0;
     int cur = 0, have = 0;
     if (lane == 0) {
         F.res = hl_attach(&F.d, base, size) != HL_OK || hl_queue_open(&F.d, qh, &F.v) != HL_OK;
-        for (int i = 0; i < HL_CP_CACHE; i++) F.cache[i].args = 0;
+        F.qh = qh;
+        for (int i = 0; i < HL_CP_CACHE; i++) F.dir[i].args = 0;
         for (int i = 0; i < HL_CP_QCACHE; i++) QC.handle[i] = 0;
     }
     __syncwarp();
@@ -612,115 +756,213 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         have = 0;
         hl_u32 status = HL_STATUS_SUCCESS, reason = R_OK;
         int leave = P->type == HL_PKT_STOP;
-        /* inputs (our own last successful signal is known without a read) */
+        const int kernel_pkt = P->type == HL_PKT_KERNEL;
+        /* the side reads: the inputs' ctl and word (unless it is our own last signal), the signal's */
         if (lane == 0) {
-            *vol(&ctl->packets) = ++npk;
-            for (int i = 0; i < 2 && status == HL_STATUS_SUCCESS; i++) {
+            for (int i = 0; i < 8; i++) SD.a[i] = 0;
+            for (int i = 0; i < 2; i++) {
                 hl_u64 h = P->wait[i];
-                if (!h) continue;
-                if (h == last_sig && (HL_HANDLE_KIND(h) == HL_KIND_FENCE || P->wait_value[i] <= last_val)) continue;
+                if (!h || (h == last_sig && (HL_HANDLE_KIND(h) == HL_KIND_FENCE || P->wait_value[i] <= last_val)))
+                    continue;
+                struct hl_fence *f = hl_fence_slot(&F.d, h, 0);
+                if (f) {
+                    SD.a[2 * i] = &f->ctl;
+                    SD.a[2 * i + 1] = &f->word;
+                }
+            }
+            struct hl_fence *f = P->signal ? hl_fence_slot(&F.d, P->signal, 0) : 0;
+            if (f) {
+                SD.a[4] = &f->ctl;
+                SD.a[5] = &f->word;
+            }
+            for (int i = 0; i < 8; i++) F.side[i] = 0;
+        }
+        __syncwarp();
+        /* decode (also after a failed input: its follow-ups are failed below), the side reads riding along */
+        int e = F.ent[cur];
+        if (lane == 0 && kernel_pkt) {
+            /* decoded already, or a likely hit: the first other queue's ctl rides along too */
+            const struct cp_dir *D = &F.dir[e >= 0 ? e : cache_slot(P->args)];
+            if (D->args == P->args && D->q0) {
+                struct hl_fence *qf = hl_fence_slot(&F.d, D->q0, HL_KIND_QUEUE);
+                if (qf) SD.a[6] = &qf->ctl;
+            }
+        }
+        __syncwarp();
+        if (kernel_pkt && e < 0) {
+            int rr = decode_warp(&F, gc, dh_va, P, &e, -1, cur, &SD, ctl, &nhit, &nmiss);
+            if (rr) {
+                status = HL_STATUS_ERROR;
+                reason = (hl_u32)rr;
+            }
+        } else {
+            /* decoded while its parent ran: the side reads alone */
+            side_read(&F, &SD, lane);
+            __syncwarp();
+        }
+        /* inputs: those the side reads did not show done are waited for */
+        if (lane == 0) {
+            for (int i = 0; i < 2; i++) {
+                hl_u64 h = P->wait[i];
+                if (!h || !SD.a[2 * i] || input_done(h, P->wait_value[i], F.side[2 * i], F.side[2 * i + 1])) continue;
                 hl_i64 w = cp_wait(&F.d, h, P->wait_value[i], ctl);
                 if (w < 0) {
                     status = HL_STATUS_CANCEL;
                     leave = 1;
+                    reason = R_INPUT;
                 } else if (w) {
                     status = (hl_u32)w;
                     reason = R_INPUT;
                 }
+                if (w) break;
             }
-            if (status == HL_STATUS_SUCCESS && P->type != HL_PKT_KERNEL && P->type != HL_PKT_BARRIER &&
-                P->type != HL_PKT_STOP) {
+            if (P->wait[0] || P->wait[1]) __threadfence_system(); /* the producers' data before our reads */
+            if (status == HL_STATUS_SUCCESS && !kernel_pkt && P->type != HL_PKT_BARRIER && P->type != HL_PKT_STOP) {
                 status = HL_STATUS_ERROR;
                 reason = R_KERNEL;
             }
+            *vol(&ctl->packets) = ++npk;
         }
         status = __shfl_sync(HL_CP_FULL, status, 0);
         reason = __shfl_sync(HL_CP_FULL, reason, 0);
         leave = __shfl_sync(HL_CP_FULL, leave, 0);
-        /* decode (also after a failed input: its follow-ups are failed below) */
-        int e = F.ent[cur];
-        if (P->type == HL_PKT_KERNEL && e < 0) {
-            int rr = decode_warp(&F, dh_va, P, &e, -1);
-            if (rr && status == HL_STATUS_SUCCESS) {
-                status = HL_STATUS_ERROR;
-                reason = (hl_u32)rr;
-            }
-        }
-        const struct cp_entry *Ef = P->type == HL_PKT_KERNEL ? &F.cache[e] : 0; /* its follow-ups */
-        const struct cp_entry *E = status == HL_STATUS_SUCCESS ? Ef : 0;          /* its job */
-        hl_u64 pre_ctl = 0, pre_word = 0, t_join = 0;
+        const struct cp_dir *Ef = kernel_pkt && e >= 0 ? &F.dir[e] : 0; /* its follow-ups */
+        const struct cp_dir *E = status == HL_STATUS_SUCCESS ? Ef : 0;   /* its job */
+        const hl_u64 sig_c = F.side[4], sig_w = F.side[5], q0_c = F.side[6];
+        hl_u64 t_join = 0;
         if (E) {
-            /* fork */
-            if (lane == 0) {
-                sh->job = E->job;
-                __threadfence();
-                atomicAdd(&sh->go, 1u);
-                if (handoff_from) {
-                    handoff += gtimer() - handoff_from;
+            const int nxt = cur ^ 1;
+            const int local = E->local || nworkers == 0;
+            /* the follow-up for this queue, decoded now (local job) or while the workers run */
+            F.ent[nxt] = -1;
+            if (local) {
+                if (E->self) {
+                    hl_u32 i = E->self - 1;
+                    if (lane < 8) {
+                        struct hl_follow f;
+                        follow_at(&F, gc, e, cur, i, &f);
+                        ((hl_u64 *)&F.pk[nxt])[lane] = ((hl_u64 *)&f.packet)[lane];
+                    }
+                    __syncwarp();
+                    int e2 = -1;
+                    if (F.pk[nxt].type == HL_PKT_KERNEL &&
+                        decode_warp(&F, gc, dh_va, &F.pk[nxt], &e2, e, nxt, 0, ctl, &nhit, &nmiss) == R_OK)
+                        F.ent[nxt] = e2;
+                }
+                if (lane < HL_CP_JOB_WORDS) ((hl_u64 *)ljob)[lane] = ((const hl_u64 *)&gc[e].job)[lane];
+                __syncwarp();
+                hl_u64 t0 = gtimer();
+                if (lane == 0 && handoff_from) {
+                    handoff += t0 - handoff_from;
                     *vol(&ctl->handoff_ns) = handoff;
                 }
-            }
-            gen++;
-            /* while the workers run: the signal's slot, and the follow-up for this queue decoded */
-            if (lane == 0 && P->signal) {
-                struct hl_fence *f = hl_fence_slot(&F.d, P->signal, 0);
-                if (f) {
-                    pre_ctl = rd(&f->ctl);
-                    pre_word = rd(&f->word);
-                }
-            }
-            int nxt = cur ^ 1;
-            F.ent[nxt] = -1;
-            for (hl_u32 i = 0; i < E->nfollow; i++) {
-                const hl_u64 *fw = E->aw + E->fo + i * (sizeof(struct hl_follow) / 8);
-                if (fw[0] != qh) continue;
-                if (lane < 8) ((hl_u64 *)&F.pk[nxt])[lane] = fw[1 + lane];
-                __syncwarp();
-                if (F.pk[nxt].type == HL_PKT_KERNEL) {
-                    int e2 = -1;
-                    if (decode_warp(&F, dh_va, &F.pk[nxt], &e2, e) == R_OK) F.ent[nxt] = e2;
-                }
-                break;
-            }
-            /* join */
-            if (lane == 0) {
-                const unsigned int target = gen * nworkers;
-                while ((int)(*(volatile unsigned int *)&sh->done - target) < 0) {
-                }
+                bar_a(); /* block 0's other warps take the job */
+                cp_run(ljob, 0, 1, As, Bs, red);
+                bar_b();
                 t_join = gtimer();
+                if (lane == 0) {
+                    *vol(&ctl->local) = ++nlocal;
+                    jobns += t_join - t0;
+                    *vol(&ctl->job_ns) = jobns;
+                }
+            } else {
+                /* fork */
+                if (lane < HL_CP_JOB_WORDS) ((volatile hl_u64 *)&sh->job)[lane] = ((const hl_u64 *)&gc[e].job)[lane];
+                __threadfence();
+                __syncwarp();
+                hl_u64 t0 = gtimer();
+                if (lane == 0) {
+                    __threadfence();
+                    atomicAdd(&sh->go, 1u);
+                    if (handoff_from) {
+                        handoff += t0 - handoff_from;
+                        *vol(&ctl->handoff_ns) = handoff;
+                    }
+                }
+                gen++;
+                if (E->self) {
+                    hl_u32 i = E->self - 1;
+                    if (lane < 8) {
+                        struct hl_follow f;
+                        follow_at(&F, gc, e, cur, i, &f);
+                        ((hl_u64 *)&F.pk[nxt])[lane] = ((hl_u64 *)&f.packet)[lane];
+                    }
+                    __syncwarp();
+                    int e2 = -1;
+                    if (F.pk[nxt].type == HL_PKT_KERNEL &&
+                        decode_warp(&F, gc, dh_va, &F.pk[nxt], &e2, e, nxt, 0, ctl, &nhit, &nmiss) == R_OK)
+                        F.ent[nxt] = e2;
+                }
+                /* join */
+                if (lane == 0) {
+                    const unsigned int target = gen * nworkers;
+                    while ((int)(*(volatile unsigned int *)&sh->done - target) < 0) {
+                    }
+                    t_join = gtimer();
+                    jobns += t_join - t0;
+                    *vol(&ctl->job_ns) = jobns;
+                }
+                __syncwarp();
             }
-            __syncwarp();
         }
-        /* signal, then the follow-ups: the first for this queue runs in place when the queue is empty */
+        /* signal (lane 0), while lane 1 looks whether our queue is empty (for an in-place follow-up) and
+         * lane 2 reserves the first other queue's cell; then the follow-ups */
+        __shared__ hl_u64 s_w, s_c;
+        __shared__ int s_qi, s_qr;
+        __shared__ hl_u64 s_qw;
         if (lane == 0) {
-            __threadfence_system(); /* the workers' writes before the signal */
-            int known = cp_signal(&F.d, P->signal, P->signal_value, status, pre_ctl, pre_word);
+            __threadfence_system(); /* the job's writes before the signal */
+            int known = cp_signal(&F.d, P->signal, P->signal_value, status, sig_c, sig_w);
             last_sig = known ? P->signal : 0;
             last_val = P->signal_value;
+        } else if (lane == 1 && E && E->self && !leave) {
+            s_w = rd(&F.v.q->write_index);
+            s_c = rd(&F.v.cells[r & mask]);
+        } else if (lane == 2) {
+            s_qi = -1;
+            s_qr = HL_E_HANDLE;
+            if (E && E->q0 && q0_c) {
+                s_qi = cp_qview(&F.d, &QC, E->q0, q0_c);
+                if (s_qi >= 0) s_qr = cp_reserve(&QC, s_qi, &s_qw);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) {
             if (status != HL_STATUS_SUCCESS) {
                 *vol(&ctl->failed) = ++nfail;
                 *vol(&ctl->last_error) = (npk << 16) | reason;
             }
-            int inplace_done = 0;
+            int inplace_done = 0, reserved_used = 0;
             for (hl_u32 i = 0; Ef && i < Ef->nfollow; i++) {
                 struct hl_follow f;
-                const hl_u64 *fw = Ef->aw + Ef->fo + i * (sizeof(struct hl_follow) / 8);
-                for (int k = 0; k < 9; k++) ((hl_u64 *)&f)[k] = fw[k];
+                follow_at(&F, gc, e, cur, i, &f);
                 if (status != HL_STATUS_SUCCESS) {
                     cp_signal(&F.d, f.packet.signal, f.packet.signal_value, status, 0, 0);
                     continue;
                 }
-                if (f.queue == qh && !inplace_done && !leave) {
-                    /* empty: nothing published or reserved at the read index (one round trip for both) */
-                    hl_u64 w = rd(&F.v.q->write_index), c = rd(&F.v.cells[r & mask]);
-                    if (w == r && c == HL_CELL(r, 0, HL_CELL_FREE)) {
+                if (f.queue == qh && !inplace_done && !leave && i + 1 == E->self) {
+                    /* empty: nothing published or reserved at the read index */
+                    if (s_w == r && s_c == HL_CELL(r, 0, HL_CELL_FREE)) {
                         inplace_done = 1;
                         have = 1;
                         *vol(&ctl->inplace) = ++ninplace;
                         continue;
                     }
                 }
-                if (cp_push(&F.d, &QC, f.queue, &f.packet) != HL_OK)
+                int qi, pr;
+                hl_u64 w = 0;
+                if (!reserved_used && f.queue == E->q0 && s_qi >= 0) {
+                    reserved_used = 1;
+                    qi = s_qi;
+                    pr = s_qr;
+                    w = s_qw;
+                } else {
+                    qi = cp_qview(&F.d, &QC, f.queue, 0);
+                    pr = qi >= 0 ? cp_reserve(&QC, qi, &w) : HL_E_HANDLE;
+                }
+                if (pr == HL_OK)
+                    hl_queue_publish(&QC.v[qi], w, &f.packet, HL_PRODUCER_DEVICE);
+                else
                     cp_signal(&F.d, f.packet.signal, f.packet.signal_value, HL_STATUS_ERROR, 0, 0);
             }
             *vol(&F.v.q->completed) = ++completed;
@@ -735,18 +977,25 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
     }
     if (lane == 0) {
         sh->job.run = K_STOP;
+        ljob->run = K_STOP;
         __threadfence();
         atomicAdd(&sh->go, 1u);
         *vol(&ctl->state) = ok ? 2 : 3;
     }
+    __syncwarp();
+    bar_a(); /* the helpers see the stop */
 }
 
 extern "C" __global__ void __launch_bounds__(HL_CP_THREADS)
 hl_cp_main(char *base, unsigned long long size, unsigned long long qhandle, const unsigned long long *dh_va,
-           struct hl_cp_ctl *ctl, struct cp_share *sh) {
-    if (blockIdx.x > 0) {
-        worker_loop(sh);
-    } else if (threadIdx.x < 32) {
-        front_end(base, size, qhandle, (const hl_u64 *)dh_va, ctl, sh);
-    }
+           struct hl_cp_ctl *ctl, struct cp_share *sh, struct cp_gent *gc) {
+    __shared__ struct cp_job job;
+    __shared__ float As[HL_CP_TILE * 16], Bs[HL_CP_TILE * 16];
+    __shared__ float red[HL_CP_THREADS / 32];
+    if (blockIdx.x > 0)
+        worker_loop(sh, &job, As, Bs, red);
+    else if (threadIdx.x < 32)
+        front_end(base, size, qhandle, (const hl_u64 *)dh_va, ctl, sh, gc, &job, As, Bs, red);
+    else
+        helper_loop(&job, As, Bs, red);
 }

@@ -27,9 +27,11 @@ shares the GPU by time slices, as every CUDA context does without MPS.
 
 The control block is a small heap buffer (the GPU writes it over the host
 link): stop, state, packets run, packets failed, the last failure (packet
-number and reason), a heartbeat, follow-ups run in place, and the summed
+number and reason), a heartbeat, follow-ups run in place, the summed
 device-timer nanoseconds of in-place hand-offs (a stage's end to the next's
-start).  :func:`stats` reads it from the spawner.
+start), argument blocks found decoded (hits) and decoded (misses), jobs run
+by the front-end block itself (local), and the summed nanoseconds of jobs.
+:func:`stats` reads it from the spawner.
 
 Not supported yet: buffers of another GPU's heap, dtypes other than float32
 (copy takes any), conv2d; argument blocks over 1 KiB fail with "bad argument
@@ -52,7 +54,12 @@ from ..queue import Queue
 __all__ = ["GpuCommandProcessor", "GPUCP_KERNEL_NAMES", "CTL_FIELDS", "read_ctl", "stats", "compile_cubin"]
 
 GPUCP_KERNEL_NAMES = ("copy", "add", "scale", "relu", "gemm", "sum", "softmax", "normalize")
-CTL_FIELDS = ("stop", "state", "packets", "failed", "last_error", "heartbeat", "inplace", "handoff_ns")
+CTL_FIELDS = (
+    "stop", "state", "packets", "failed", "last_error", "heartbeat", "inplace", "handoff_ns",
+    "hits", "misses", "local", "job_ns",
+)
+_CTL_WORDS = 16  # struct hl_cp_ctl
+_CACHE_WORDS = 128 * (18 + 128)  # HL_CP_CACHE x struct cp_gent (the job, the block's words)
 REASONS = {0: "ok", 1: "an input failed", 2: "unknown kernel or packet type", 3: "bad argument block",
            4: "a buffer handle names no live buffer here", 5: "shapes do not fit", 6: "not float32"}
 _STATE_RUNNING, _STATE_LEFT, _STATE_ATTACH_FAILED = 1, 2, 3
@@ -60,7 +67,7 @@ _THREADS = 256
 
 
 def read_ctl(words: np.ndarray) -> dict[str, int]:
-    """The control block's fields by name (``words``: its 8 u64 words)."""
+    """The control block's fields by name (``words``: its 16 u64 words)."""
     return {k: int(words[i]) for i, k in enumerate(CTL_FIELDS)}
 
 
@@ -135,7 +142,7 @@ class GpuCommandProcessor:
         self.cu = cu
         self.peer = CudaPeer(dom, device)
         cp = self.cp = self.peer.cp
-        self.ctl_buf = dom.buffer((8,), np.uint64)
+        self.ctl_buf = dom.buffer((_CTL_WORDS,), np.uint64)
         self.ctl = self.ctl_buf.numpy().view(np.uint64)
         self.ctl[...] = 0
         va = np.zeros(8, dtype=np.uint64)
@@ -144,6 +151,7 @@ class GpuCommandProcessor:
                 va[h.heap_index] = devmem.backing(dom, h.name).va
         self.dh_va = cp.asarray(va)
         self.share = cp.zeros(64, dtype=np.uint64)  # struct cp_share (go, done, the job)
+        self.cache = cp.zeros(_CACHE_WORDS, dtype=np.uint64)  # decoded argument blocks
         self.cubin = compile_cubin(device)
         total = int(cp.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
         self.info: dict[str, Any] = {"sms_total": total, "ctl": self.ctl_buf.handle}
@@ -221,8 +229,9 @@ class GpuCommandProcessor:
             int(self.dh_va.data.ptr),
             self.peer.dptr(self.ctl_buf.offset),
             int(self.share.data.ptr),
+            int(self.cache.data.ptr),
         )
-        args = (vals, (ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_ulonglong) + (ctypes.c_void_p,) * 3)
+        args = (vals, (ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_ulonglong) + (ctypes.c_void_p,) * 4)
         grid = 1 + self.workers
         self._push()
         try:

@@ -214,7 +214,7 @@ def run(frames: int, frames_data: int, n_data: int, agent_spin: float = 5e-3, sm
         )
 
         gcp = agents.spawn(dom, "gpucp", device=0, sms=sms)
-        cpu = agents.spawn(dom, "cpu", native=True, spin=agent_spin)
+        cpu = agents.spawn(dom, "cpu", native=True, spin=agent_spin, fixed_spin=True)
         out["gpucp"] = gcp.capabilities
         try:
             for key, chain, n, fr, want in (
