@@ -67,6 +67,13 @@ extern long syscall(long number, ...);
  *                volatile store, with no fence after it: devices never read
  *                waiter counts, and a trailing fence would wait a bus round
  *                trip for the store).  Cannot fail.
+ * hl_ring64(p, v)
+ *                Writes v to a doorbell word *p (a hint for consumers asleep
+ *                on it).  seq_cst on a host (the waiter-count read follows);
+ *                on a device a plain volatile store: a device wakes nobody,
+ *                its consumers see the queue's cells by polling or within a
+ *                bounded sleep, so the doorbell's order against the cell's
+ *                READY does not matter there.  Cannot fail.
  *
  * p must be naturally aligned and inside the mapping (the callers' bounds
  * checks guarantee it). */
@@ -81,6 +88,7 @@ HL_INLINE int hl_cas64(hl_u64 *p, hl_u64 *expected, hl_u64 desired) {
 }
 HL_INLINE hl_u32 hl_load32(const hl_u32 *p) { return *(const volatile hl_u32 *)p; }
 HL_INLINE void hl_publish64(hl_u64 *p, hl_u64 v) { __threadfence_system(); *(volatile hl_u64 *)p = v; }
+HL_INLINE void hl_ring64(hl_u64 *p, hl_u64 v) { *(volatile hl_u64 *)p = v; }
 #else
 HL_INLINE hl_u64 hl_load64(const hl_u64 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 HL_INLINE void hl_store64(hl_u64 *p, hl_u64 v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
@@ -89,6 +97,7 @@ HL_INLINE int hl_cas64(hl_u64 *p, hl_u64 *expected, hl_u64 desired) {
 }
 HL_INLINE hl_u32 hl_load32(const hl_u32 *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
 HL_INLINE void hl_publish64(hl_u64 *p, hl_u64 v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+HL_INLINE void hl_ring64(hl_u64 *p, hl_u64 v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
 #endif
 
 /* ---- futex wake-ups (hosts only; the sleeping side lives in the core library) ----

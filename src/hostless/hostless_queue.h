@@ -78,7 +78,7 @@ HL_INLINE int hl_queue_open(const struct hl_dom *d, hl_u64 handle, struct hl_qvi
  *   Ordering: seq_cst CASes of the cell and write_index; the READY store is
  *   seq_cst on a host, release on a device (hl_publish64: release for the
  *   packet's bytes, which the consumer reads after an acquire load of the
- *   cell); the doorbell store follows it, and on a host the
+ *   cell); the doorbell store follows it (hl_ring64), and on a host the
  *   doorbell_waiters read follows that (no lost wake-up).
  *   Returns:
  *     HL_OK         enqueued; *index_out (optional) receives w
@@ -158,7 +158,7 @@ HL_INLINE void hl_queue_publish(const struct hl_qview *v, hl_u64 w, const struct
     slot->wait_value[0] = p->wait_value[0];
     slot->wait_value[1] = p->wait_value[1];
     hl_publish64(&v->cells[w & (v->capacity - 1)], HL_CELL(w, producer, HL_CELL_READY));
-    hl_publish64(&q->doorbell, w + 1);
+    hl_ring64(&q->doorbell, w + 1);
 #if defined(HL_HAVE_FUTEX)
     if (hl_load32(&q->doorbell_waiters) != 0)
         hl_futex_wake_all((hl_u32 *)&q->doorbell);

@@ -417,14 +417,15 @@ __device__ static int job_local(const struct cp_job *job) {
 struct cp_front {
     struct hl_dom d;
     struct hl_qview v;
-    hl_u64 qh;                   /* our queue's handle */
+    hl_u64 qh;                    /* our queue's handle */
     struct cp_dir dir[HL_CP_CACHE];
-    struct hl_packet pk[2];      /* the packet to run, and the in-place candidate */
-    int ent[2];                  /* their cache entries, -1 = not decoded */
-    hl_u64 fw[2][HL_CP_FW];      /* their first follow-ups' words */
-    hl_u64 tmp[32];              /* lane scratch */
+    struct hl_packet pk[2];       /* the packet to run, and its in-place follow-up */
+    int ent[2];                   /* their cache entries, -1 = not decoded */
+    hl_u64 fw[2][HL_CP_FW];       /* their first follow-ups' words */
+    hl_u64 side[2][8];            /* their side reads' results (see side_addrs) */
+    const hl_u64 *sda[8];         /* the side reads' addresses, for the round being prepared */
+    hl_u64 tmp[32];               /* lane scratch */
     hl_u64 bs[HL_CP_MAX_BUFS][8]; /* buffer slots */
-    hl_u64 side[8];              /* the reads that ride along (see decode_warp) */
     hl_u64 shape[HL_CP_MAX_BUFS][HL_BUFFER_MAX_DIMS];
     hl_u32 ndim[HL_CP_MAX_BUFS];
     int f32[HL_CP_MAX_BUFS];
@@ -432,82 +433,111 @@ struct cp_front {
     int res;
 };
 
-/* The cache entry of argument block ah (direct-mapped). */
-__device__ static int cache_slot(hl_u64 ah) {
-    return (int)((HL_HANDLE_INDEX(ah) ^ ((hl_i64)HL_HANDLE_GEN(ah) << 5)) & (HL_CP_CACHE - 1));
+/* The cache entry of argument block ah (direct-mapped; `avoid`, an entry in use, is skipped). */
+__device__ static int cache_slot(hl_u64 ah, int avoid) {
+    int s = (int)((HL_HANDLE_INDEX(ah) ^ ((hl_i64)HL_HANDLE_GEN(ah) << 5)) & (HL_CP_CACHE - 1));
+    return s == avoid ? (s + 1) & (HL_CP_CACHE - 1) : s;
 }
 
-/* Side reads: up to 8 host words read by lanes 24..31 in the first round trip
- * of decode_warp (0 = none); results in F->side[]. */
-struct cp_side {
-    const hl_u64 *a[8];
+/* Lane 0: the side reads of packet pk into F->sda: its inputs' ctl and word
+ * (0, 1; 2, 3) except `skip` (its parent's signal, settled by the parent),
+ * its signal's ctl and word (4, 5), and the ctl of the first other queue of
+ * its follow-ups as cache entry e last saw it (6).  Lanes 24..30 read them. */
+__device__ static void side_addrs(struct cp_front *F, const struct hl_packet *pk, hl_u64 skip, int e) {
+    for (int i = 0; i < 8; i++) F->sda[i] = 0;
+    for (int i = 0; i < 2; i++) {
+        struct hl_fence *f = pk->wait[i] && pk->wait[i] != skip ? hl_fence_slot(&F->d, pk->wait[i], 0) : 0;
+        if (f) {
+            F->sda[2 * i] = &f->ctl;
+            F->sda[2 * i + 1] = &f->word;
+        }
+    }
+    struct hl_fence *f = pk->signal ? hl_fence_slot(&F->d, pk->signal, 0) : 0;
+    if (f) {
+        F->sda[4] = &f->ctl;
+        F->sda[5] = &f->word;
+    }
+    const struct cp_dir *D = &F->dir[e];
+    if (pk->type == HL_PKT_KERNEL && D->args == pk->args && D->q0) {
+        struct hl_fence *qf = hl_fence_slot(&F->d, D->q0, HL_KIND_QUEUE);
+        if (qf) F->sda[6] = &qf->ctl;
+    }
+}
+
+/* The loads of a hit check, issued (consumed by hit_settle): the lane's words
+ * of the block (host) and of the entry (device memory), and the ctl word of
+ * the lane's object (lane 0: the block; 1..nbuf: its buffers). */
+struct hit_loads {
+    hl_u64 hv[HL_CP_ARGS_WORDS / 32], gv[HL_CP_ARGS_WORDS / 32], c;
 };
 
-__device__ static void side_read(struct cp_front *F, const struct cp_side *sd, int lane) {
-    if (lane >= 24 && sd && sd->a[lane - 24]) F->side[lane - 24] = rd(sd->a[lane - 24]);
+__device__ static void hit_issue(const struct hl_dom *d, const struct cp_dir *D, const struct cp_gent *G, hl_u64 ah,
+                                 int lane, struct hit_loads *L) {
+    hl_u64 h = lane == 0 ? ah : (lane <= (int)D->nbuf ? D->bh[lane - 1] : 0);
+    struct hl_fence *f = h ? hl_fence_slot(d, h, HL_KIND_BUFFER) : 0;
+    L->c = f ? rd(&f->ctl) : 0;
+#pragma unroll
+    for (int k = 0; k < HL_CP_ARGS_WORDS / 32; k++) {
+        hl_u32 i = lane + 32 * k;
+        L->hv[k] = i < D->nw ? rd(D->src + i) : 0;
+        L->gv[k] = i < D->nw ? G->aw[i] : 0;
+    }
+}
+
+/* 1 (every lane) when the entry stands for the block as read: the header,
+ * buffer handles, scalars and follow-up queues unchanged and every object
+ * live.  The follow-ups' packets may change between uses (a producer patches
+ * their signal values per use): they are refreshed, in the entry and in
+ * F->fw[which]. */
+__device__ static int hit_settle(struct cp_front *F, struct cp_gent *G, const struct cp_dir *D, hl_u64 ah, int which,
+                                 const struct hit_loads *L, int lane) {
+    int same = lane == 0 ? hl_ctl_matches(L->c, ah) : (lane <= (int)D->nbuf ? hl_ctl_matches(L->c, D->bh[lane - 1]) : 1);
+    const hl_u32 fo = D->fo;
+#pragma unroll
+    for (int k = 0; k < HL_CP_ARGS_WORDS / 32; k++) {
+        hl_u32 i = lane + 32 * k;
+        if (i >= D->nw) continue;
+        if (i < fo || (i - fo) % HL_FOLLOW_WORDS == 0)
+            same &= L->hv[k] == L->gv[k];
+        else if (L->hv[k] != L->gv[k])
+            G->aw[i] = L->hv[k];
+        if (i >= fo && i - fo < HL_CP_FW) F->fw[which][i - fo] = L->hv[k];
+    }
+    return __all_sync(HL_CP_FULL, same);
 }
 
 /* Decode packet pk's argument block into cache entry *entry (the whole warp;
- * every lane gets the same result): R_OK or R_*.  *entry is always set; on
- * failure the entry is not kept, and its follow-ups (F->fw[which], the
- * directory's nfollow/fo) are valid when the block's header was (so that the
- * caller can fail them).  avoid: an entry that must not be evicted (the
- * current packet's), or -1.  The side reads of sd ride along in the first
- * round trip. */
+ * every lane gets the same result): R_OK or R_*.  The side reads F->sda ride
+ * along in the first round trip (results in F->side[which]).  *entry is
+ * always set; on failure the entry is not kept, and its follow-ups
+ * (F->fw[which], the directory's nfollow/fo) are valid when the block's
+ * header was (so that the caller can fail them).  avoid: an entry that must
+ * not be evicted, or -1. */
 __device__ static int decode_warp(struct cp_front *F, struct cp_gent *gc, const hl_u64 *dh_va,
                                   const struct hl_packet *pk, int *entry, int avoid, int which,
-                                  const struct cp_side *sd, struct hl_cp_ctl *ctl, hl_u64 *nhit, hl_u64 *nmiss) {
+                                  struct hl_cp_ctl *ctl, hl_u64 *nhit, hl_u64 *nmiss) {
     const int lane = threadIdx.x;
     const struct hl_dom *d = &F->d;
     const hl_u64 ah = pk->args;
-    int slot = cache_slot(ah);
-    if (slot == avoid) slot = (slot + 1) & (HL_CP_CACHE - 1);
+    const int slot = cache_slot(ah, avoid);
     struct cp_dir *D = &F->dir[slot];
     struct cp_gent *G = &gc[slot];
     *entry = slot;
-    /* a hit: the block's words and its buffers' ctl words, re-read in one round trip and compared */
-    if (D->args == ah && ah && D->kernel == pk->kernel) {
-        hl_u64 c = 0;
-        const hl_u32 nw = D->nw, nb = D->nbuf, fo = D->fo;
-        if (lane == 0) {
-            struct hl_fence *f = hl_fence_slot(d, ah, HL_KIND_BUFFER);
-            c = f ? rd(&f->ctl) : 0;
-        } else if (lane <= (int)nb) {
-            struct hl_fence *f = hl_fence_slot(d, D->bh[lane - 1], HL_KIND_BUFFER);
-            c = f ? rd(&f->ctl) : 0;
-        }
-        side_read(F, sd, lane);
-        hl_u64 hv[HL_CP_ARGS_WORDS / 32], gv[HL_CP_ARGS_WORDS / 32];
-#pragma unroll
-        for (int k = 0; k < HL_CP_ARGS_WORDS / 32; k++) {
-            hl_u32 i = lane + 32 * k;
-            if (i < nw) {
-                hv[k] = rd(D->src + i);
-                gv[k] = G->aw[i];
-            }
-        }
-        int same = lane == 0 ? hl_ctl_matches(c, ah) : (lane <= (int)nb ? hl_ctl_matches(c, D->bh[lane - 1]) : 1);
-#pragma unroll
-        for (int k = 0; k < HL_CP_ARGS_WORDS / 32; k++) {
-            hl_u32 i = lane + 32 * k;
-            if (i < nw) {
-                same &= hv[k] == gv[k];
-                if (i >= fo && i - fo < HL_CP_FW) F->fw[which][i - fo] = hv[k];
-            }
-        }
-        if (__all_sync(HL_CP_FULL, same)) {
-            if (lane == 0) *vol(&ctl->hits) = ++*nhit;
-            __syncwarp();
-            return R_OK;
-        }
-    } else {
-        side_read(F, sd, lane);
+    const int cand = D->args == ah && ah && D->kernel == pk->kernel;
+    struct hit_loads L;
+    if (cand) hit_issue(d, D, G, ah, lane, &L);
+    hl_u64 sv = lane >= 24 && F->sda[lane - 24] ? rd(F->sda[lane - 24]) : 0;
+    if (lane >= 24) F->side[which][lane - 24] = sv;
+    if (cand && hit_settle(F, G, D, ah, which, &L, lane)) {
+        if (lane == 0) ++*nhit;
+        __syncwarp();
+        return R_OK;
     }
     __syncwarp();
     if (lane == 0) {
         D->args = 0;
         D->nfollow = 0;
-        *vol(&ctl->misses) = ++*nmiss;
+        ++*nmiss;
     }
     /* a miss: the block's slot, its words, its buffers' slots and metadata */
     if (lane < 8) slot_read(d, ah, F->tmp, lane);
@@ -554,12 +584,9 @@ __device__ static int decode_warp(struct cp_front *F, struct cp_gent *gc, const 
         F->res = r;
     }
     __syncwarp();
-    for (hl_u32 i = lane; D->nfollow && i < D->nfollow * HL_FOLLOW_WORDS && i < HL_CP_FW; i += 32)
-        F->fw[which][i] = G->aw[D->fo + i];
-    if (F->res) {
-        __syncwarp();
-        return F->res;
-    }
+    for (hl_u32 i = lane; i < D->nfollow * HL_FOLLOW_WORDS && i < HL_CP_FW; i += 32) F->fw[which][i] = G->aw[D->fo + i];
+    __syncwarp();
+    if (F->res) return F->res;
     /* lanes 8b..8b+7 read buffer b's slot; then lane b checks it and reads its metadata */
     if (lane < 8 * (int)D->nbuf) slot_read(d, D->bh[lane >> 3], F->bs[lane >> 3], lane & 7);
     __syncwarp();
@@ -694,15 +721,29 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                                  struct cp_job *ljob, float *As, float *Bs, float *red) {
     __shared__ struct cp_front F;
     __shared__ struct cp_qcache QC;
-    __shared__ struct cp_side SD;
+    __shared__ hl_u64 s_w, s_c, s_qw, s_old;
+    __shared__ int s_qi, s_qr, s_hit;
     const int lane = threadIdx.x;
     const unsigned int nworkers = gridDim.x - 1;
     unsigned int gen = 0;
     /* counters kept here and written out (a read-modify-write of host memory is a round trip) */
     hl_u64 r = 0, completed = 0, npk = 0, nfail = 0, ninplace = 0, beats = 0, handoff = 0, handoff_from = 0;
     hl_u64 nhit = 0, nmiss = 0, nlocal = 0, jobns = 0;
-    hl_u64 last_sig = 0, last_val = 0;
+    hl_u64 last_sig = 0, last_val = 0; /* our last signal, when it is known to hold success */
     int cur = 0, have = 0;
+    /* statistics go out when the queue is idle and every 64 packets: each store to host memory is
+     * a posted write that the next system fence would wait for */
+#define FLUSH_STATS()                                                                                 \
+    do {                                                                                              \
+        *vol(&ctl->packets) = npk;                                                                    \
+        *vol(&ctl->inplace) = ninplace;                                                               \
+        *vol(&ctl->handoff_ns) = handoff;                                                             \
+        *vol(&ctl->hits) = nhit;                                                                      \
+        *vol(&ctl->misses) = nmiss;                                                                   \
+        *vol(&ctl->local) = nlocal;                                                                   \
+        *vol(&ctl->job_ns) = jobns;                                                                   \
+        *vol(&F.v.q->completed) = completed;                                                          \
+    } while (0)
     if (lane == 0) {
         F.res = hl_attach(&F.d, base, size) != HL_OK || hl_queue_open(&F.d, qh, &F.v) != HL_OK;
         F.qh = qh;
@@ -732,6 +773,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                         got = st == HL_CELL_READY;
                         break;
                     }
+                    if (spins == 0) FLUSH_STATS(); /* idle */
                     if ((spins % HL_CP_STOP_POLL) == HL_CP_STOP_POLL - 1) {
                         *vol(&ctl->heartbeat) = ++beats;
                         if (*vol(&ctl->stop)) break;
@@ -752,173 +794,138 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
             if (got == 0) continue; /* a SKIP */
             F.ent[cur] = -1;
             handoff_from = 0;
+            /* its side reads ride along with its decode (or are read alone) */
+            if (lane == 0) side_addrs(&F, P, 0, P->type == HL_PKT_KERNEL ? cache_slot(P->args, -1) : 0);
+            __syncwarp();
         }
         have = 0;
         hl_u32 status = HL_STATUS_SUCCESS, reason = R_OK;
         int leave = P->type == HL_PKT_STOP;
         const int kernel_pkt = P->type == HL_PKT_KERNEL;
-        /* the side reads: the inputs' ctl and word (unless it is our own last signal), the signal's */
-        if (lane == 0) {
-            for (int i = 0; i < 8; i++) SD.a[i] = 0;
-            for (int i = 0; i < 2; i++) {
-                hl_u64 h = P->wait[i];
-                if (!h || (h == last_sig && (HL_HANDLE_KIND(h) == HL_KIND_FENCE || P->wait_value[i] <= last_val)))
-                    continue;
-                struct hl_fence *f = hl_fence_slot(&F.d, h, 0);
-                if (f) {
-                    SD.a[2 * i] = &f->ctl;
-                    SD.a[2 * i + 1] = &f->word;
-                }
-            }
-            struct hl_fence *f = P->signal ? hl_fence_slot(&F.d, P->signal, 0) : 0;
-            if (f) {
-                SD.a[4] = &f->ctl;
-                SD.a[5] = &f->word;
-            }
-            for (int i = 0; i < 8; i++) F.side[i] = 0;
-        }
-        __syncwarp();
-        /* decode (also after a failed input: its follow-ups are failed below), the side reads riding along */
         int e = F.ent[cur];
-        if (lane == 0 && kernel_pkt) {
-            /* decoded already, or a likely hit: the first other queue's ctl rides along too */
-            const struct cp_dir *D = &F.dir[e >= 0 ? e : cache_slot(P->args)];
-            if (D->args == P->args && D->q0) {
-                struct hl_fence *qf = hl_fence_slot(&F.d, D->q0, HL_KIND_QUEUE);
-                if (qf) SD.a[6] = &qf->ctl;
-            }
-        }
-        __syncwarp();
         if (kernel_pkt && e < 0) {
-            int rr = decode_warp(&F, gc, dh_va, P, &e, -1, cur, &SD, ctl, &nhit, &nmiss);
+            /* decode (also when an input failed: its follow-ups are failed below) */
+            int rr = decode_warp(&F, gc, dh_va, P, &e, -1, cur, ctl, &nhit, &nmiss);
             if (rr) {
                 status = HL_STATUS_ERROR;
                 reason = (hl_u32)rr;
             }
-        } else {
-            /* decoded while its parent ran: the side reads alone */
-            side_read(&F, &SD, lane);
+        } else if (e < 0) {
+            hl_u64 sv = lane >= 24 && F.sda[lane - 24] ? rd(F.sda[lane - 24]) : 0;
+            if (lane >= 24) F.side[cur][lane - 24] = sv;
             __syncwarp();
-        }
+        } /* else decoded by its parent, side reads too */
         /* inputs: those the side reads did not show done are waited for */
         if (lane == 0) {
+            int observed = 0; /* an input another producer completed (our own signals need no fence) */
             for (int i = 0; i < 2; i++) {
                 hl_u64 h = P->wait[i];
-                if (!h || !SD.a[2 * i] || input_done(h, P->wait_value[i], F.side[2 * i], F.side[2 * i + 1])) continue;
+                if (!h) continue;
+                if (h == last_sig && (HL_HANDLE_KIND(h) == HL_KIND_FENCE || P->wait_value[i] <= last_val)) continue;
+                observed = 1;
+                if (input_done(h, P->wait_value[i], F.side[cur][2 * i], F.side[cur][2 * i + 1])) continue;
                 hl_i64 w = cp_wait(&F.d, h, P->wait_value[i], ctl);
                 if (w < 0) {
                     status = HL_STATUS_CANCEL;
                     leave = 1;
                     reason = R_INPUT;
-                } else if (w) {
+                    break;
+                }
+                if (w) {
                     status = (hl_u32)w;
                     reason = R_INPUT;
+                    break;
                 }
-                if (w) break;
             }
-            if (P->wait[0] || P->wait[1]) __threadfence_system(); /* the producers' data before our reads */
+            if (observed) __threadfence_system(); /* the producers' data before our reads */
             if (status == HL_STATUS_SUCCESS && !kernel_pkt && P->type != HL_PKT_BARRIER && P->type != HL_PKT_STOP) {
                 status = HL_STATUS_ERROR;
                 reason = R_KERNEL;
             }
-            *vol(&ctl->packets) = ++npk;
+            ++npk;
         }
         status = __shfl_sync(HL_CP_FULL, status, 0);
         reason = __shfl_sync(HL_CP_FULL, reason, 0);
         leave = __shfl_sync(HL_CP_FULL, leave, 0);
         const struct cp_dir *Ef = kernel_pkt && e >= 0 ? &F.dir[e] : 0; /* its follow-ups */
         const struct cp_dir *E = status == HL_STATUS_SUCCESS ? Ef : 0;   /* its job */
-        const hl_u64 sig_c = F.side[4], sig_w = F.side[5], q0_c = F.side[6];
+        const hl_u64 sig_c = F.side[cur][4], sig_w = F.side[cur][5], q0_c = F.side[cur][6];
         hl_u64 t_join = 0;
         if (E) {
-            const int nxt = cur ^ 1;
-            const int local = E->local || nworkers == 0;
-            /* the follow-up for this queue, decoded now (local job) or while the workers run */
-            F.ent[nxt] = -1;
-            if (local) {
-                if (E->self) {
-                    hl_u32 i = E->self - 1;
-                    if (lane < 8) {
-                        struct hl_follow f;
-                        follow_at(&F, gc, e, cur, i, &f);
-                        ((hl_u64 *)&F.pk[nxt])[lane] = ((hl_u64 *)&f.packet)[lane];
-                    }
-                    __syncwarp();
-                    int e2 = -1;
-                    if (F.pk[nxt].type == HL_PKT_KERNEL &&
-                        decode_warp(&F, gc, dh_va, &F.pk[nxt], &e2, e, nxt, 0, ctl, &nhit, &nmiss) == R_OK)
-                        F.ent[nxt] = e2;
-                }
+            hl_u64 t0;
+            if (E->local || nworkers == 0) {
                 if (lane < HL_CP_JOB_WORDS) ((hl_u64 *)ljob)[lane] = ((const hl_u64 *)&gc[e].job)[lane];
                 __syncwarp();
-                hl_u64 t0 = gtimer();
-                if (lane == 0 && handoff_from) {
-                    handoff += t0 - handoff_from;
-                    *vol(&ctl->handoff_ns) = handoff;
-                }
+                t0 = gtimer();
                 bar_a(); /* block 0's other warps take the job */
                 cp_run(ljob, 0, 1, As, Bs, red);
                 bar_b();
                 t_join = gtimer();
-                if (lane == 0) {
-                    *vol(&ctl->local) = ++nlocal;
-                    jobns += t_join - t0;
-                    *vol(&ctl->job_ns) = jobns;
-                }
+                if (lane == 0) ++nlocal;
             } else {
-                /* fork */
                 if (lane < HL_CP_JOB_WORDS) ((volatile hl_u64 *)&sh->job)[lane] = ((const hl_u64 *)&gc[e].job)[lane];
                 __threadfence();
                 __syncwarp();
-                hl_u64 t0 = gtimer();
-                if (lane == 0) {
-                    __threadfence();
-                    atomicAdd(&sh->go, 1u);
-                    if (handoff_from) {
-                        handoff += t0 - handoff_from;
-                        *vol(&ctl->handoff_ns) = handoff;
-                    }
-                }
+                t0 = gtimer();
                 gen++;
-                if (E->self) {
-                    hl_u32 i = E->self - 1;
-                    if (lane < 8) {
-                        struct hl_follow f;
-                        follow_at(&F, gc, e, cur, i, &f);
-                        ((hl_u64 *)&F.pk[nxt])[lane] = ((hl_u64 *)&f.packet)[lane];
-                    }
-                    __syncwarp();
-                    int e2 = -1;
-                    if (F.pk[nxt].type == HL_PKT_KERNEL &&
-                        decode_warp(&F, gc, dh_va, &F.pk[nxt], &e2, e, nxt, 0, ctl, &nhit, &nmiss) == R_OK)
-                        F.ent[nxt] = e2;
-                }
-                /* join */
                 if (lane == 0) {
+                    atomicAdd(&sh->go, 1u); /* fork */
                     const unsigned int target = gen * nworkers;
                     while ((int)(*(volatile unsigned int *)&sh->done - target) < 0) {
-                    }
-                    t_join = gtimer();
-                    jobns += t_join - t0;
-                    *vol(&ctl->job_ns) = jobns;
+                    } /* join */
                 }
                 __syncwarp();
+                t_join = gtimer();
+            }
+            if (lane == 0) {
+                jobns += t_join - t0;
+                if (handoff_from) handoff += t0 - handoff_from;
             }
         }
-        /* signal (lane 0), while lane 1 looks whether our queue is empty (for an in-place follow-up) and
-         * lane 2 reserves the first other queue's cell; then the follow-ups */
-        __shared__ hl_u64 s_w, s_c;
-        __shared__ int s_qi, s_qr;
-        __shared__ hl_u64 s_qw;
-        if (lane == 0) {
-            __threadfence_system(); /* the job's writes before the signal */
-            int known = cp_signal(&F.d, P->signal, P->signal_value, status, sig_c, sig_w);
-            last_sig = known ? P->signal : 0;
-            last_val = P->signal_value;
-        } else if (lane == 1 && E && E->self && !leave) {
-            s_w = rd(&F.v.q->write_index);
-            s_c = rd(&F.v.cells[r & mask]);
-        } else if (lane == 2) {
+        /* One round trip for everything that follows the job: lane 0 signals (a CAS from the word read
+         * before), lane 5 looks whether our queue is empty, lane 31 reserves the first other queue's
+         * cell, and, when there is a follow-up for our queue, every lane checks its decoded entry and
+         * lanes 24..30 make its side reads. */
+        const int nxt = cur ^ 1;
+        const int fast = status == HL_STATUS_SUCCESS && P->signal && hl_ctl_matches(sig_c, P->signal) &&
+                         (HL_HANDLE_KIND(P->signal) == HL_KIND_FENCE ||
+                          (HL_HANDLE_KIND(P->signal) == HL_KIND_TIMELINE && sig_w < P->signal_value &&
+                           P->signal_value <= HL_TIMELINE_MAX));
+        int e2 = -1, cand = 0;
+        if (E && E->self && !leave) {
+            if (lane < 8) {
+                struct hl_follow f;
+                follow_at(&F, gc, e, cur, E->self - 1, &f);
+                ((hl_u64 *)&F.pk[nxt])[lane] = ((hl_u64 *)&f.packet)[lane];
+            }
+            __syncwarp();
+            const struct hl_packet *N = &F.pk[nxt];
+            e2 = N->type == HL_PKT_KERNEL ? cache_slot(N->args, e) : -1;
+            cand = e2 >= 0 && F.dir[e2].args == N->args && N->args && F.dir[e2].kernel == N->kernel;
+            if (lane == 0) side_addrs(&F, N, P->signal, e2 >= 0 ? e2 : 0);
+            __syncwarp();
+        }
+        struct hit_loads L;
+        if (lane == 0) __threadfence_system(); /* the job's writes before the signal */
+        __syncwarp();
+        if (cand) hit_issue(&F.d, &F.dir[e2], &gc[e2], F.pk[nxt].args, lane, &L);
+        hl_u64 sv = 0, lw = 0, lc = 0;
+        if (E && E->self && !leave) {
+            sv = lane >= 24 && F.sda[lane - 24] ? rd(F.sda[lane - 24]) : 0;
+            if (lane == 5) {
+                lw = rd(&F.v.q->write_index);
+                lc = rd(&F.v.cells[r & mask]);
+            }
+        }
+        hl_u64 old = 0;
+        if (lane == 0 && fast) {
+            struct hl_fence *f = hl_fence_slot(&F.d, P->signal, 0);
+            old = HL_HANDLE_KIND(P->signal) == HL_KIND_FENCE
+                      ? atomicCAS_system((unsigned long long *)&f->word, 0ull, (unsigned long long)HL_STATUS_SUCCESS)
+                      : atomicCAS_system((unsigned long long *)&f->word, (unsigned long long)sig_w,
+                                         (unsigned long long)P->signal_value);
+        }
+        if (lane == 31) {
             s_qi = -1;
             s_qr = HL_E_HANDLE;
             if (E && E->q0 && q0_c) {
@@ -926,13 +933,40 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                 if (s_qi >= 0) s_qr = cp_reserve(&QC, s_qi, &s_qw);
             }
         }
+        /* the round's results */
+        if (cand) s_hit = hit_settle(&F, &gc[e2], &F.dir[e2], F.pk[nxt].args, nxt, &L, lane);
+        if (E && E->self && !leave && lane >= 24) F.side[nxt][lane - 24] = sv;
+        if (lane == 5) {
+            s_w = lw;
+            s_c = lc;
+        }
+        if (lane == 0) s_old = old;
         __syncwarp();
         if (lane == 0) {
+            /* the signal: settled from the CAS, or made here (a failure, a timeline that moved) */
+            int known;
+            if (fast) {
+                struct hl_fence *f = hl_fence_slot(&F.d, P->signal, 0);
+                if (HL_HANDLE_KIND(P->signal) == HL_KIND_FENCE) {
+                    known = s_old == 0 || s_old == HL_STATUS_SUCCESS;
+                } else {
+                    hl_u64 cur_w = s_old;
+                    if (cur_w != sig_w)
+                        while (!(cur_w & HL_TIMELINE_FAILED) && P->signal_value > cur_w &&
+                               !hl_cas64(&f->word, &cur_w, P->signal_value)) {
+                        }
+                    known = !(cur_w & HL_TIMELINE_FAILED);
+                }
+            } else {
+                known = cp_signal(&F.d, P->signal, P->signal_value, status, sig_c, sig_w);
+            }
+            last_sig = known ? P->signal : 0;
+            last_val = P->signal_value;
             if (status != HL_STATUS_SUCCESS) {
                 *vol(&ctl->failed) = ++nfail;
                 *vol(&ctl->last_error) = (npk << 16) | reason;
             }
-            int inplace_done = 0, reserved_used = 0;
+            int reserved_used = 0;
             for (hl_u32 i = 0; Ef && i < Ef->nfollow; i++) {
                 struct hl_follow f;
                 follow_at(&F, gc, e, cur, i, &f);
@@ -940,14 +974,11 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                     cp_signal(&F.d, f.packet.signal, f.packet.signal_value, status, 0, 0);
                     continue;
                 }
-                if (f.queue == qh && !inplace_done && !leave && i + 1 == E->self) {
-                    /* empty: nothing published or reserved at the read index */
-                    if (s_w == r && s_c == HL_CELL(r, 0, HL_CELL_FREE)) {
-                        inplace_done = 1;
-                        have = 1;
-                        *vol(&ctl->inplace) = ++ninplace;
-                        continue;
-                    }
+                if (i + 1 == E->self && !leave && s_w == r && s_c == HL_CELL(r, 0, HL_CELL_FREE)) {
+                    /* in place: our queue is empty (nothing published or reserved at the read index) */
+                    have = 1;
+                    ++ninplace;
+                    continue;
                 }
                 int qi, pr;
                 hl_u64 w = 0;
@@ -965,17 +996,22 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                 else
                     cp_signal(&F.d, f.packet.signal, f.packet.signal_value, HL_STATUS_ERROR, 0, 0);
             }
-            *vol(&F.v.q->completed) = ++completed;
+            ++completed;
+            if ((npk & 63) == 0) FLUSH_STATS();
         }
         have = __shfl_sync(HL_CP_FULL, have, 0);
         if (have) {
-            cur ^= 1;
+            F.ent[nxt] = cand && s_hit ? e2 : -1;
+            if (cand && s_hit && lane == 0) ++nhit;
+            cur = nxt;
             handoff_from = t_join;
         }
         __syncwarp();
         if (leave) break;
     }
     if (lane == 0) {
+        if (ok) FLUSH_STATS();
+#undef FLUSH_STATS
         sh->job.run = K_STOP;
         ljob->run = K_STOP;
         __threadfence();

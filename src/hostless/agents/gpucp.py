@@ -73,7 +73,9 @@ def read_ctl(words: np.ndarray) -> dict[str, int]:
 
 def stats(agent: Any) -> dict[str, Any]:
     """The control block of a running gpucp ``agent`` (from :func:`hostless.agents.spawn`), by name,
-    with ``last_reason`` spelled out.  Reads host memory only."""
+    with ``last_reason`` spelled out.  Reads host memory only.  The processor writes its
+    counters out when its queue goes idle and every 64 packets (each store to host memory is a
+    bus write its next system fence would wait for); ``failed`` and ``last_error`` at once."""
     h = int(agent.capabilities.get("ctl", 0)) if getattr(agent, "capabilities", None) else 0
     if not h:
         raise HostlessError("this agent has no GPU command processor control block")

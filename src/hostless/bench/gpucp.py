@@ -107,9 +107,11 @@ def handoff(dom: hl.Domain, cp_agent: Any, frames: int, short: int = 2, long: in
         g = Graph(dom).input("x0", (16,), "f4")
         for k in range(n):
             g.stage(f"c{k}", cp_agent, "copy", [f"x{k}"], (f"x{k + 1}", (16,), "f4"))
+        time.sleep(0.05)  # the counters go out when the queue is idle
         before = gpucp_mod.stats(cp_agent)
         with g.compile(dispatch="direct", data="shared") as cg:
             st, o = _frames(cg, {"x0": x}, f"x{n}", frames)
+        time.sleep(0.05)
         after = gpucp_mod.stats(cp_agent)
         assert np.array_equal(o, x)
         inpl = after["inplace"] - before["inplace"]
@@ -236,6 +238,7 @@ def run(frames: int, frames_data: int, n_data: int, agent_spin: float = 5e-3, sm
             )
             out["cpu_gpu_cpu"] = cpu_gpu_cpu(dom, gcp, cpu, frames)
             print(f"cpu->gpu->cpu {out['cpu_gpu_cpu']['round_trip_us']:.2f} us", flush=True)
+            time.sleep(0.05)
             out["gpucp_stats"] = gpucp_mod.stats(gcp)
         finally:
             gcp.stop()
