@@ -66,7 +66,9 @@
 #define HL_CP_FW 36          /* follow-up words kept in shared memory (4 follow-ups) */
 #define HL_CP_STOP_POLL 4096
 #define HL_CP_FULL 0xffffffffu
-#define HL_CP_TILE 64        /* gemm: 64x64 output tiles, 16-deep k steps */
+#define HL_CP_TILE 64        /* gemm: 64x64 output tiles, */
+#define HL_CP_KSTEP 32       /* 32-deep k steps */
+#define HL_CP_UNROLL 8       /* elementwise: loads in flight a thread */
 #define HL_CP_QCACHE 4       /* queues pushed into, kept validated */
 #define HL_FOLLOW_WORDS 9    /* sizeof(struct hl_follow) / 8 */
 
@@ -84,7 +86,10 @@ struct hl_cp_ctl {
     hl_u64 misses;     /* argument blocks decoded */
     hl_u64 local;      /* jobs block 0 ran itself */
     hl_u64 job_ns;     /* summed %globaltimer from a job's start to its end */
-    hl_u64 pad[4];
+    hl_u64 fence_ns;   /* summed: a job's end to its signal's fence done */
+    hl_u64 round_ns;   /* summed: that fence to the end of the round trip after the job */
+    hl_u64 tail_ns;    /* summed: the round trip's end to the next in-place job's start */
+    hl_u64 pad;
 };
 
 enum { R_OK = 0, R_INPUT = 1, R_KERNEL = 2, R_ARGS = 3, R_BUFFER = 4, R_SHAPE = 5, R_DTYPE = 6 };
@@ -169,27 +174,37 @@ __device__ __noinline__ static void cp_run(const struct cp_job *job, int wb, int
             for (hl_u64 i = gt; i < nb; i += GT) d[i] = s[i];
         break;
     }
-    case K_ADD: {
-        const float *y = (const float *)job->data[1];
-        for (hl_u64 i = gt; i < n; i += GT) out[i] = x[i] + y[i];
-        break;
-    }
-    case K_SCALE: {
-        float f = (float)job->s0;
-        for (hl_u64 i = gt; i < n; i += GT) out[i] = x[i] * f;
-        break;
-    }
+    case K_ADD:
+    case K_SCALE:
     case K_RELU:
-        for (hl_u64 i = gt; i < n; i += GT) out[i] = fmaxf(x[i], 0.f);
-        break;
     case K_NORMALIZE: {
-        float mean = (float)job->s0, inv = (float)(1.0 / job->s1);
-        for (hl_u64 i = gt; i < n; i += GT) out[i] = (x[i] - mean) * inv;
+        /* HL_CP_UNROLL loads in flight a thread: in host memory each load is a bus round trip,
+         * issued together they cost about one */
+        const float *y = job->run == K_ADD ? (const float *)job->data[1] : x;
+        const float s0 = (float)job->s0, inv = job->run == K_NORMALIZE ? (float)(1.0 / job->s1) : 0.f;
+        for (hl_u64 base = gt; base < n; base += GT * HL_CP_UNROLL) {
+            float a[HL_CP_UNROLL], b[HL_CP_UNROLL];
+#pragma unroll
+            for (int u = 0; u < HL_CP_UNROLL; u++) {
+                hl_u64 i = base + u * GT;
+                a[u] = i < n ? x[i] : 0.f;
+                b[u] = i < n && job->run == K_ADD ? y[i] : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < HL_CP_UNROLL; u++) {
+                hl_u64 i = base + u * GT;
+                float v = job->run == K_ADD ? a[u] + b[u]
+                          : job->run == K_SCALE ? a[u] * s0
+                          : job->run == K_RELU ? fmaxf(a[u], 0.f)
+                                               : (a[u] - s0) * inv;
+                if (i < n) out[i] = v;
+            }
+        }
         break;
     }
-    case K_GEMM: { /* 64x64 output tiles over the blocks, 4x4 outputs a thread, 16-deep k steps */
+    case K_GEMM: { /* 64x64 output tiles over the blocks, 4x4 outputs a thread, 32-deep k steps */
         const float *w = (const float *)job->data[1];
-        const hl_u64 M = job->m, K = job->k, N = job->n, S = HL_CP_TILE, KS = 16;
+        const hl_u64 M = job->m, K = job->k, N = job->n, S = HL_CP_TILE, KS = HL_CP_KSTEP;
         const hl_u64 tm = (M + S - 1) / S, tn = (N + S - 1) / S;
         const int ty = t >> 4, tx = t & 15;
         for (hl_u64 tile = wb; tile < tm * tn; tile += nw) {
@@ -200,15 +215,16 @@ __device__ __noinline__ static void cp_run(const struct cp_job *job, int wb, int
 #pragma unroll
                 for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
             for (hl_u64 kk = 0; kk < K; kk += KS) {
+#pragma unroll
                 for (int e = t; e < (int)(S * KS); e += T) {
-                    int r = e >> 4, c = e & 15; /* A: row r, column c of the tile; kept transposed */
+                    int r = e / (int)KS, c = e % (int)KS; /* A: row r, column c of the tile; kept transposed */
                     As[c * S + r] = (bi + r < M && kk + c < K) ? x[(bi + r) * K + kk + c] : 0.f;
-                    int r2 = e >> 6, c2 = e & 63; /* B: row r2, column c2 */
+                    int r2 = e / (int)S, c2 = e % (int)S; /* B: row r2, column c2 */
                     Bs[r2 * S + c2] = (kk + r2 < K && bj + c2 < N) ? w[(kk + r2) * N + bj + c2] : 0.f;
                 }
                 __syncthreads();
-#pragma unroll
-                for (int q = 0; q < 16; q++) {
+#pragma unroll 8
+                for (int q = 0; q < (int)KS; q++) {
                     float av[4], bv[4];
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
@@ -728,7 +744,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
     unsigned int gen = 0;
     /* counters kept here and written out (a read-modify-write of host memory is a round trip) */
     hl_u64 r = 0, completed = 0, npk = 0, nfail = 0, ninplace = 0, beats = 0, handoff = 0, handoff_from = 0;
-    hl_u64 nhit = 0, nmiss = 0, nlocal = 0, jobns = 0;
+    hl_u64 nhit = 0, nmiss = 0, nlocal = 0, jobns = 0, fencens = 0, roundns = 0, tailns = 0, t_round = 0;
     hl_u64 last_sig = 0, last_val = 0; /* our last signal, when it is known to hold success */
     int cur = 0, have = 0;
     /* statistics go out when the queue is idle and every 64 packets: each store to host memory is
@@ -742,6 +758,9 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         *vol(&ctl->misses) = nmiss;                                                                   \
         *vol(&ctl->local) = nlocal;                                                                   \
         *vol(&ctl->job_ns) = jobns;                                                                   \
+        *vol(&ctl->fence_ns) = fencens;                                                               \
+        *vol(&ctl->round_ns) = roundns;                                                               \
+        *vol(&ctl->tail_ns) = tailns;                                                                 \
         *vol(&F.v.q->completed) = completed;                                                          \
     } while (0)
     if (lane == 0) {
@@ -879,7 +898,10 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
             }
             if (lane == 0) {
                 jobns += t_join - t0;
-                if (handoff_from) handoff += t0 - handoff_from;
+                if (handoff_from) {
+                    handoff += t0 - handoff_from;
+                    tailns += t0 - t_round;
+                }
             }
         }
         /* One round trip for everything that follows the job: lane 0 signals (a CAS from the word read
@@ -906,7 +928,11 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
             __syncwarp();
         }
         struct hit_loads L;
-        if (lane == 0) __threadfence_system(); /* the job's writes before the signal */
+        hl_u64 t_fence = 0;
+        if (lane == 0) {
+            __threadfence_system(); /* the job's writes before the signal */
+            t_fence = gtimer();
+        }
         __syncwarp();
         if (cand) hit_issue(&F.d, &F.dir[e2], &gc[e2], F.pk[nxt].args, lane, &L);
         hl_u64 sv = 0, lw = 0, lc = 0;
@@ -942,6 +968,11 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         }
         if (lane == 0) s_old = old;
         __syncwarp();
+        if (lane == 0 && E) {
+            t_round = gtimer();
+            fencens += t_fence - t_join;
+            roundns += t_round - t_fence;
+        }
         if (lane == 0) {
             /* the signal: settled from the CAS, or made here (a failure, a timeline that moved) */
             int known;
@@ -1026,7 +1057,7 @@ extern "C" __global__ void __launch_bounds__(HL_CP_THREADS)
 hl_cp_main(char *base, unsigned long long size, unsigned long long qhandle, const unsigned long long *dh_va,
            struct hl_cp_ctl *ctl, struct cp_share *sh, struct cp_gent *gc) {
     __shared__ struct cp_job job;
-    __shared__ float As[HL_CP_TILE * 16], Bs[HL_CP_TILE * 16];
+    __shared__ float As[HL_CP_TILE * HL_CP_KSTEP], Bs[HL_CP_TILE * HL_CP_KSTEP];
     __shared__ float red[HL_CP_THREADS / 32];
     if (blockIdx.x > 0)
         worker_loop(sh, &job, As, Bs, red);

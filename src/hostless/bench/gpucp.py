@@ -110,13 +110,23 @@ def handoff(dom: hl.Domain, cp_agent: Any, frames: int, short: int = 2, long: in
         time.sleep(0.05)  # the counters go out when the queue is idle
         before = gpucp_mod.stats(cp_agent)
         with g.compile(dispatch="direct", data="shared") as cg:
-            st, o = _frames(cg, {"x0": x}, f"x{n}", frames)
+            st0, o = _frames(cg, {"x0": x}, f"x{n}", frames)
+            st: dict[str, Any] = dict(st0)
         time.sleep(0.05)
         after = gpucp_mod.stats(cp_agent)
         assert np.array_equal(o, x)
         inpl = after["inplace"] - before["inplace"]
+        jobs = (after["local"] - before["local"]) or 1
         st["device_handoff_ns"] = (after["handoff_ns"] - before["handoff_ns"]) / inpl if inpl else 0.0
         st["inplace"] = inpl
+        # where a hand-off goes, by the device timer: the signal's fence, the round trip after the
+        # job, the rest until the next job starts
+        st["device_split_ns"] = {
+            "fence": (after["fence_ns"] - before["fence_ns"]) / jobs,
+            "round": (after["round_ns"] - before["round_ns"]) / jobs,
+            "tail": (after["tail_ns"] - before["tail_ns"]) / inpl if inpl else 0.0,
+            "job": (after["job_ns"] - before["job_ns"]) / jobs,
+        }
         res[f"chain{n}"] = st
     slope = (res[f"chain{long}"]["p50_us"] - res[f"chain{short}"]["p50_us"]) / (long - short)
     res["per_stage_us"] = slope
@@ -343,7 +353,11 @@ def report(res: dict[str, Any]) -> str:
         f"- copy chains, direct+shared: 2 stages {h['chain2']['p50_us']:.1f} us, 34 stages "
         f"{h['chain34']['p50_us']:.1f} us: **{h['per_stage_us']:.2f} us a stage**; the device timer's "
         f"mean in-place hand-off (a stage's join to the next's fork): **{h['device_handoff_us']:.2f} us** "
-        f"over {h['chain34']['inplace']} hand-offs.",
+        f"over {h['chain34']['inplace']} hand-offs; of it, by the device timer: the signal's fence "
+        f"{h['chain34']['device_split_ns']['fence'] / 1e3:.2f} us, the round trip after the job "
+        f"{h['chain34']['device_split_ns']['round'] / 1e3:.2f} us, the rest "
+        f"{h['chain34']['device_split_ns']['tail'] / 1e3:.2f} us; a 64-byte copy job "
+        f"{h['chain34']['device_split_ns']['job'] / 1e3:.2f} us.",
         f"- native cpu -> gpucp -> native cpu, direct: {res['cpu_gpu_cpu']['cpu-gpu-cpu']['p50_us']:.1f} us; "
         f"without the GPU stage {res['cpu_gpu_cpu']['cpu-cpu']['p50_us']:.1f} us: the GPU leg "
         f"**{res['cpu_gpu_cpu']['round_trip_us']:.2f} us**.",
