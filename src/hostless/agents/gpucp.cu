@@ -132,7 +132,7 @@ struct cp_dir {
     hl_u32 nw, nbuf, nfollow, fo; /* words; buffers; follow-ups, from word fo */
     hl_u32 local;              /* job_local */
     hl_u32 self;               /* 1 + the index of the first follow-up for our queue, 0 = none */
-    hl_u32 pad;
+    hl_u32 out_host;           /* its output is in host memory (its signal needs a system fence) */
 };
 
 __device__ static volatile hl_u64 *vol(hl_u64 *p) { return (volatile hl_u64 *)p; }
@@ -617,6 +617,7 @@ __device__ static int decode_warp(struct cp_front *F, struct cp_gent *gc, const 
         if (r == R_OK) {
             D->kernel = pk->kernel;
             D->local = job_local(&G->job);
+            D->out_host = HL_PLACE_HEAP(F->bs[D->nbuf - 1][7]) < 0;
             D->self = 0;
             D->q0 = 0;
             for (hl_u32 i = 0; i < D->nfollow; i++) {
@@ -746,7 +747,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
     hl_u64 r = 0, completed = 0, npk = 0, nfail = 0, ninplace = 0, beats = 0, handoff = 0, handoff_from = 0;
     hl_u64 nhit = 0, nmiss = 0, nlocal = 0, jobns = 0, fencens = 0, roundns = 0, tailns = 0, t_round = 0;
     hl_u64 last_sig = 0, last_val = 0; /* our last signal, when it is known to hold success */
-    int cur = 0, have = 0;
+    int cur = 0, have = 0, pend_free = 0, ljob_of = -1;
     /* statistics go out when the queue is idle and every 64 packets: each store to host memory is
      * a posted write that the next system fence would wait for */
 #define FLUSH_STATS()                                                                                 \
@@ -805,12 +806,17 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
             if (got < 0) break; /* stop */
             if (got == 1 && lane < 8) ((hl_u64 *)P)[lane] = rd((const hl_u64 *)&F.v.packets[r & mask] + lane);
             __syncwarp(); /* the packet is in shared memory: its loads completed */
-            if (lane == 0) {
-                *vol(&F.v.cells[r & mask]) = HL_CELL(r + F.v.capacity, 0, HL_CELL_FREE);
-                *vol(&F.v.q->read_index) = r + 1;
-            }
             r++;
-            if (got == 0) continue; /* a SKIP */
+            if (got == 0) { /* a SKIP: consumed */
+                if (lane == 0) {
+                    *vol(&F.v.cells[(r - 1) & mask]) = HL_CELL(r - 1 + F.v.capacity, 0, HL_CELL_FREE);
+                    *vol(&F.v.q->read_index) = r;
+                }
+                continue;
+            }
+            /* its cell is freed after its signal: a store to host memory now would hold up the
+             * system fences before the job */
+            pend_free = 1;
             F.ent[cur] = -1;
             handoff_from = 0;
             /* its side reads ride along with its decode (or are read alone) */
@@ -873,7 +879,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         if (E) {
             hl_u64 t0;
             if (E->local || nworkers == 0) {
-                if (lane < HL_CP_JOB_WORDS) ((hl_u64 *)ljob)[lane] = ((const hl_u64 *)&gc[e].job)[lane];
+                if (ljob_of != e && lane < HL_CP_JOB_WORDS) ((hl_u64 *)ljob)[lane] = ((const hl_u64 *)&gc[e].job)[lane];
                 __syncwarp();
                 t0 = gtimer();
                 bar_a(); /* block 0's other warps take the job */
@@ -930,11 +936,21 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         struct hit_loads L;
         hl_u64 t_fence = 0;
         if (lane == 0) {
-            __threadfence_system(); /* the job's writes before the signal */
+            /* the job's writes before the signal: device memory is coherent at the GPU's L2 (what
+             * a copy engine or a peer reads through), host memory needs the system fence */
+            if (E && !E->out_host)
+                __threadfence();
+            else
+                __threadfence_system();
             t_fence = gtimer();
         }
         __syncwarp();
-        if (cand) hit_issue(&F.d, &F.dir[e2], &gc[e2], F.pk[nxt].args, lane, &L);
+        ljob_of = -1;
+        hl_u64 jw = 0;
+        if (cand) {
+            hit_issue(&F.d, &F.dir[e2], &gc[e2], F.pk[nxt].args, lane, &L);
+            if (lane < HL_CP_JOB_WORDS) jw = ((const hl_u64 *)&gc[e2].job)[lane]; /* for block 0, if local */
+        }
         hl_u64 sv = 0, lw = 0, lc = 0;
         if (E && E->self && !leave) {
             sv = lane >= 24 && F.sda[lane - 24] ? rd(F.sda[lane - 24]) : 0;
@@ -968,6 +984,11 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         }
         if (lane == 0) s_old = old;
         __syncwarp();
+        if (lane == 0 && pend_free) { /* the packet's cell, now that its signal is on the bus */
+            *vol(&F.v.cells[(r - 1) & mask]) = HL_CELL(r - 1 + F.v.capacity, 0, HL_CELL_FREE);
+            *vol(&F.v.q->read_index) = r;
+            pend_free = 0;
+        }
         if (lane == 0 && E) {
             t_round = gtimer();
             fencens += t_fence - t_join;
@@ -1033,6 +1054,10 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         have = __shfl_sync(HL_CP_FULL, have, 0);
         if (have) {
             F.ent[nxt] = cand && s_hit ? e2 : -1;
+            if (cand && s_hit && F.dir[e2].local) { /* its job, read in the round trip */
+                if (lane < HL_CP_JOB_WORDS) ((hl_u64 *)ljob)[lane] = jw;
+                ljob_of = e2;
+            }
             if (cand && s_hit && lane == 0) ++nhit;
             cur = nxt;
             handoff_from = t_join;

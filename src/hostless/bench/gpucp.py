@@ -59,6 +59,60 @@ extern "C" __global__ void pingpong(volatile unsigned long long *w, int n) {
 """
 
 
+_BUS = r"""
+typedef unsigned long long u64;
+__device__ u64 gt() { u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+extern "C" __global__ void bus(volatile u64 *h, u64 *dev, u64 *out, int n) {
+    volatile u64 *d = (volatile u64 *)dev;
+    u64 s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, acc = 0, t0, t1;
+    for (int i = 0; i < n; i++) {  /* a read of host memory */
+        t0 = gt(); acc += h[0]; t1 = gt(); s0 += t1 - t0;
+    }
+    for (int i = 0; i < n; i++) {  /* a system-scope CAS on host memory */
+        t0 = gt(); acc += atomicCAS_system((u64 *)&h[8], (u64)i, (u64)i + 1); t1 = gt(); s1 += t1 - t0;
+    }
+    for (int i = 0; i < n; i++) {  /* a store to host memory, then a system fence */
+        h[16] = i; t0 = gt(); __threadfence_system(); t1 = gt(); s2 += t1 - t0;
+    }
+    for (int i = 0; i < n; i++) {  /* a store to device memory, then a system fence */
+        d[0] = i; t0 = gt(); __threadfence_system(); t1 = gt(); s3 += t1 - t0;
+    }
+    for (int i = 0; i < n; i++) {  /* a store to device memory, then a GPU-scope fence */
+        d[0] = i; t0 = gt(); __threadfence(); t1 = gt(); s4 += t1 - t0;
+    }
+    out[0] = s0 / n; out[1] = s1 / n; out[2] = s2 / n; out[3] = s3 / n; out[4] = s4 / n; out[5] = acc;
+}
+"""
+
+
+def bus_latency(n: int = 2000) -> dict[str, float]:
+    """What one thread of the GPU pays, by its own timer (mean ns): a read of host memory, a
+    system-scope CAS on host memory, a system fence after a host store, a system and a GPU-scope
+    fence after a device-memory store.  The floors of the command processor's steps."""
+    import cupy as cp
+    from cuda.bindings import driver as cu
+
+    mem = cp.cuda.alloc_pinned_memory(256)
+    h = np.frombuffer(mem, dtype=np.uint64, count=32)
+    h[...] = 0
+    err, dptr = cu.cuMemHostGetDevicePointer(mem.ptr, 0)
+    if int(err):
+        raise RuntimeError(f"cuMemHostGetDevicePointer: {err!r}")
+    out = cp.zeros(8, dtype=np.uint64)
+    dev = cp.zeros(8, dtype=np.uint64)
+    k = cp.RawKernel(_BUS, "bus")
+    k((1,), (1,), (int(dptr), dev, out, np.int32(n)))
+    o = out.get()
+    names = (
+        "host_read_ns",
+        "host_cas_ns",
+        "host_store_fence_sys_ns",
+        "dev_store_fence_sys_ns",
+        "dev_store_fence_gpu_ns",
+    )
+    return {k: float(o[i]) for i, k in enumerate(names)}
+
+
 def pingpong(n: int = 2000) -> dict[str, float]:
     """Round trip host -> resident kernel -> host through mapped pinned memory (both polling)."""
     import cupy as cp
@@ -205,6 +259,8 @@ def run(frames: int, frames_data: int, n_data: int, agent_spin: float = 5e-3, sm
     }
     try:
         out["pingpong"] = pingpong()
+        out["bus"] = bus_latency()
+        print(f"bus (ns): {out['bus']}", flush=True)
         print(f"ping-pong {out['pingpong']['p50_us']:.2f} us", flush=True)
         plain, ref = gb.plain_cupy(gb.SMALL, 64, frames)
         graph, gout = gb.cuda_graph(gb.SMALL, 64, frames)
@@ -328,6 +384,10 @@ def report(res: dict[str, Any]) -> str:
         f"({g.get('workers')} worker blocks, {g.get('launch', '')} launch). "
         "One frame at a time; p50 [p10-p90] us. "
         f"Mapped-memory ping-pong (host -> GPU -> host, both polling): {res['pingpong']['p50_us']:.2f} us.",
+        "",
+        "What one GPU thread pays, by its own timer (the floors of the processor's steps): "
+        + ", ".join(f"{k[:-3].replace('_', ' ')} {v / 1e3:.2f} us" for k, v in res.get("bus", {}).items())
+        + ".",
         "",
     ]
     for key, title in (
