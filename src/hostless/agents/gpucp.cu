@@ -1078,7 +1078,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
     bar_a(); /* the helpers see the stop */
 }
 
-extern "C" __global__ void __launch_bounds__(HL_CP_THREADS)
+extern "C" __global__ void __launch_bounds__(HL_CP_THREADS, 1)
 hl_cp_main(char *base, unsigned long long size, unsigned long long qhandle, const unsigned long long *dh_va,
            struct hl_cp_ctl *ctl, struct cp_share *sh, struct cp_gent *gc) {
     __shared__ struct cp_job job;

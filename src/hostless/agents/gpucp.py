@@ -15,8 +15,10 @@ leave).  A host process killed outright takes its CUDA context, and the
 kernel, with it; the domain's recovery marks its fences OWNER_DIED like any
 participant's.
 
-Isolation.  The kernel is one front-end block (a warp that takes packets)
-and ``sms`` worker blocks.  Where the driver has green contexts
+Isolation.  The kernel is one block per SM of its ``sms``: a front-end block
+(a warp that takes packets, with its other warps for small jobs) and
+``sms - 1`` worker blocks for larger ones (one block per SM: the kernel uses
+up to 255 registers a thread, so that the front end never spills).  Where the driver has green contexts
 (``cuGreenCtxCreate``), it runs in one holding an SM partition of its own
 (``sms`` rounded up to the driver's granularity, 8 on an H200), so that
 ordinary CUDA work of the same process runs beside it on the other SMs;
@@ -171,8 +173,9 @@ class GpuCommandProcessor:
             self.ctx = _ok(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")  # CuPy's: the primary context
             self.stream_obj = cp.cuda.Stream(non_blocking=True)
             self.stream = cu.CUstream(self.stream_obj.ptr)
-            self.workers = min(sms, total - 1)
-            self.info.update(isolation="grid", sms=self.workers, workers=self.workers)
+            n = max(2, min(sms, total))
+            self.workers = n - 1
+            self.info.update(isolation="grid", sms=n, workers=self.workers)
             if why_not:
                 self.info["green_unavailable"] = why_not
         self._push()
@@ -197,8 +200,8 @@ class GpuCommandProcessor:
             "cuGreenCtxStreamCreate",
         )
         got = int(groups[0].sm.smCount)
-        self.workers = got
-        self.info.update(isolation="green context", sms=got, workers=got)
+        self.workers = max(1, got - 1)
+        self.info.update(isolation="green context", sms=got, workers=self.workers)
 
     def _push(self) -> None:
         _ok(self.cu.cuCtxPushCurrent(self.ctx), "cuCtxPushCurrent")
