@@ -249,3 +249,26 @@ def test_killed_host_process_fails_its_stage_and_a_new_one_serves(dom):
     finally:
         cp2.stop()
         never.signal()
+
+
+@pytest.mark.parametrize("shape", [(5, 40), (3, 300), (7, 1), (1000, 33)])
+def test_kernels_at_odd_shapes(dom, shape):
+    """Softmax in registers (rows <= 256) and the generic loop (longer rows), elementwise
+    kernels with their unrolled loads over sizes that are no multiple of anything, on block 0
+    (small) and on the worker blocks (large)."""
+    cp = agents.spawn(dom, "gpucp", device=0)
+    try:
+        rng = np.random.default_rng(7)
+        x = rng.standard_normal(shape).astype("f4")
+        g = Graph(dom).input("x", shape, "f4")
+        g.stage("sm", cp, "softmax", ["x"], ("s", shape, "f4"))
+        g.stage("sc", cp, "scale", ["s"], ("t", shape, "f4"), scalars=[3.0])
+        g.stage("ad", cp, "add", ["t", "x"], ("u", shape, "f4"))
+        g.stage("re", cp, "relu", ["u"], ("y", shape, "f4"))
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        ref = np.maximum(3 * e / e.sum(axis=-1, keepdims=True) + x, 0)
+        with g.compile() as cg:
+            for _ in range(2):
+                assert np.allclose(cg.run({"x": x}, timeout=60)["y"], ref, rtol=1e-4, atol=1e-5)
+    finally:
+        cp.stop()

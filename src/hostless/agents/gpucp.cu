@@ -256,10 +256,41 @@ __device__ __noinline__ static void cp_run(const struct cp_job *job, int wb, int
         if (t == 0) out[0] = s;
         break;
     }
-    case K_SOFTMAX: { /* one warp per row, over every worker's warps */
+    case K_SOFTMAX: { /* one warp per row, over every block's warps */
         const int lane = t & 31;
-        const hl_u64 gw = (hl_u64)wb * (T / 32) + (t >> 5), GW = (hl_u64)nw * (T / 32), N = job->n;
-        for (hl_u64 r = gw; r < job->m; r += GW) {
+        const hl_u64 gw = (hl_u64)wb * (T / 32) + (t >> 5), GW = (hl_u64)nw * (T / 32), N = job->n, M = job->m;
+        if (N <= 256) { /* rows of up to 256 in registers, 4 rows at a time: their loads in flight together */
+            for (hl_u64 r0 = gw; r0 < M; r0 += GW * 4) {
+                float v[4][8];
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+#pragma unroll
+                    for (int c = 0; c < 8; c++) {
+                        hl_u64 r = r0 + q * GW, col = lane + 32 * c;
+                        v[q][c] = r < M && col < N ? x[r * N + col] : -__int_as_float(0x7f800000);
+                    }
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    hl_u64 r = r0 + q * GW;
+                    float mx = v[q][0];
+#pragma unroll
+                    for (int c = 1; c < 8; c++) mx = fmaxf(mx, v[q][c]);
+                    for (int s = 16; s; s >>= 1) mx = fmaxf(mx, __shfl_xor_sync(HL_CP_FULL, mx, s));
+                    float sum = 0.f;
+#pragma unroll
+                    for (int c = 0; c < 8; c++) {
+                        v[q][c] = lane + 32 * c < N ? __expf(v[q][c] - mx) : 0.f;
+                        sum += v[q][c];
+                    }
+                    for (int s = 16; s; s >>= 1) sum += __shfl_xor_sync(HL_CP_FULL, sum, s);
+#pragma unroll
+                    for (int c = 0; c < 8; c++)
+                        if (r < M && lane + 32 * c < N) out[r * N + lane + 32 * c] = v[q][c] / sum;
+                }
+            }
+            break;
+        }
+        for (hl_u64 r = gw; r < M; r += GW) {
             const float *xr = x + r * N;
             float *orow = out + r * N;
             float mx = -__int_as_float(0x7f800000);
