@@ -518,7 +518,7 @@ struct hit_loads {
     hl_u64 hv[HL_CP_ARGS_WORDS / 32], gv[HL_CP_ARGS_WORDS / 32], c;
 };
 
-__device__ static void hit_issue(const struct hl_dom *d, const struct cp_dir *D, const struct cp_gent *G, hl_u64 ah,
+__device__ __forceinline__ static void hit_issue(const struct hl_dom *d, const struct cp_dir *D, const struct cp_gent *G, hl_u64 ah,
                                  int lane, struct hit_loads *L) {
     hl_u64 h = lane == 0 ? ah : (lane <= (int)D->nbuf ? D->bh[lane - 1] : 0);
     struct hl_fence *f = h ? hl_fence_slot(d, h, HL_KIND_BUFFER) : 0;
@@ -536,7 +536,7 @@ __device__ static void hit_issue(const struct hl_dom *d, const struct cp_dir *D,
  * live.  The follow-ups' packets may change between uses (a producer patches
  * their signal values per use): they are refreshed, in the entry and in
  * F->fw[which]. */
-__device__ static int hit_settle(struct cp_front *F, struct cp_gent *G, const struct cp_dir *D, hl_u64 ah, int which,
+__device__ __forceinline__ static int hit_settle(struct cp_front *F, struct cp_gent *G, const struct cp_dir *D, hl_u64 ah, int which,
                                  const struct hit_loads *L, int lane) {
     int same = lane == 0 ? hl_ctl_matches(L->c, ah) : (lane <= (int)D->nbuf ? hl_ctl_matches(L->c, D->bh[lane - 1]) : 1);
     const hl_u32 fo = D->fo;
@@ -755,13 +755,12 @@ __device__ static int cp_reserve(struct cp_qcache *qc, int i, hl_u64 *w) {
     return pr;
 }
 
-/* The follow-up i of entry e (from shared memory, or device memory past HL_CP_FW words). */
-__device__ static void follow_at(const struct cp_front *F, const struct cp_gent *gc, int e, int which, hl_u32 i,
-                                 struct hl_follow *f) {
-    for (hl_u32 k = 0; k < HL_FOLLOW_WORDS; k++) {
-        hl_u32 o = i * HL_FOLLOW_WORDS + k;
-        ((hl_u64 *)f)[k] = o < HL_CP_FW ? F->fw[which][o] : gc[e].aw[F->dir[e].fo + o];
-    }
+/* Word k of follow-up i of entry e (from shared memory, or device memory past HL_CP_FW words):
+ * 0 its queue, 1..8 its packet. */
+__device__ __forceinline__ static hl_u64 follow_word(const struct cp_front *F, const struct cp_gent *gc, int e,
+                                                     int which, hl_u32 i, hl_u32 k) {
+    hl_u32 o = i * HL_FOLLOW_WORDS + k;
+    return o < HL_CP_FW ? F->fw[which][o] : gc[e].aw[F->dir[e].fo + o];
 }
 
 __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh, const hl_u64 *dh_va,
@@ -952,11 +951,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                            P->signal_value <= HL_TIMELINE_MAX));
         int e2 = -1, cand = 0;
         if (E && E->self && !leave) {
-            if (lane < 8) {
-                struct hl_follow f;
-                follow_at(&F, gc, e, cur, E->self - 1, &f);
-                ((hl_u64 *)&F.pk[nxt])[lane] = ((hl_u64 *)&f.packet)[lane];
-            }
+            if (lane < 8) ((hl_u64 *)&F.pk[nxt])[lane] = follow_word(&F, gc, e, cur, E->self - 1, 1 + lane);
             __syncwarp();
             const struct hl_packet *N = &F.pk[nxt];
             e2 = N->type == HL_PKT_KERNEL ? cache_slot(N->args, e) : -1;
@@ -1052,7 +1047,8 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
             int reserved_used = 0;
             for (hl_u32 i = 0; Ef && i < Ef->nfollow; i++) {
                 struct hl_follow f;
-                follow_at(&F, gc, e, cur, i, &f);
+#pragma unroll
+                for (hl_u32 k = 0; k < HL_FOLLOW_WORDS; k++) ((hl_u64 *)&f)[k] = follow_word(&F, gc, e, cur, i, k);
                 if (status != HL_STATUS_SUCCESS) {
                     cp_signal(&F.d, f.packet.signal, f.packet.signal_value, status, 0, 0);
                     continue;

@@ -64,7 +64,7 @@ typedef unsigned long long u64;
 __device__ u64 gt() { u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
 extern "C" __global__ void bus(volatile u64 *h, u64 *dev, u64 *out, int n) {
     volatile u64 *d = (volatile u64 *)dev;
-    u64 s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, acc = 0, t0, t1;
+    u64 s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, acc = 0, t0, t1;
     for (int i = 0; i < n; i++) {  /* a read of host memory */
         t0 = gt(); acc += h[0]; t1 = gt(); s0 += t1 - t0;
     }
@@ -80,7 +80,15 @@ extern "C" __global__ void bus(volatile u64 *h, u64 *dev, u64 *out, int n) {
     for (int i = 0; i < n; i++) {  /* a store to device memory, then a GPU-scope fence */
         d[0] = i; t0 = gt(); __threadfence(); t1 = gt(); s4 += t1 - t0;
     }
-    out[0] = s0 / n; out[1] = s1 / n; out[2] = s2 / n; out[3] = s3 / n; out[4] = s4 / n; out[5] = acc;
+    for (int i = 0; i < n; i++) {  /* two reads of host memory issued together */
+        t0 = gt(); u64 a = h[0], b = h[24]; acc += a + b; t1 = gt(); s5 += t1 - t0;
+    }
+    for (int i = 0; i < n; i++) {  /* a read and a CAS of host memory issued together */
+        t0 = gt(); u64 a = h[0]; u64 b = atomicCAS_system((u64 *)&h[8], (u64)(n + i), (u64)(n + i) + 1);
+        acc += a + b; t1 = gt(); s6 += t1 - t0;
+    }
+    out[0] = s0 / n; out[1] = s1 / n; out[2] = s2 / n; out[3] = s3 / n; out[4] = s4 / n; out[5] = s5 / n;
+    out[6] = s6 / n; out[7] = acc;
 }
 """
 
@@ -109,6 +117,8 @@ def bus_latency(n: int = 2000) -> dict[str, float]:
         "host_store_fence_sys_ns",
         "dev_store_fence_sys_ns",
         "dev_store_fence_gpu_ns",
+        "two_host_reads_ns",
+        "host_read_and_cas_ns",
     )
     return {k: float(o[i]) for i, k in enumerate(names)}
 
