@@ -89,7 +89,7 @@ struct hl_cp_ctl {
     hl_u64 fence_ns;   /* summed: a job's end to its signal's fence done */
     hl_u64 round_ns;   /* summed: that fence to the end of the round trip after the job */
     hl_u64 tail_ns;    /* summed: the round trip's end to the next in-place job's start */
-    hl_u64 pad;
+    hl_u64 post_ns;    /* summed: of it, the signal's settling and the follow-ups (lane 0) */
 };
 
 enum { R_OK = 0, R_INPUT = 1, R_KERNEL = 2, R_ARGS = 3, R_BUFFER = 4, R_SHAPE = 5, R_DTYPE = 6 };
@@ -775,7 +775,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
     unsigned int gen = 0;
     /* counters kept here and written out (a read-modify-write of host memory is a round trip) */
     hl_u64 r = 0, completed = 0, npk = 0, nfail = 0, ninplace = 0, beats = 0, handoff = 0, handoff_from = 0;
-    hl_u64 nhit = 0, nmiss = 0, nlocal = 0, jobns = 0, fencens = 0, roundns = 0, tailns = 0, t_round = 0;
+    hl_u64 nhit = 0, nmiss = 0, nlocal = 0, jobns = 0, fencens = 0, roundns = 0, tailns = 0, t_round = 0, postns = 0;
     hl_u64 last_sig = 0, last_val = 0; /* our last signal, when it is known to hold success */
     int cur = 0, have = 0, pend_free = 0, ljob_of = -1;
     /* statistics go out when the queue is idle and every 64 packets: each store to host memory is
@@ -792,6 +792,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         *vol(&ctl->fence_ns) = fencens;                                                               \
         *vol(&ctl->round_ns) = roundns;                                                               \
         *vol(&ctl->tail_ns) = tailns;                                                                 \
+        *vol(&ctl->post_ns) = postns;                                                                 \
         *vol(&F.v.q->completed) = completed;                                                          \
     } while (0)
     if (lane == 0) {
@@ -985,8 +986,12 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                 lc = rd(&F.v.cells[r & mask]);
             }
         }
+        /* the CAS goes on a lane that issued no load in this round: a GPU thread's system-scope
+         * atomic waits for its earlier loads of host memory (measured: a read and a CAS issued
+         * together take two round trips, two reads one) */
+        const int sl = !cand || F.dir[e2].nw <= 22 ? 22 : 0;
         hl_u64 old = 0;
-        if (lane == 0 && fast) {
+        if (lane == sl && fast) {
             struct hl_fence *f = hl_fence_slot(&F.d, P->signal, 0);
             old = HL_HANDLE_KIND(P->signal) == HL_KIND_FENCE
                       ? atomicCAS_system((unsigned long long *)&f->word, 0ull, (unsigned long long)HL_STATUS_SUCCESS)
@@ -1008,7 +1013,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
             s_w = lw;
             s_c = lc;
         }
-        if (lane == 0) s_old = old;
+        if (lane == sl) s_old = old;
         __syncwarp();
         if (lane == 0 && pend_free) { /* the packet's cell, now that its signal is on the bus */
             *vol(&F.v.cells[(r - 1) & mask]) = HL_CELL(r - 1 + F.v.capacity, 0, HL_CELL_FREE);
@@ -1077,6 +1082,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
             }
             ++completed;
             if ((npk & 63) == 0) FLUSH_STATS();
+            if (E) postns += gtimer() - t_round;
         }
         have = __shfl_sync(HL_CP_FULL, have, 0);
         if (have) {

@@ -58,7 +58,7 @@ __all__ = ["GpuCommandProcessor", "GPUCP_KERNEL_NAMES", "CTL_FIELDS", "read_ctl"
 GPUCP_KERNEL_NAMES = ("copy", "add", "scale", "relu", "gemm", "sum", "softmax", "normalize")
 CTL_FIELDS = (
     "stop", "state", "packets", "failed", "last_error", "heartbeat", "inplace", "handoff_ns",
-    "hits", "misses", "local", "job_ns", "fence_ns", "round_ns", "tail_ns",
+    "hits", "misses", "local", "job_ns", "fence_ns", "round_ns", "tail_ns", "post_ns",
 )
 _CTL_WORDS = 16  # struct hl_cp_ctl
 _CACHE_WORDS = 128 * (18 + 128)  # HL_CP_CACHE x struct cp_gent (the job, the block's words)

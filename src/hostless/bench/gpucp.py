@@ -189,6 +189,7 @@ def handoff(dom: hl.Domain, cp_agent: Any, frames: int, short: int = 2, long: in
             "fence": (after["fence_ns"] - before["fence_ns"]) / jobs,
             "round": (after["round_ns"] - before["round_ns"]) / jobs,
             "tail": (after["tail_ns"] - before["tail_ns"]) / inpl if inpl else 0.0,
+            "post": (after["post_ns"] - before["post_ns"]) / jobs,
             "job": (after["job_ns"] - before["job_ns"]) / jobs,
         }
         res[f"chain{n}"] = st
@@ -426,7 +427,8 @@ def report(res: dict[str, Any]) -> str:
         f"over {h['chain34']['inplace']} hand-offs; of it, by the device timer: the signal's fence "
         f"{h['chain34']['device_split_ns']['fence'] / 1e3:.2f} us, the round trip after the job "
         f"{h['chain34']['device_split_ns']['round'] / 1e3:.2f} us, the rest "
-        f"{h['chain34']['device_split_ns']['tail'] / 1e3:.2f} us; a 64-byte copy job "
+        f"{h['chain34']['device_split_ns']['tail'] / 1e3:.2f} us (of which settling the signal and the "
+        f"follow-ups {h['chain34']['device_split_ns']['post'] / 1e3:.2f} us); a 64-byte copy job "
         f"{h['chain34']['device_split_ns']['job'] / 1e3:.2f} us.",
         f"- native cpu -> gpucp -> native cpu, direct: {res['cpu_gpu_cpu']['cpu-gpu-cpu']['p50_us']:.1f} us; "
         f"without the GPU stage {res['cpu_gpu_cpu']['cpu-cpu']['p50_us']:.1f} us: the GPU leg "
