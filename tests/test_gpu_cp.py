@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import time
 import uuid
 
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 import hostless as hl
-from hostless import agents
+from hostless import agents, ert
 from hostless.agents import gpucp
 from hostless.buffer import bytes_buffer
 from hostless.graph import Graph
@@ -270,5 +271,42 @@ def test_kernels_at_odd_shapes(dom, shape):
         with g.compile() as cg:
             for _ in range(2):
                 assert np.allclose(cg.run({"x": x}, timeout=60)["y"], ref, rtol=1e-4, atol=1e-5)
+    finally:
+        cp.stop()
+
+
+def test_ert_commands_run_on_the_gpu(dom):
+    """ERT packets as the emulated NPU takes them: START_CU / START_NPU on the CU their cu_mask
+    names (the CU index is the kernel id), buffers and scalars in the command, the state written
+    back into the header (COMPLETED; ERROR for a cu_mask naming two CUs and for a CMD_CHAIN,
+    which the GPU does not run), and the processor goes on."""
+    cp = agents.spawn(dom, "gpucp", device=0)
+    try:
+        x = dom.buffer((8,), "f4")
+        y = dom.buffer((8,), "f4")
+        x.numpy()[...] = np.arange(8, dtype="f4") - 4
+
+        def run(cmd: ert.ErtCommand) -> tuple[Status, int]:
+            cb = bytes_buffer(dom, cmd.encode())
+            ka = bytes_buffer(dom, Kernargs(buffers=[cb.handle]).encode())
+            f = dom.fence()
+            cp.queue.push(Packet(type=PacketType.ERT, args=ka.handle, signal=f.handle))
+            st = f.wait(timeout=30)
+            return st, ert.parse_header(int(cb.numpy()[:4].view("<u4")[0]))[0]
+
+        st, state = run(ert.start_cu(4, ert.cu_args([x.handle, y.handle], [])))  # CU 4: relu
+        assert (st, state) == (Status.SUCCESS, ert.State.COMPLETED)
+        assert list(y.numpy()) == list(np.maximum(x.numpy(), 0))
+        two_and_a_half = struct.unpack("<Q", struct.pack("<d", 2.5))[0]
+        st, state = run(ert.start_npu(3, 0, 0, ert.cu_args([x.handle, y.handle], [two_and_a_half])))  # scale
+        assert (st, state) == (Status.SUCCESS, ert.State.COMPLETED)
+        assert np.allclose(y.numpy(), 2.5 * x.numpy())
+        two_cus = ert.ErtCommand(
+            ert.State.NEW, ert.Opcode.START_CU, ert.CmdType.CU, 0b11, ert.cu_args([x.handle, y.handle], [])
+        )
+        assert run(two_cus) == (Status.ERROR, ert.State.ERROR)
+        assert run(ert.cmd_chain([])) == (Status.ERROR, ert.State.ERROR)
+        st, state = run(ert.start_cu(4, ert.cu_args([y.handle, x.handle], [])))
+        assert (st, state) == (Status.SUCCESS, ert.State.COMPLETED)
     finally:
         cp.stop()

@@ -39,6 +39,12 @@
  *   with the index after this processor's last push there) while the
  *   signal's CAS is on the bus, and published after it.
  *
+ * ERT packets (HL_PKT_ERT) run as the emulated NPU runs them (core/agent.c):
+ * the block's first buffer is an XRT command; START_CU / START_NPU run the
+ * kernel whose id is the CU their cu_mask names, on the buffers and scalars
+ * in the command, with the state written back into its header word
+ * (RUNNING, COMPLETED or ERROR).  CMD_CHAIN and the other opcodes fail.
+ *
  * Failure passes through: an input that failed, a bad packet (unknown kernel,
  * a handle that names no live buffer, a shape that does not fit, an
  * argument block over HL_CP_ARGS_WORDS words) fails the packet's signal with
@@ -71,6 +77,7 @@
 #define HL_CP_UNROLL 8       /* elementwise: loads in flight a thread */
 #define HL_CP_QCACHE 4       /* queues pushed into, kept validated */
 #define HL_FOLLOW_WORDS 9    /* sizeof(struct hl_follow) / 8 */
+#define HL_CP_ERT_WORDS 32   /* an ERT command of at most 256 bytes */
 
 /* pinned host memory, mapped: the host's window on the processor */
 struct hl_cp_ctl {
@@ -133,6 +140,8 @@ struct cp_dir {
     hl_u32 local;              /* job_local */
     hl_u32 self;               /* 1 + the index of the first follow-up for our queue, 0 = none */
     hl_u32 out_host;           /* its output is in host memory (its signal needs a system fence) */
+    hl_u32 ert_hdr;            /* an ERT command's header word as read */
+    hl_u32 *ert;               /* an ERT packet's command (its state is written back), else 0 */
 };
 
 __device__ static volatile hl_u64 *vol(hl_u64 *p) { return (volatile hl_u64 *)p; }
@@ -472,6 +481,7 @@ struct cp_front {
     hl_u64 side[2][8];            /* their side reads' results (see side_addrs) */
     const hl_u64 *sda[8];         /* the side reads' addresses, for the round being prepared */
     hl_u64 tmp[32];               /* lane scratch */
+    hl_u64 ew[HL_CP_ERT_WORDS];   /* an ERT command's words */
     hl_u64 bs[HL_CP_MAX_BUFS][8]; /* buffer slots */
     hl_u64 shape[HL_CP_MAX_BUFS][HL_BUFFER_MAX_DIMS];
     hl_u32 ndim[HL_CP_MAX_BUFS];
@@ -505,7 +515,7 @@ __device__ static void side_addrs(struct cp_front *F, const struct hl_packet *pk
         F->sda[5] = &f->word;
     }
     const struct cp_dir *D = &F->dir[e];
-    if (pk->type == HL_PKT_KERNEL && D->args == pk->args && D->q0) {
+    if ((pk->type == HL_PKT_KERNEL || pk->type == HL_PKT_ERT) && D->args == pk->args && D->q0) {
         struct hl_fence *qf = hl_fence_slot(&F->d, D->q0, HL_KIND_QUEUE);
         if (qf) F->sda[6] = &qf->ctl;
     }
@@ -551,6 +561,48 @@ __device__ __forceinline__ static int hit_settle(struct cp_front *F, struct cp_g
         if (i >= fo && i - fo < HL_CP_FW) F->fw[which][i - fo] = L->hv[k];
     }
     return __all_sync(HL_CP_FULL, same);
+}
+
+/* Write `state` into an ERT command's header word (hdr: the word as read), as a command processor
+ * reports progress (a posted store to host memory; the signal's system fence orders it). */
+__device__ static void ert_state(hl_u32 *cmd, hl_u32 hdr, hl_u32 state) {
+    *(volatile hl_u32 *)cmd = (hdr & ~(HL_ERT_STATE_MASK << HL_ERT_STATE_SHIFT)) | (state << HL_ERT_STATE_SHIFT);
+}
+
+/* Lane 0: the START_CU / START_NPU command in F->ew (nbytes read of it) into entry D / G: its CU
+ * (*kid), buffers and scalars, checked as the native processor checks them (core/agent.c).  R_OK,
+ * R_KERNEL (another opcode: CMD_CHAIN and the rest are not run on the GPU; a cu_mask naming no CU
+ * or several) or R_ARGS. */
+__device__ static int ert_decode(struct cp_front *F, struct cp_dir *D, struct cp_gent *G, hl_u32 nbytes, hl_u32 *kid) {
+    const hl_u32 *w = (const hl_u32 *)F->ew;
+    const hl_u32 hdr = w[0];
+    const hl_u32 count = (hdr >> HL_ERT_COUNT_SHIFT) & HL_ERT_COUNT_MASK;
+    const hl_u32 op = (hdr >> HL_ERT_OPCODE_SHIFT) & HL_ERT_OPCODE_MASK;
+    D->ert_hdr = hdr;
+    if (op != HL_ERT_START_CU && op != HL_ERT_START_NPU) return R_KERNEL;
+    if (count < 1 || nbytes < 4 || count > (nbytes - 4) / 4) return R_ARGS;
+    const hl_u32 mask = w[1];
+    if (mask == 0 || (mask & (mask - 1))) return R_KERNEL;
+    *kid = (hl_u32)(__ffs((int)mask) - 1);
+    const hl_u32 *args = w + 2;
+    hl_u32 nargs = count - 1;
+    if (op == HL_ERT_START_NPU) {
+        if (nargs < HL_ERT_NPU_FIXED_WORDS) return R_ARGS;
+        args += HL_ERT_NPU_FIXED_WORDS;
+        nargs -= HL_ERT_NPU_FIXED_WORDS;
+    }
+    if (nargs == 0) return R_ARGS;
+    const hl_u32 nb = args[0];
+    if (nb > (nargs - 1) / 2 || (nargs - 1 - 2 * nb) % 2 || nb < 1 || nb > HL_CP_MAX_BUFS) return R_ARGS;
+    const hl_u32 ns = (nargs - 1 - 2 * nb) / 2;
+    for (hl_u32 i = 0; i < nb; i++) D->bh[i] = args[1 + 2 * i] | (hl_u64)args[2 + 2 * i] << 32;
+    const hl_u32 *sc = args + 1 + 2 * nb;
+    D->nbuf = nb;
+    G->job.nbuf = (int)nb;
+    G->job.s0 = __longlong_as_double((long long)(ns > 0 ? sc[0] | (hl_u64)sc[1] << 32 : 0));
+    G->job.s1 = __longlong_as_double((long long)(ns > 1 ? sc[2] | (hl_u64)sc[3] << 32 : 0));
+    F->tmp[31] = ns;
+    return R_OK;
 }
 
 /* Decode packet pk's argument block into cache entry *entry (the whole warp;
@@ -634,6 +686,36 @@ __device__ static int decode_warp(struct cp_front *F, struct cp_gent *gc, const 
     for (hl_u32 i = lane; i < D->nfollow * HL_FOLLOW_WORDS && i < HL_CP_FW; i += 32) F->fw[which][i] = G->aw[D->fo + i];
     __syncwarp();
     if (F->res) return F->res;
+    hl_u32 kid = pk->kernel;
+    if (lane == 0) D->ert = 0;
+    if (pk->type == HL_PKT_ERT) {
+        /* an ERT command, the block's first buffer: START_CU / START_NPU name the CU (the kernel
+         * id, as the emulated NPU maps them) and carry the buffers and scalars */
+        if (lane < 8) slot_read(d, D->bh[0], F->bs[0], lane);
+        __syncwarp();
+        if (lane == 0) {
+            const hl_u64 *sl = F->bs[0];
+            const hl_u64 h = D->bh[0];
+            int r = R_ARGS;
+            if (HL_HANDLE_KIND(h) == HL_KIND_BUFFER && hl_ctl_matches(sl[1], h) && HL_PLACE_HEAP(sl[7]) < 0 &&
+                hl_buffer_extent(d, sl[7], sl[0], sl[4]) == HL_OK && sl[4] >= 8) {
+                D->ert = (hl_u32 *)(d->heap_data + sl[0]);
+                F->tmp[30] = sl[4] < HL_CP_ERT_WORDS * 8 ? sl[4] / 8 : HL_CP_ERT_WORDS;
+                r = R_OK;
+            }
+            F->res = r;
+        }
+        __syncwarp();
+        if (F->res) return F->res;
+        for (hl_u32 i = lane; i < (hl_u32)F->tmp[30]; i += 32) F->ew[i] = rd((const hl_u64 *)D->ert + i);
+        __syncwarp();
+        if (lane == 0) {
+            F->res = ert_decode(F, D, G, (hl_u32)F->tmp[30] * 8, &kid);
+            if (F->res) ert_state(D->ert, (hl_u32)F->ew[0], HL_ERT_STATE_ERROR);
+        }
+        __syncwarp();
+        if (F->res) return F->res;
+    }
     /* lanes 8b..8b+7 read buffer b's slot; then lane b checks it and reads its metadata */
     if (lane < 8 * (int)D->nbuf) slot_read(d, D->bh[lane >> 3], F->bs[lane >> 3], lane & 7);
     __syncwarp();
@@ -644,11 +726,12 @@ __device__ static int decode_warp(struct cp_front *F, struct cp_gent *gc, const 
     if (lane == 0) {
         int r = R_OK;
         for (hl_u32 i = 0; i < D->nbuf && r == R_OK; i++) r = F->rc[i];
-        if (r == R_OK) r = job_check(&G->job, pk->kernel, (hl_u32)F->tmp[31], F->shape, F->ndim, F->f32);
+        if (r == R_OK) r = job_check(&G->job, kid, (hl_u32)F->tmp[31], F->shape, F->ndim, F->f32);
+        if (r && D->ert) ert_state(D->ert, (hl_u32)F->ew[0], HL_ERT_STATE_ERROR);
         if (r == R_OK) {
             D->kernel = pk->kernel;
             D->local = job_local(&G->job);
-            D->out_host = HL_PLACE_HEAP(F->bs[D->nbuf - 1][7]) < 0;
+            D->out_host = HL_PLACE_HEAP(F->bs[D->nbuf - 1][7]) < 0 || D->ert; /* an ERT header is host memory */
             D->self = 0;
             D->q0 = 0;
             for (hl_u32 i = 0; i < D->nfollow; i++) {
@@ -656,7 +739,7 @@ __device__ static int decode_warp(struct cp_front *F, struct cp_gent *gc, const 
                 if (q == F->qh && !D->self) D->self = i + 1;
                 if (q != F->qh && !D->q0) D->q0 = q;
             }
-            D->args = ah;
+            D->args = D->ert ? 0 : ah; /* an ERT command's words are not compared by a hit: never kept */
         }
         F->res = r;
     }
@@ -857,7 +940,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         have = 0;
         hl_u32 status = HL_STATUS_SUCCESS, reason = R_OK;
         int leave = P->type == HL_PKT_STOP;
-        const int kernel_pkt = P->type == HL_PKT_KERNEL;
+        const int kernel_pkt = P->type == HL_PKT_KERNEL || P->type == HL_PKT_ERT;
         int e = F.ent[cur];
         if (kernel_pkt && e < 0) {
             /* decode (also when an input failed: its follow-ups are failed below) */
@@ -909,6 +992,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         hl_u64 t_join = 0;
         if (E) {
             hl_u64 t0;
+            if (lane == 0 && E->ert) ert_state(E->ert, E->ert_hdr, HL_ERT_STATE_RUNNING);
             if (E->local || nworkers == 0) {
                 if (ljob_of != e && lane < HL_CP_JOB_WORDS) ((hl_u64 *)ljob)[lane] = ((const hl_u64 *)&gc[e].job)[lane];
                 __syncwarp();
@@ -962,6 +1046,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         }
         struct hit_loads L;
         hl_u64 t_fence = 0;
+        if (lane == 0 && E && E->ert) ert_state(E->ert, E->ert_hdr, HL_ERT_STATE_COMPLETED);
         if (lane == 0) {
             /* the job's writes before the signal: device memory is coherent at the GPU's L2 (what
              * a copy engine or a peer reads through), host memory needs the system fence */

@@ -35,9 +35,14 @@ start), argument blocks found decoded (hits) and decoded (misses), jobs run
 by the front-end block itself (local), and the summed nanoseconds of jobs.
 :func:`stats` reads it from the spawner.
 
+ERT packets run as on the emulated NPU: START_CU / START_NPU on the CU their
+cu_mask names (the CU index is the kernel id), buffers and scalars in the
+command, the state written back into its header word; CMD_CHAIN and the
+other opcodes fail (ERROR) on the GPU.
+
 Not supported yet: buffers of another GPU's heap, dtypes other than float32
-(copy takes any), conv2d; argument blocks over 1 KiB fail with "bad argument
-block".
+(copy takes any), conv2d; argument blocks over 1 KiB and ERT commands over
+256 bytes fail with "bad argument block".
 """
 
 from __future__ import annotations

@@ -90,6 +90,45 @@ extern "C" __global__ void bus(volatile u64 *h, u64 *dev, u64 *out, int n) {
     out[0] = s0 / n; out[1] = s1 / n; out[2] = s2 / n; out[3] = s3 / n; out[4] = s4 / n; out[5] = s5 / n;
     out[6] = s6 / n; out[7] = acc;
 }
+/* one warp: what the command processor's round trips are made of */
+extern "C" __global__ void bus_warp(volatile u64 *h, u64 *out, int n) {
+    const int lane = threadIdx.x;
+    u64 s0 = 0, s1 = 0, s2 = 0, s3 = 0, acc = 0, t0 = 0;
+    for (int i = 0; i < n; i++) {  /* 22 lanes read 22 consecutive words */
+        if (lane == 0) t0 = gt();
+        __syncwarp();
+        u64 v = lane < 22 ? h[lane] : 0;
+        acc += __shfl_sync(0xffffffffu, v, 5);
+        if (lane == 0) s0 += gt() - t0;
+    }
+    for (int i = 0; i < n; i++) {  /* 11 lanes read them as 16-byte vectors */
+        if (lane == 0) t0 = gt();
+        __syncwarp();
+        u64 a = 0, b = 0;
+        if (lane < 11)
+            asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(h + 2 * lane));
+        acc += __shfl_sync(0xffffffffu, a + b, 5);
+        if (lane == 0) s1 += gt() - t0;
+    }
+    for (int i = 0; i < n; i++) {  /* 22 lanes read, lane 22 CASes another word */
+        if (lane == 0) t0 = gt();
+        __syncwarp();
+        u64 v = lane < 22 ? h[lane] : 0;
+        if (lane == 22) v = atomicCAS_system((u64 *)&h[40], (u64)i, (u64)i + 1);
+        acc += __shfl_sync(0xffffffffu, v, 5) + __shfl_sync(0xffffffffu, v, 22);
+        if (lane == 0) s2 += gt() - t0;
+    }
+    for (int i = 0; i < n; i++) {  /* lane 22 CASes first, then 22 lanes read */
+        if (lane == 0) t0 = gt();
+        __syncwarp();
+        u64 c = 0;
+        if (lane == 22) c = atomicCAS_system((u64 *)&h[48], (u64)i, (u64)i + 1);
+        u64 v = lane < 22 ? h[lane] : c;
+        acc += __shfl_sync(0xffffffffu, v, 5) + __shfl_sync(0xffffffffu, v, 22);
+        if (lane == 0) s3 += gt() - t0;
+    }
+    if (lane == 0) { out[0] = s0 / n; out[1] = s1 / n; out[2] = s2 / n; out[3] = s3 / n; out[4] = acc; }
+}
 """
 
 
@@ -111,6 +150,10 @@ def bus_latency(n: int = 2000) -> dict[str, float]:
     k = cp.RawKernel(_BUS, "bus")
     k((1,), (1,), (int(dptr), dev, out, np.int32(n)))
     o = out.get()
+    kw = cp.RawKernel(_BUS, "bus_warp")
+    out2 = cp.zeros(8, dtype=np.uint64)
+    kw((1,), (32,), (int(dptr), out2, np.int32(n)))
+    o2 = out2.get()
     names = (
         "host_read_ns",
         "host_cas_ns",
@@ -120,7 +163,15 @@ def bus_latency(n: int = 2000) -> dict[str, float]:
         "two_host_reads_ns",
         "host_read_and_cas_ns",
     )
-    return {k: float(o[i]) for i, k in enumerate(names)}
+    res = {k: float(o[i]) for i, k in enumerate(names)}
+    names2 = (
+        "warp_22_word_reads_ns",
+        "warp_11_vector_reads_ns",
+        "warp_reads_then_cas_ns",
+        "warp_cas_then_reads_ns",
+    )
+    res.update({k: float(o2[i]) for i, k in enumerate(names2)})
+    return res
 
 
 def pingpong(n: int = 2000) -> dict[str, float]:
