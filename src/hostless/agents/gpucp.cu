@@ -93,8 +93,8 @@ struct hl_cp_ctl {
     hl_u64 misses;     /* argument blocks decoded */
     hl_u64 local;      /* jobs block 0 ran itself */
     hl_u64 job_ns;     /* summed %globaltimer from a job's start to its end */
-    hl_u64 fence_ns;   /* summed: a job's end to its signal's fence done */
-    hl_u64 round_ns;   /* summed: that fence to the end of the round trip after the job */
+    hl_u64 fence_ns;   /* summed: a job's end to the start of the round trip after it (preparing it) */
+    hl_u64 round_ns;   /* summed: that round trip (the signal's fence and CAS, the next stage's reads) */
     hl_u64 tail_ns;    /* summed: the round trip's end to the next in-place job's start */
     hl_u64 post_ns;    /* summed: of it, the signal's settling and the follow-ups (lane 0) */
 };
@@ -342,14 +342,31 @@ __device__ static void worker_loop(struct cp_share *sh, struct cp_job *job, floa
  * barriers: the two sides reach them from different code) */
 __device__ static void bar_a(void) { asm volatile("bar.sync 1;" ::: "memory"); }
 __device__ static void bar_b(void) { asm volatile("bar.sync 2;" ::: "memory"); }
+/* warps 0, 1 and 2: the side operations of the round trip after a job (see cp_sideop) */
+__device__ static void bar_c(void) { asm volatile("bar.sync 3, 96;" ::: "memory"); }
+__device__ static void bar_d(void) { asm volatile("bar.sync 4, 96;" ::: "memory"); }
 
-/* Block 0's warps 1..7: run the local jobs the front end hands them in *job. */
-__device__ static void helper_loop(struct cp_job *job, float *As, float *Bs, float *red) {
+struct cp_front;
+struct cp_qcache;
+struct cp_sideop;
+__device__ static void sideop_run(struct cp_front *F, struct cp_qcache *QC, struct cp_sideop *SO, int warp);
+
+/* Block 0's warps 1..7, once per packet: the local job the front end hands them in *job (K_NONE:
+ * none), then warps 1 and 2 make the round trip's side operations. */
+__device__ static void helper_loop(struct cp_job *job, float *As, float *Bs, float *red, struct cp_front *F,
+                                   struct cp_qcache *QC, struct cp_sideop *SO) {
+    const int warp = threadIdx.x >> 5;
     for (;;) {
-        bar_a(); /* a job (or the stop) is in *job */
+        bar_a(); /* a job, none, or the stop is in *job */
         if (job->run == K_STOP) return;
-        cp_run(job, 0, 1, As, Bs, red);
+        if (job->run != K_NONE) cp_run(job, 0, 1, As, Bs, red);
         bar_b(); /* done */
+        if (warp == 1 || warp == 2) {
+            bar_c(); /* the side operations are posted */
+            if ((threadIdx.x & 31) == 0) sideop_run(F, QC, SO, warp);
+            __syncwarp();
+            bar_d(); /* and made */
+        }
     }
 }
 
@@ -846,13 +863,40 @@ __device__ __forceinline__ static hl_u64 follow_word(const struct cp_front *F, c
     return o < HL_CP_FW ? F->fw[which][o] : gc[e].aw[F->dir[e].fo + o];
 }
 
+/* The round trip's atomics, made by warps 1 (the signal: a fence, then a CAS from the word read
+ * before) and 2 (the reserve of the first other queue's cell) while warp 0 makes its loads: a
+ * warp's system-scope atomic waits for that warp's earlier loads of host memory (measured: a read
+ * and a CAS issued together by one warp take two round trips, two reads one). */
+struct cp_sideop {
+    int sig;          /* warp 1: signal */
+    int sys;          /* with a system fence (else GPU scope) */
+    hl_u64 *word;
+    hl_u64 expected, desired, old;
+    int resv;         /* warp 2: reserve in queue q0 (its slot's ctl q0_c) */
+    hl_u64 q0, q0_c, qw;
+    int qi, qr;
+};
+
+__device__ static void sideop_run(struct cp_front *F, struct cp_qcache *QC, struct cp_sideop *SO, int warp) {
+    if (warp == 1 && SO->sig) {
+        if (SO->sys)
+            __threadfence_system();
+        else
+            __threadfence();
+        SO->old = atomicCAS_system((unsigned long long *)SO->word, (unsigned long long)SO->expected,
+                                   (unsigned long long)SO->desired);
+    } else if (warp == 2 && SO->resv) {
+        SO->qi = cp_qview(&F->d, QC, SO->q0, SO->q0_c);
+        SO->qr = SO->qi >= 0 ? cp_reserve(QC, SO->qi, &SO->qw) : HL_E_HANDLE;
+    }
+}
+
 __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh, const hl_u64 *dh_va,
                                  struct hl_cp_ctl *ctl, struct cp_share *sh, struct cp_gent *gc,
-                                 struct cp_job *ljob, float *As, float *Bs, float *red) {
-    __shared__ struct cp_front F;
-    __shared__ struct cp_qcache QC;
-    __shared__ hl_u64 s_w, s_c, s_qw, s_old;
-    __shared__ int s_qi, s_qr, s_hit;
+                                 struct cp_job *ljob, float *As, float *Bs, float *red, struct cp_front &F,
+                                 struct cp_qcache &QC, struct cp_sideop &SO) {
+    __shared__ hl_u64 s_w, s_c;
+    __shared__ int s_hit;
     const int lane = threadIdx.x;
     const unsigned int nworkers = gridDim.x - 1;
     unsigned int gen = 0;
@@ -990,10 +1034,18 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         const struct cp_dir *E = status == HL_STATUS_SUCCESS ? Ef : 0;   /* its job */
         const hl_u64 sig_c = F.side[cur][4], sig_w = F.side[cur][5], q0_c = F.side[cur][6];
         hl_u64 t_join = 0;
+        const int local = E && (E->local || nworkers == 0);
+        if (!local) { /* block 0's other warps pass this packet's barriers with no job */
+            if (lane == 0) ljob->run = K_NONE;
+            ljob_of = -1;
+            __syncwarp();
+            bar_a();
+            bar_b();
+        }
         if (E) {
             hl_u64 t0;
             if (lane == 0 && E->ert) ert_state(E->ert, E->ert_hdr, HL_ERT_STATE_RUNNING);
-            if (E->local || nworkers == 0) {
+            if (local) {
                 if (ljob_of != e && lane < HL_CP_JOB_WORDS) ((hl_u64 *)ljob)[lane] = ((const hl_u64 *)&gc[e].job)[lane];
                 __syncwarp();
                 t0 = gtimer();
@@ -1048,15 +1100,25 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         hl_u64 t_fence = 0;
         if (lane == 0 && E && E->ert) ert_state(E->ert, E->ert_hdr, HL_ERT_STATE_COMPLETED);
         if (lane == 0) {
-            /* the job's writes before the signal: device memory is coherent at the GPU's L2 (what
-             * a copy engine or a peer reads through), host memory needs the system fence */
-            if (E && !E->out_host)
-                __threadfence();
-            else
-                __threadfence_system();
+            /* warp 1: the job's writes before the signal (device memory is coherent at the GPU's
+             * L2, what a copy engine or a peer reads through; host memory needs the system
+             * fence), then the CAS.  warp 2: the reserve. */
+            SO.sig = fast;
+            SO.sys = !(E && !E->out_host);
+            if (fast) {
+                SO.word = &hl_fence_slot(&F.d, P->signal, 0)->word;
+                SO.expected = HL_HANDLE_KIND(P->signal) == HL_KIND_FENCE ? 0 : sig_w;
+                SO.desired = HL_HANDLE_KIND(P->signal) == HL_KIND_FENCE ? (hl_u64)HL_STATUS_SUCCESS : P->signal_value;
+            }
+            SO.resv = E && E->q0 && q0_c;
+            SO.q0 = E ? E->q0 : 0;
+            SO.q0_c = q0_c;
+            SO.qi = -1;
+            SO.qr = HL_E_HANDLE;
             t_fence = gtimer();
         }
         __syncwarp();
+        bar_c(); /* warps 1 and 2 go */
         ljob_of = -1;
         hl_u64 jw = 0;
         if (cand) {
@@ -1071,26 +1133,6 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                 lc = rd(&F.v.cells[r & mask]);
             }
         }
-        /* the CAS goes on a lane that issued no load in this round: a GPU thread's system-scope
-         * atomic waits for its earlier loads of host memory (measured: a read and a CAS issued
-         * together take two round trips, two reads one) */
-        const int sl = !cand || F.dir[e2].nw <= 22 ? 22 : 0;
-        hl_u64 old = 0;
-        if (lane == sl && fast) {
-            struct hl_fence *f = hl_fence_slot(&F.d, P->signal, 0);
-            old = HL_HANDLE_KIND(P->signal) == HL_KIND_FENCE
-                      ? atomicCAS_system((unsigned long long *)&f->word, 0ull, (unsigned long long)HL_STATUS_SUCCESS)
-                      : atomicCAS_system((unsigned long long *)&f->word, (unsigned long long)sig_w,
-                                         (unsigned long long)P->signal_value);
-        }
-        if (lane == 31) {
-            s_qi = -1;
-            s_qr = HL_E_HANDLE;
-            if (E && E->q0 && q0_c) {
-                s_qi = cp_qview(&F.d, &QC, E->q0, q0_c);
-                if (s_qi >= 0) s_qr = cp_reserve(&QC, s_qi, &s_qw);
-            }
-        }
         /* the round's results */
         if (cand) s_hit = hit_settle(&F, &gc[e2], &F.dir[e2], F.pk[nxt].args, nxt, &L, lane);
         if (E && E->self && !leave && lane >= 24) F.side[nxt][lane - 24] = sv;
@@ -1098,8 +1140,8 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
             s_w = lw;
             s_c = lc;
         }
-        if (lane == sl) s_old = old;
         __syncwarp();
+        bar_d(); /* warps 1 and 2 are done */
         if (lane == 0 && pend_free) { /* the packet's cell, now that its signal is on the bus */
             *vol(&F.v.cells[(r - 1) & mask]) = HL_CELL(r - 1 + F.v.capacity, 0, HL_CELL_FREE);
             *vol(&F.v.q->read_index) = r;
@@ -1116,9 +1158,9 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
             if (fast) {
                 struct hl_fence *f = hl_fence_slot(&F.d, P->signal, 0);
                 if (HL_HANDLE_KIND(P->signal) == HL_KIND_FENCE) {
-                    known = s_old == 0 || s_old == HL_STATUS_SUCCESS;
+                    known = SO.old == 0 || SO.old == HL_STATUS_SUCCESS;
                 } else {
-                    hl_u64 cur_w = s_old;
+                    hl_u64 cur_w = SO.old;
                     if (cur_w != sig_w)
                         while (!(cur_w & HL_TIMELINE_FAILED) && P->signal_value > cur_w &&
                                !hl_cas64(&f->word, &cur_w, P->signal_value)) {
@@ -1151,11 +1193,11 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                 }
                 int qi, pr;
                 hl_u64 w = 0;
-                if (!reserved_used && f.queue == E->q0 && s_qi >= 0) {
+                if (!reserved_used && f.queue == E->q0 && SO.qi >= 0) {
                     reserved_used = 1;
-                    qi = s_qi;
-                    pr = s_qr;
-                    w = s_qw;
+                    qi = SO.qi;
+                    pr = SO.qr;
+                    w = SO.qw;
                 } else {
                     qi = cp_qview(&F.d, &QC, f.queue, 0);
                     pr = qi >= 0 ? cp_reserve(&QC, qi, &w) : HL_E_HANDLE;
@@ -1202,10 +1244,13 @@ hl_cp_main(char *base, unsigned long long size, unsigned long long qhandle, cons
     __shared__ struct cp_job job;
     __shared__ float As[HL_CP_TILE * HL_CP_KSTEP], Bs[HL_CP_TILE * HL_CP_KSTEP];
     __shared__ float red[HL_CP_THREADS / 32];
+    __shared__ struct cp_front F;
+    __shared__ struct cp_qcache QC;
+    __shared__ struct cp_sideop SO;
     if (blockIdx.x > 0)
         worker_loop(sh, &job, As, Bs, red);
     else if (threadIdx.x < 32)
-        front_end(base, size, qhandle, (const hl_u64 *)dh_va, ctl, sh, gc, &job, As, Bs, red);
+        front_end(base, size, qhandle, (const hl_u64 *)dh_va, ctl, sh, gc, &job, As, Bs, red, F, QC, SO);
     else
-        helper_loop(&job, As, Bs, red);
+        helper_loop(&job, As, Bs, red, &F, &QC, &SO);
 }
