@@ -477,8 +477,8 @@ def report(res: dict[str, Any]) -> str:
         f"mean in-place hand-off (a stage's join to the next's fork): **{h['device_handoff_us']:.2f} us** "
         f"over {h['chain34']['inplace']} hand-offs; of it, by the device timer: preparing the round trip "
         f"{h['chain34']['device_split_ns']['fence'] / 1e3:.2f} us, the round trip after the job "
-        f"{h['chain34']['device_split_ns']['round'] / 1e3:.2f} us (the signal's fence and CAS, the next stage's "
-        f"reads), the rest "
+        f"{h['chain34']['device_split_ns']['round'] / 1e3:.2f} us (the signal's fence and CAS, the next "
+        f"stage's reads), the rest "
         f"{h['chain34']['device_split_ns']['tail'] / 1e3:.2f} us (of which settling the signal and the "
         f"follow-ups {h['chain34']['device_split_ns']['post'] / 1e3:.2f} us); a 64-byte copy job "
         f"{h['chain34']['device_split_ns']['job'] / 1e3:.2f} us.",
