@@ -716,8 +716,13 @@ __device__ static int decode_warp(struct cp_front *F, struct cp_gent *gc, const 
             int r = R_ARGS;
             if (HL_HANDLE_KIND(h) == HL_KIND_BUFFER && hl_ctl_matches(sl[1], h) && HL_PLACE_HEAP(sl[7]) < 0 &&
                 hl_buffer_extent(d, sl[7], sl[0], sl[4]) == HL_OK && sl[4] >= 8) {
+                /* whole words, the last one partly past the command (inside the heap: checked) */
+                hl_u64 words = (sl[4] + 7) / 8, room = (d->heap_data_size - sl[0]) / 8;
+                if (words > room) words = room;
+                if (words > HL_CP_ERT_WORDS) words = HL_CP_ERT_WORDS;
                 D->ert = (hl_u32 *)(d->heap_data + sl[0]);
-                F->tmp[30] = sl[4] < HL_CP_ERT_WORDS * 8 ? sl[4] / 8 : HL_CP_ERT_WORDS;
+                F->tmp[30] = words;
+                F->tmp[29] = sl[4] < words * 8 ? sl[4] : words * 8; /* bytes of the command read */
                 r = R_OK;
             }
             F->res = r;
@@ -727,7 +732,7 @@ __device__ static int decode_warp(struct cp_front *F, struct cp_gent *gc, const 
         for (hl_u32 i = lane; i < (hl_u32)F->tmp[30]; i += 32) F->ew[i] = rd((const hl_u64 *)D->ert + i);
         __syncwarp();
         if (lane == 0) {
-            F->res = ert_decode(F, D, G, (hl_u32)F->tmp[30] * 8, &kid);
+            F->res = ert_decode(F, D, G, (hl_u32)F->tmp[29], &kid);
             if (F->res) ert_state(D->ert, (hl_u32)F->ew[0], HL_ERT_STATE_ERROR);
         }
         __syncwarp();
