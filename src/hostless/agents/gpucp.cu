@@ -97,6 +97,8 @@ struct hl_cp_ctl {
     hl_u64 round_ns;   /* summed: that round trip (the signal's fence and CAS, the next stage's reads) */
     hl_u64 tail_ns;    /* summed: the round trip's end to the next in-place job's start */
     hl_u64 post_ns;    /* summed: of it, the signal's settling and the follow-ups (lane 0) */
+    hl_u64 sm_khz;     /* the front end's SM clock (clock64 against %globaltimer) since the last write */
+    hl_u64 pad[7];
 };
 
 enum { R_OK = 0, R_INPUT = 1, R_KERNEL = 2, R_ARGS = 3, R_BUFFER = 4, R_SHAPE = 5, R_DTYPE = 6 };
@@ -908,6 +910,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
     /* counters kept here and written out (a read-modify-write of host memory is a round trip) */
     hl_u64 r = 0, completed = 0, npk = 0, nfail = 0, ninplace = 0, beats = 0, handoff = 0, handoff_from = 0;
     hl_u64 nhit = 0, nmiss = 0, nlocal = 0, jobns = 0, fencens = 0, roundns = 0, tailns = 0, t_round = 0, postns = 0;
+    hl_u64 clk_t = gtimer(), clk_c = (hl_u64)clock64();
     hl_u64 last_sig = 0, last_val = 0; /* our last signal, when it is known to hold success */
     int cur = 0, have = 0, pend_free = 0, ljob_of = -1;
     /* statistics go out when the queue is idle and every 64 packets: each store to host memory is
@@ -925,6 +928,14 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         *vol(&ctl->round_ns) = roundns;                                                               \
         *vol(&ctl->tail_ns) = tailns;                                                                 \
         *vol(&ctl->post_ns) = postns;                                                                 \
+        {                                                                                             \
+            hl_u64 tn = gtimer(), cn = (hl_u64)clock64();                                             \
+            if (tn - clk_t > 100000) {                                                                \
+                *vol(&ctl->sm_khz) = (cn - clk_c) * 1000000ull / (tn - clk_t);                       \
+                clk_t = tn;                                                                           \
+                clk_c = cn;                                                                           \
+            }                                                                                         \
+        }                                                                                             \
         *vol(&F.v.q->completed) = completed;                                                          \
     } while (0)
     if (lane == 0) {

@@ -63,9 +63,9 @@ __all__ = ["GpuCommandProcessor", "GPUCP_KERNEL_NAMES", "CTL_FIELDS", "read_ctl"
 GPUCP_KERNEL_NAMES = ("copy", "add", "scale", "relu", "gemm", "sum", "softmax", "normalize")
 CTL_FIELDS = (
     "stop", "state", "packets", "failed", "last_error", "heartbeat", "inplace", "handoff_ns",
-    "hits", "misses", "local", "job_ns", "fence_ns", "round_ns", "tail_ns", "post_ns",
+    "hits", "misses", "local", "job_ns", "fence_ns", "round_ns", "tail_ns", "post_ns", "sm_khz",
 )
-_CTL_WORDS = 16  # struct hl_cp_ctl
+_CTL_WORDS = 24  # struct hl_cp_ctl
 _CACHE_WORDS = 128 * (18 + 128)  # HL_CP_CACHE x struct cp_gent (the job, the block's words)
 REASONS = {0: "ok", 1: "an input failed", 2: "unknown kernel or packet type", 3: "bad argument block",
            4: "a buffer handle names no live buffer here", 5: "shapes do not fit", 6: "not float32"}
@@ -74,7 +74,7 @@ _THREADS = 256
 
 
 def read_ctl(words: np.ndarray) -> dict[str, int]:
-    """The control block's fields by name (``words``: its 16 u64 words)."""
+    """The control block's fields by name (``words``: its 24 u64 words)."""
     return {k: int(words[i]) for i, k in enumerate(CTL_FIELDS)}
 
 
