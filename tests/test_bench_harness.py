@@ -117,3 +117,16 @@ def test_committed_results_regenerate(path: Path, tmp_path: Path) -> None:
     assert "goals" in out.getvalue()
     written = mod.write_results(result, tmp_path)
     assert json.loads(Path(written[0]).read_text(encoding="utf-8")) == result
+
+
+GPUCP_RESULTS = sorted((ROOT / "benchmarks" / "results").glob("gpucp-matrix-*.json"))
+
+
+@pytest.mark.parametrize("path", GPUCP_RESULTS, ids=[p.name for p in GPUCP_RESULTS])
+def test_committed_gpucp_results_regenerate(path: Path) -> None:
+    """The GPU command processor's committed reports are what their JSON says (goals included)."""
+    from hostless.bench import gpucp
+
+    result = json.loads(path.read_text(encoding="utf-8"))
+    assert gpucp.goals(result) == result["goals"]
+    assert gpucp.report(result) == path.with_suffix(".md").read_text(encoding="utf-8")

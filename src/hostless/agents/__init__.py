@@ -206,9 +206,10 @@ def spawn(
     a resident kernel takes the queue's packets with no host in the loop.
 
     ``device=N`` picks the GPU of a cuda or gpucp agent.  ``sms`` (gpucp, default 8) is
-    the number of worker SMs: a green context's partition where the driver has them, else a
-    bounded grid (``isolation="grid"`` asks for that; ``"green"`` refuses to start without
-    one); ``agent.capabilities`` says which was used.  ``spin`` (seconds, default 50 us)
+    the number of SMs it holds, one block each (a front end and ``sms - 1`` workers): a green
+    context's partition where the driver has them, else a bounded grid (``isolation="grid"``
+    asks for that; ``"green"`` refuses to start without one); ``agent.capabilities`` says
+    which was used.  ``spin`` (seconds, default 50 us)
     is how long an idle agent polls its doorbell before a bounded sleep: longer
     spins cut the hand-off latency and cost CPU while idle.
 
