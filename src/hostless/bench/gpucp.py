@@ -442,10 +442,14 @@ def report(res: dict[str, Any]) -> str:
     lines = [
         f"# GPU command processor: the thesis matrix ({res['gpu']}, {res['machine']}, {res['date']})",
         "",
-        f"Command processor: {g.get('isolation')} with {g.get('sms')} of {g.get('sms_total')} SMs; its front "
-        f"end's SM ran at {res.get('gpucp_stats', {}).get('sm_khz', 0) / 1e3:.0f} MHz (clock64 against the "
-        "global timer, last 100 ms before the end) "
-        f"({g.get('workers')} worker blocks, {g.get('launch', '')} launch). "
+        f"Command processor: {g.get('isolation')} with {g.get('sms')} of {g.get('sms_total')} SMs"
+        + (
+            f"; its front end's SM ran at {res['gpucp_stats']['sm_khz'] / 1e3:.0f} MHz (clock64 against the "
+            "global timer, last 100 ms before the end) "
+            if res.get("gpucp_stats", {}).get("sm_khz")
+            else " "
+        )
+        + f"({g.get('workers')} worker blocks, {g.get('launch', '')} launch). "
         "One frame at a time; p50 [p10-p90] us. "
         f"Mapped-memory ping-pong (host -> GPU -> host, both polling): {res['pingpong']['p50_us']:.2f} us.",
         "",
