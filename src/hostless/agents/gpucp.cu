@@ -14,12 +14,15 @@
  * word != 0; timelines: word >= value or failed), decodes its argument block
  * and buffers (host heap or device heap; every handle checked against the
  * private view: tag, index, kind, generation, extents by subtraction), and
- * checks the kernel's shapes.  It hands the job to the workers through
- * device memory (struct cp_share: a generation word they poll) and waits for
- * all of them to finish; then it signals the packet's fence or timeline
- * (system-scope CAS after a system fence, so a waiter that sees the signal
- * sees the data) and pushes the follow-up packets (direct dispatch, GPU ->
- * GPU or GPU -> CPU agent).
+ * checks the kernel's shapes.  A small job it runs with block 0's other
+ * warps; a larger one it hands to the workers through device memory (struct
+ * cp_share: a generation word they poll) and waits for all of them to
+ * finish.  Then it signals the packet's fence or timeline (a system-scope
+ * CAS after a fence: GPU scope when the output is device memory, which is
+ * coherent at the L2 that copy engines and peers read through, system scope
+ * when it is host memory; a waiter that sees the signal sees the data) and
+ * pushes the follow-up packets (direct dispatch, GPU -> GPU or GPU -> CPU
+ * agent).
  *
  * The bus is the cost: every read of host memory is a round trip over PCIe
  * (~1 us), and the front end is built to make few of them, each one wide:
@@ -31,13 +34,16 @@
  * - the reads a packet needs besides (its inputs' words, its signal's slot,
  *   the first other queue's slot) ride along in that round trip;
  * - a small job (job_local) runs on block 0 itself, no fork to the workers;
- * - a follow-up for its own queue is decoded before the packet's job ends
- *   and runs in place, without the ring, when the queue is empty at that
- *   moment (the push and the pop it stands for would be adjacent, so nobody
- *   can tell but the statistics);
- * - a follow-up for another queue is reserved (hl_queue_reserve, hinted
- *   with the index after this processor's last push there) while the
- *   signal's CAS is on the bus, and published after it.
+ * - a follow-up for its own queue runs in place, without the ring, when the
+ *   queue is empty at that moment (the push and the pop it stands for would
+ *   be adjacent, so nobody can tell but the statistics); its cache entry is
+ *   checked, and its side reads made, in the round trip that carries its
+ *   parent's signal;
+ * - that round trip's atomics (the signal's CAS; the reserve of the first
+ *   other queue's cell, hl_queue_reserve hinted with the index after this
+ *   processor's last push there) are made by block 0's warps 1 and 2, since
+ *   one warp's atomic waits for that warp's earlier loads; the reserved
+ *   follow-up is published after the signal.
  *
  * ERT packets (HL_PKT_ERT) run as the emulated NPU runs them (core/agent.c):
  * the block's first buffer is an XRT command; START_CU / START_NPU run the
@@ -59,9 +65,11 @@
  * and those of its follow-ups, until they complete, which a Graph does for
  * its lifetime.  A slot's words are read at once and each is bounds-checked,
  * so a slot changing under the read yields at worst a wrong extent inside
- * the heap, which only such a holding violation can cause.  The argument
- * block of an in-flight packet (its follow-ups' too) must not change: the
- * follow-up for this queue is decoded while its parent runs.
+ * the heap, which only such a holding violation can cause.  A producer may
+ * rewrite an argument block between uses (a hit compares every word: the
+ * header, buffers, scalars and follow-up queues must match, the follow-up
+ * packets are refreshed), not while its packet is in flight: a follow-up's
+ * block is read in the round trip after its parent's job.
  */
 #include "hostless.h"
 
