@@ -57,9 +57,12 @@ Variants
 the checker can fail: ``BROKEN_ANY_FREE`` (the hinted round loads the cell
 and CASes it if it is FREE, whatever its seq) and ``BROKEN_STORE_WI`` (the
 hinted round stores write_index = hint + 1 instead of a CAS).
-``RECOVERY_ADVANCES`` is CURRENT with a candidate fix of what the model finds
-(see below): recovery CASes write_index from s to s + 1 before it SKIPs a
-dead producer's cell of seq s.
+Two candidate fixes of the wedge the model finds (see below), each CURRENT
+with one change: ``RECOVERY_ADVANCES``: recovery CASes write_index from s to
+s + 1 before it SKIPs a dead producer's cell of seq s (hle_recover_queue);
+``RESERVE_HELPS_AHEAD``: a usual round that finds the cell ahead of w (seq >
+w: index w was consumed, so it was reserved) CASes write_index from w to w + 1
+and retries, instead of re-reading write_index and returning HL_E_CORRUPT.
 
 Findings (CURRENT)
 ------------------
@@ -75,6 +78,10 @@ Findings (CURRENT)
   an unreserved index; the write_index CAS fails, the packet waits for
   someone to reserve the hole, and once both are consumed write_index lags
   read_index: the next unhinted push returns HL_E_CORRUPT (same wedge).
+  Whatever the fix, such a hint also breaks the producer's own order when
+  its next push fills the hole (``hint-ahead-fifo``), and strands its packet
+  when nobody does (``hint-ahead-alone``): the contract has to rule hints
+  ahead of write_index out (an index after one's own last push never is).
 """
 
 from __future__ import annotations
@@ -89,7 +96,8 @@ CURRENT = "CURRENT"
 BROKEN_ANY_FREE = "BROKEN_ANY_FREE"
 BROKEN_STORE_WI = "BROKEN_STORE_WI"
 RECOVERY_ADVANCES = "RECOVERY_ADVANCES"
-VARIANTS = (CURRENT, BROKEN_ANY_FREE, BROKEN_STORE_WI, RECOVERY_ADVANCES)
+RESERVE_HELPS_AHEAD = "RESERVE_HELPS_AHEAD"
+VARIANTS = (CURRENT, BROKEN_ANY_FREE, BROKEN_STORE_WI, RECOVERY_ADVANCES, RESERVE_HELPS_AHEAD)
 
 FREE, RESERVED, READY, SKIP = 0, 1, 2, 3
 STATE_NAMES = {FREE: "FREE", RESERVED: "RESERVED", READY: "READY", SKIP: "SKIP"}
@@ -426,6 +434,10 @@ class Model:
         if pc == "R4":
             x.cas_wi(p.w, p.w + 1)
             return p._replace(pc="R1")
+        if pc == "R5" and self.variant == RESERVE_HELPS_AHEAD:
+            # the other candidate fix: a cell ahead of w means index w was consumed, so reserved
+            x.cas_wi(p.w, p.w + 1)
+            return p._replace(pc="R1")
         if pc == "R5":
             if x.load_wi() == p.w:
                 x.bad.append(
@@ -735,6 +747,22 @@ def scenarios() -> list[Scenario]:
             procs=(P(0, (abs1,)), P(1, (None, None)), C()),
             doc="a hint one ahead of write_index (not what the header's users pass)",
             min_states=400,
+            covers=("hint-taken",),
+        ),
+        Scenario(
+            name="hint-ahead-fifo",
+            capacity=2,
+            procs=(P(0, (abs1, None)), C()),
+            doc="a hint ahead, then an unhinted push by the same producer: it fills the hole",
+            min_states=10,
+            covers=("hint-taken",),
+        ),
+        Scenario(
+            name="hint-ahead-alone",
+            capacity=2,
+            procs=(P(0, (abs1,)), C()),
+            doc="a hint ahead and nobody to reserve the hole behind it",
+            min_states=4,
             covers=("hint-taken",),
         ),
     ]
