@@ -53,18 +53,20 @@ behind a cell nobody will ever free).
 
 Variants
 --------
-``CURRENT`` is the header as landed.  Two deliberately broken ones show that
-the checker can fail: ``BROKEN_ANY_FREE`` (the hinted round loads the cell
-and CASes it if it is FREE, whatever its seq) and ``BROKEN_STORE_WI`` (the
-hinted round stores write_index = hint + 1 instead of a CAS).
-Two candidate fixes of the wedge the model finds (see below), each CURRENT
-with one change: ``RECOVERY_ADVANCES``: recovery CASes write_index from s to
-s + 1 before it SKIPs a dead producer's cell of seq s (hle_recover_queue);
-``RESERVE_HELPS_AHEAD``: a usual round that finds the cell ahead of w (seq >
-w: index w was consumed, so it was reserved) CASes write_index from w to w + 1
-and retries, instead of re-reading write_index and returning HL_E_CORRUPT.
+``CURRENT`` is the header as it is now: recovery moves write_index from s to
+s + 1 before it SKIPs a dead producer's cell of seq s (hl_queue_skip_reserved,
+called by hle_recover_queue).  ``OLD`` is the header as first landed, whose
+recovery only SKIPped the cell.  Two deliberately broken ones show that the
+checker can fail: ``BROKEN_ANY_FREE`` (the hinted round loads the cell and
+CASes it if it is FREE, whatever its seq) and ``BROKEN_STORE_WI`` (the hinted
+round stores write_index = hint + 1 instead of a CAS).  The other candidate
+fix of OLD's wedge, ``RESERVE_HELPS_AHEAD`` (OLD with one change): a usual
+round that finds the cell ahead of w (seq > w: index w was consumed, so it
+was reserved) CASes write_index from w to w + 1 and retries, instead of
+re-reading write_index and returning HL_E_CORRUPT.
 
-Findings (CURRENT)
+Findings (OLD; the first is fixed in CURRENT, the second is ruled out by the
+contract: a hint must not be ahead of write_index)
 ------------------
 * ``death-in-window``: a producer killed between its cell CAS and its
   write_index CAS (both the hinted and the usual round have that window)
@@ -93,11 +95,11 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 CURRENT = "CURRENT"
+OLD = "OLD"
 BROKEN_ANY_FREE = "BROKEN_ANY_FREE"
 BROKEN_STORE_WI = "BROKEN_STORE_WI"
-RECOVERY_ADVANCES = "RECOVERY_ADVANCES"
 RESERVE_HELPS_AHEAD = "RESERVE_HELPS_AHEAD"
-VARIANTS = (CURRENT, BROKEN_ANY_FREE, BROKEN_STORE_WI, RECOVERY_ADVANCES, RESERVE_HELPS_AHEAD)
+VARIANTS = (CURRENT, OLD, BROKEN_ANY_FREE, BROKEN_STORE_WI, RESERVE_HELPS_AHEAD)
 
 FREE, RESERVED, READY, SKIP = 0, 1, 2, 3
 STATE_NAMES = {FREE: "FREE", RESERVED: "RESERVED", READY: "READY", SKIP: "SKIP"}
@@ -496,9 +498,9 @@ class Model:
                 return None
             c = x.load_cell(p.k)
             if c.state == RESERVED and c.producer == d:
-                return p._replace(pc="adv_wi" if self.variant == RECOVERY_ADVANCES else "skip", c=c)
+                return p._replace(pc="adv_wi" if self.variant == CURRENT else "skip", c=c)
             return Proc("scan", k=p.k + 1) if p.k + 1 < self.cap else Proc("done")
-        if p.pc == "adv_wi":  # the candidate fix: write_index past the abandoned cell first
+        if p.pc == "adv_wi":  # hl_queue_skip_reserved: write_index past the abandoned cell first
             assert p.c is not None
             x.cas_wi(p.c.seq, p.c.seq + 1)
             return p._replace(pc="skip")

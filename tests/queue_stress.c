@@ -23,7 +23,8 @@
  * good; 1: a check failed (the message says which); 2: no progress for 10 s.
  *
  * repro-death / repro-ahead: one thread, deterministic; the two sequences
- * tests/queue_model.py finds (death-in-window, hint-ahead).  Exit 0 when the
+ * tests/queue_model.py finds (death-in-window: fixed by recovery's
+ * hl_queue_skip_reserved; hint-ahead: outside the contract).  Exit 0 when the
  * queue still accepts a push afterwards, 3 when the reserve returns
  * HL_E_CORRUPT (the queue is wedged).
  */
@@ -265,9 +266,9 @@ static int repro(const char *which) {
         /* producer 1 dies between hl_queue_reserve's cell CAS and its write_index CAS */
         hl_u64 e = HL_CELL(0, 0, HL_CELL_FREE);
         if (!hl_cas64(&V.cells[0], &e, HL_CELL(0, 1, HL_CELL_RESERVED))) return 1;
-        /* recovery (hle_recover_queue): its RESERVED cell becomes SKIP */
-        e = HL_CELL(0, 1, HL_CELL_RESERVED);
-        if (!hl_cas64(&V.cells[0], &e, HL_CELL(0, 1, HL_CELL_SKIP))) return 1;
+        /* recovery (hle_recover_queue): hl_queue_skip_reserved moves write_index past the cell
+         * (it is still 0) and makes the cell SKIP */
+        if (!hl_queue_skip_reserved(&V, 0, HL_CELL(0, 1, HL_CELL_RESERVED), 1)) return 1;
         pop_one(0); /* the consumer takes the SKIP */
     } else if (!strcmp(which, "repro-ahead")) {
         /* a hint one ahead of write_index, then an unhinted push fills the hole */

@@ -9,8 +9,10 @@ packet arrives exactly once, whole, per producer in order, and that the
 hinted path was taken.  The same program under ``-fsanitize=thread`` (skipped
 where TSan does not work), and built with a deliberately broken hinted
 reserve (-DQS_BROKEN), which it must reject.  The two sequences the model
-finds (tests/queue_model.py) are replayed against the real header: strict
-xfails until the code changes.  About 10 s in all.
+finds (tests/queue_model.py) are replayed against the real header: the
+producer killed in its window must leave a queue that still takes pushes (the
+fix); a hint ahead of write_index, outside the contract, still wedges it (a
+strict xfail).  About 10 s in all.
 """
 
 from __future__ import annotations
@@ -115,24 +117,17 @@ def test_stress_under_tsan(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "which",
     [
-        pytest.param(
-            "repro-death",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="known bug: a producer killed between its cell CAS and its write_index CAS, once "
-                "recovered (SKIP) and consumed, leaves write_index behind read_index: every later "
-                "reserve returns HL_E_CORRUPT (tests/queue_model.py, death-in-window)",
-            ),
-        ),
+        # a producer killed between its cell CAS and its write_index CAS: recovery's
+        # hl_queue_skip_reserved moves write_index past the cell (it wedged the queue before)
+        "repro-death",
         pytest.param(
             "repro-ahead",
             marks=pytest.mark.xfail(
                 strict=True,
                 raises=AssertionError,
-                reason="a hint ahead of write_index (the header does not forbid it) leaves write_index "
-                "behind read_index once the hole is filled and both consumed: HL_E_CORRUPT "
-                "(tests/queue_model.py, hint-ahead)",
+                reason="outside the contract (the header rules out hints ahead of write_index): such a "
+                "hint leaves write_index behind read_index once the hole is filled and both consumed: "
+                "HL_E_CORRUPT (tests/queue_model.py, hint-ahead)",
             ),
         ),
     ],

@@ -90,7 +90,7 @@ _KERNELS = r"""
  * bus, and a rewritten one must not move the device's stores). */
 extern "C" __global__ void hl_enqueue(struct hl_queue *q, hl_u64 *cells, struct hl_packet *packets,
                                       unsigned long long capacity, const struct hl_packet *p, const int *gate,
-                                      int *result) {
+                                      int *result, unsigned int producer) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     if (gate && *(volatile const int *)gate != 0) { *result = 1; return; } /* an input failed */
     struct hl_qview v;
@@ -102,7 +102,7 @@ extern "C" __global__ void hl_enqueue(struct hl_queue *q, hl_u64 *cells, struct 
     hl_u64 idx = 0;
     int r = HL_E_FULL;
     for (long spins = 0; spins < (1L << 24) && r == HL_E_FULL; spins++)
-        r = hl_queue_push(&v, &local, HL_PRODUCER_DEVICE, &idx); /* a full queue: wait for room */
+        r = hl_queue_push(&v, &local, producer, &idx); /* a full queue: wait for room */
     *result = r;
 }
 
@@ -399,6 +399,7 @@ class CudaPeer:
                 np.uint64(self.dptr(packet_buf.offset + offset)),
                 gp,
                 res,
+                np.uint32(int(C.PRODUCER_DEVICE_BASE) + (self.dom.participant_id & 0xFF)),
             ),
             stream=st,
         )

@@ -467,7 +467,14 @@ struct hl_buffer_meta {
 #define HL_CELL_SEQ(c) ((c) >> 16)
 #define HL_CELL_PRODUCER(c) ((hl_u32)(((c) >> 8) & 0xffu))
 #define HL_CELL_STATE(c) ((hl_u32)((c) & 0xffu))
-#define HL_PRODUCER_DEVICE 255u
+#define HL_PRODUCER_DEVICE 255u /* a device no participant answers for */
+/* A device pushing for participant p (its host process: a GPU command
+ * processor, a CUDA peer's enqueue kernel): recovery of p SKIPs its
+ * reservations as it does p's own; consumers treat 128..255 as devices (they
+ * ring doorbells by plain stores, with no futex wake). */
+#define HL_PRODUCER_DEVICE_BASE 128u
+#define HL_PRODUCER_DEVICE_OF(p) (HL_PRODUCER_DEVICE_BASE + (hl_u32)(p))
+#define HL_PRODUCER_IS_DEVICE(x) ((hl_u32)(x) >= HL_PRODUCER_DEVICE_BASE)
 
 /* packet types */
 #define HL_PKT_KERNEL 1u   /* run kernel `kernel` of the consumer with the argument block `args` */

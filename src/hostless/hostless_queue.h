@@ -74,7 +74,8 @@ HL_INLINE int hl_queue_open(const struct hl_dom *d, hl_u64 handle, struct hl_qvi
  *   filling), publishes READY(w), stores doorbell = w + 1 and, on a host
  *   with futexes, wakes a consumer asleep on the doorbell.  A device is
  *   handed the view by its host, so it skips the table reads that each
- *   cross the bus.  producer: the participant index, or HL_PRODUCER_DEVICE.
+ *   cross the bus.  producer: the participant index, or a device's
+ *   (HL_PRODUCER_DEVICE_OF its host participant, or HL_PRODUCER_DEVICE).
  *   Ordering: seq_cst CASes of the cell and write_index; the READY store is
  *   seq_cst on a host, release on a device (hl_publish64: release for the
  *   packet's bytes, which the consumer reads after an acquire load of the
@@ -96,12 +97,25 @@ HL_INLINE int hl_queue_open(const struct hl_dom *d, hl_u64 handle, struct hl_qvi
  *   hl_queue_reserve returns as hl_queue_push, without writing a packet; on
  *   HL_OK the caller must hl_queue_publish index *w_out (a reserved cell
  *   that is never published holds the queue until recovery SKIPs it).
- *   hint: a write index the caller expects to be free (e.g. the one after
- *   its last push into this queue), or HL_QUEUE_NO_HINT.  The first round
- *   CASes cell hint from FREE(hint) without reading write_index or the cell;
- *   a stale hint fails that CAS (the 48-bit lap sequence is in the cell) and
- *   costs one round, after which the usual rounds run.  hl_queue_publish
- *   cannot fail. */
+ *   hint: a write index the caller expects to be free, at most the queue's
+ *   write_index (the one after the caller's own last reservation in this
+ *   queue always is: write_index only grows), or HL_QUEUE_NO_HINT.  The
+ *   first round CASes cell hint from FREE(hint) without reading write_index
+ *   or the cell; a stale hint fails that CAS (the 48-bit lap sequence is in
+ *   the cell) and costs one round, after which the usual rounds run.  A hint
+ *   AHEAD of write_index is outside this contract: it could reserve a cell
+ *   past unreserved ones, which breaks the caller's order or strands its
+ *   packet (tests/queue_model.py shows it).  hl_queue_publish cannot fail.
+ *
+ * hl_queue_skip_reserved(v, k, cl, producer)
+ *   Recovery's half: cell k holds cl = RESERVED(s, p) of a producer that
+ *   died before publishing.  Moves write_index from s to s + 1 when it is
+ *   still there (the producer may have died between its cell CAS and its
+ *   write_index CAS: left behind, write_index would trail read_index once
+ *   the SKIP is consumed, and every later reserve would find the cell ahead
+ *   of it and return HL_E_CORRUPT), then CASes the cell to SKIP(s,
+ *   producer).  Returns 1 when the cell was skipped, 0 when it had changed.
+ *   Ordering: seq_cst CASes, write_index first. */
 #define HL_QUEUE_NO_HINT (~0ULL)
 
 HL_INLINE int hl_queue_reserve(const struct hl_qview *v, hl_u32 producer, hl_u64 hint, hl_u64 *w_out) {
@@ -163,6 +177,12 @@ HL_INLINE void hl_queue_publish(const struct hl_qview *v, hl_u64 w, const struct
     if (hl_load32(&q->doorbell_waiters) != 0)
         hl_futex_wake_all((hl_u32 *)&q->doorbell);
 #endif
+}
+
+HL_INLINE int hl_queue_skip_reserved(const struct hl_qview *v, hl_u64 k, hl_u64 cl, hl_u32 producer) {
+    hl_u64 wi = hl_load64(&v->q->write_index), e = cl;
+    if ((wi & 0xffffffffffffULL) == HL_CELL_SEQ(cl)) hl_cas64(&v->q->write_index, &wi, wi + 1);
+    return hl_cas64(&v->cells[k], &e, HL_CELL(HL_CELL_SEQ(cl), producer, HL_CELL_SKIP));
 }
 
 HL_INLINE int hl_queue_push(const struct hl_qview *v, const struct hl_packet *p, hl_u32 producer,

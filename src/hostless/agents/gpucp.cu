@@ -840,6 +840,7 @@ __device__ static int cp_signal(const struct hl_dom *d, hl_u64 h, hl_u64 value, 
 
 /* Queues pushed into: their validated views and the index after our last push. */
 struct cp_qcache {
+    hl_u32 producer; /* HL_PRODUCER_DEVICE_OF(our host participant): recovery of it skips our reservations */
     hl_u64 handle[HL_CP_QCACHE];
     hl_u64 next[HL_CP_QCACHE];
     struct hl_qview v[HL_CP_QCACHE];
@@ -863,8 +864,8 @@ __device__ static int cp_qview(const struct hl_dom *d, struct cp_qcache *qc, hl_
 
 /* Reserve a cell of cached queue i (retried while full, bounded). */
 __device__ static int cp_reserve(struct cp_qcache *qc, int i, hl_u64 *w) {
-    int pr = hl_queue_reserve(&qc->v[i], HL_PRODUCER_DEVICE, qc->next[i], w);
-    for (long s = 0; s < (1L << 22) && pr == HL_E_FULL; s++) pr = hl_queue_reserve(&qc->v[i], HL_PRODUCER_DEVICE,
+    int pr = hl_queue_reserve(&qc->v[i], qc->producer, qc->next[i], w);
+    for (long s = 0; s < (1L << 22) && pr == HL_E_FULL; s++) pr = hl_queue_reserve(&qc->v[i], qc->producer,
                                                                                      HL_QUEUE_NO_HINT, w);
     qc->next[i] = pr == HL_OK ? *w + 1 : HL_QUEUE_NO_HINT;
     return pr;
@@ -906,8 +907,8 @@ __device__ static void sideop_run(struct cp_front *F, struct cp_qcache *QC, stru
     }
 }
 
-__device__ static void front_end(char *base, unsigned long long size, hl_u64 qh, const hl_u64 *dh_va,
-                                 struct hl_cp_ctl *ctl, struct cp_share *sh, struct cp_gent *gc,
+__device__ static void front_end(char *base, unsigned long long size, hl_u64 qh, unsigned int host_index,
+                                 const hl_u64 *dh_va, struct hl_cp_ctl *ctl, struct cp_share *sh, struct cp_gent *gc,
                                  struct cp_job *ljob, float *As, float *Bs, float *red, struct cp_front &F,
                                  struct cp_qcache &QC, struct cp_sideop &SO) {
     __shared__ hl_u64 s_w, s_c;
@@ -951,6 +952,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         F.qh = qh;
         for (int i = 0; i < HL_CP_CACHE; i++) F.dir[i].args = 0;
         for (int i = 0; i < HL_CP_QCACHE; i++) QC.handle[i] = 0;
+        QC.producer = HL_PRODUCER_DEVICE_OF(host_index);
     }
     __syncwarp();
     int ok = !F.res;
@@ -1227,7 +1229,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                     pr = qi >= 0 ? cp_reserve(&QC, qi, &w) : HL_E_HANDLE;
                 }
                 if (pr == HL_OK)
-                    hl_queue_publish(&QC.v[qi], w, &f.packet, HL_PRODUCER_DEVICE);
+                    hl_queue_publish(&QC.v[qi], w, &f.packet, QC.producer);
                 else
                     cp_signal(&F.d, f.packet.signal, f.packet.signal_value, HL_STATUS_ERROR, 0, 0);
             }
@@ -1263,8 +1265,8 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
 }
 
 extern "C" __global__ void __launch_bounds__(HL_CP_THREADS, 1)
-hl_cp_main(char *base, unsigned long long size, unsigned long long qhandle, const unsigned long long *dh_va,
-           struct hl_cp_ctl *ctl, struct cp_share *sh, struct cp_gent *gc) {
+hl_cp_main(char *base, unsigned long long size, unsigned long long qhandle, unsigned int host_index,
+           const unsigned long long *dh_va, struct hl_cp_ctl *ctl, struct cp_share *sh, struct cp_gent *gc) {
     __shared__ struct cp_job job;
     __shared__ float As[HL_CP_TILE * HL_CP_KSTEP], Bs[HL_CP_TILE * HL_CP_KSTEP];
     __shared__ float red[HL_CP_THREADS / 32];
@@ -1274,7 +1276,7 @@ hl_cp_main(char *base, unsigned long long size, unsigned long long qhandle, cons
     if (blockIdx.x > 0)
         worker_loop(sh, &job, As, Bs, red);
     else if (threadIdx.x < 32)
-        front_end(base, size, qhandle, (const hl_u64 *)dh_va, ctl, sh, gc, &job, As, Bs, red, F, QC, SO);
+        front_end(base, size, qhandle, host_index, (const hl_u64 *)dh_va, ctl, sh, gc, &job, As, Bs, red, F, QC, SO);
     else
         helper_loop(&job, As, Bs, red, &F, &QC, &SO);
 }

@@ -236,12 +236,14 @@ class GpuCommandProcessor:
             self.peer.dbase,
             int(layout["size"]),
             int(self.queue.handle),
+            self.dom.participant_id & 0xFF,  # its reservations are this participant's device's
             int(self.dh_va.data.ptr),
             self.peer.dptr(self.ctl_buf.offset),
             int(self.share.data.ptr),
             int(self.cache.data.ptr),
         )
-        args = (vals, (ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_ulonglong) + (ctypes.c_void_p,) * 4)
+        types = (ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_uint) + (ctypes.c_void_p,) * 4
+        args = (vals, types)
         grid = 1 + self.workers
         self._push()
         try:

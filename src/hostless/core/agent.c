@@ -588,7 +588,7 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
         if (r) goto out;
         last_packet = now_ns();
         note_wait(a, last_packet - t0);
-        if (producer == HL_PRODUCER_DEVICE) device_seen = 1; /* a device rings by stores: keep poll_ns */
+        if (HL_PRODUCER_IS_DEVICE(producer)) device_seen = 1; /* a device rings by stores: keep poll_ns */
         uint8_t hops = hops_take(a, idx);
         if (p.type == HL_PKT_STOP) {
             finish(a, &p, HL_STATUS_SUCCESS, idx);

@@ -203,7 +203,7 @@ uint32_t hle_name_seq(hle_ctx *c);
  * to cfg->idle_nap_ns at a time (when longer than the domain's poll_ns)
  * instead of poll_ns: a host push wakes it at once as ever, a doorbell rung
  * by a plain store (a device) is seen within idle_nap_ns; 0 keeps poll_ns.
- * Once a device (HL_PRODUCER_DEVICE) has pushed into the queue the agent
+ * Once a device (HL_PRODUCER_IS_DEVICE) has pushed into the queue the agent
  * keeps the domain's poll_ns for good.
  * cfg->record (may be NULL) is told why a packet failed in C.
  * The calling thread must be the only user of the context's blocking calls

@@ -69,7 +69,10 @@ void hle_recover_queue(hle_ctx *c, uint32_t idx, uint64_t ctl, int d, uint32_t d
     int skipped = 0;
     for (uint64_t k = 0; k < v.capacity; k++) {
         uint64_t cl = ld(&cells[k]);
-        if (HL_CELL_STATE(cl) != HL_CELL_RESERVED || HL_CELL_PRODUCER(cl) != (uint32_t)d) continue;
+        /* d's reservations: its own, and those of a device it drove (a GPU command processor) */
+        if (HL_CELL_STATE(cl) != HL_CELL_RESERVED ||
+            (HL_CELL_PRODUCER(cl) != (uint32_t)d && HL_CELL_PRODUCER(cl) != HL_PRODUCER_DEVICE_OF(d)))
+            continue;
         uint64_t sig = pk[k].signal;
         struct hl_fence *sf = sig ? hl_fence_slot(&c->dv, sig, 0) : NULL;
         uint32_t sk = HL_HANDLE_KIND(sig);
@@ -82,8 +85,7 @@ void hle_recover_queue(hle_ctx *c, uint32_t idx, uint64_t ctl, int d, uint32_t d
                 hle_drop_ref(c, si, dbit, (uint32_t)d);
             }
         }
-        uint64_t e = cl;
-        if (cas(&cells[k], &e, HL_CELL(HL_CELL_SEQ(cl), (uint32_t)d, HL_CELL_SKIP))) skipped = 1;
+        if (hl_queue_skip_reserved(&v, k, cl, (uint32_t)d)) skipped = 1;
     }
     if (skipped) {
         __atomic_add_fetch(&q->doorbell, 1, __ATOMIC_SEQ_CST);
