@@ -242,7 +242,8 @@ class GpuCommandProcessor:
             int(self.share.data.ptr),
             int(self.cache.data.ptr),
         )
-        types = (ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_uint) + (ctypes.c_void_p,) * 4
+        c = ctypes
+        types = (c.c_void_p, c.c_ulonglong, c.c_ulonglong, c.c_uint) + (c.c_void_p,) * 4
         args = (vals, types)
         grid = 1 + self.workers
         self._push()
