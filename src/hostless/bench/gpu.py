@@ -357,10 +357,30 @@ def report(res: dict[str, Any]) -> str:
             "```",
             "",
         ]
-    lines += ["## Goals", "", "| goal | measured | met |", "|---|---|---|"]
-    for g in res["goals"]:
+    return "\n".join(lines + goals_lines(res["goals"])) + "\n"
+
+
+def goals_lines(goals: list[dict[str, Any]]) -> list[str]:
+    """The report's goals table (rows of goal, measured, met)."""
+    lines = ["## Goals", "", "| goal | measured | met |", "|---|---|---|"]
+    for g in goals:
         lines.append(f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else 'no'} |")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def save(res: dict[str, Any], out: str, prefix: str, report_fn: Any) -> str:
+    """Write ``res`` as ``OUT/PREFIX-<date>.json`` and its report as ``.md`` beside it, print the
+    report, and return the path's stem."""
+    os.makedirs(out, exist_ok=True)
+    stem = os.path.join(out, f"{prefix}-{time.strftime('%Y-%m-%d-%H%M')}")
+    with open(stem + ".json", "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    text = report_fn(res)
+    with open(stem + ".md", "w") as f:
+        f.write(text)
+    print(text)
+    print(f"wrote {stem}.json and .md")
+    return stem
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,14 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     only = tuple(x for x in a.only.split(",") if x)
     res = run(a.n_small, a.n_gemm, a.frames_small, a.frames_gemm, only, a.agent_spin)
-    os.makedirs(a.out, exist_ok=True)
-    stem = os.path.join(a.out, f"gpu-placement-{a.tag}-{time.strftime('%Y-%m-%d-%H%M')}")
-    with open(stem + ".json", "w") as f:
-        json.dump(res, f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write(report(res))
-    print(report(res))
-    print(f"wrote {stem}.json and .md")
+    save(res, a.out, f"gpu-placement-{a.tag}", report)
     return 0
 
 

@@ -31,7 +31,6 @@ CPU -> GPU -> CPU round trip <= 5 us.  Each is reported met or not.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -499,9 +498,7 @@ def report(res: dict[str, Any]) -> str:
     ]
     for name, r in res["isolation"].items():
         lines.append(row(name, r))
-    lines += ["", "## Goals", "", "| goal | measured | met |", "|---|---|---|"]
-    for go in res["goals"]:
-        lines.append(f"| {go['goal']} | {go['measured']} | {'yes' if go['met'] else 'no'} |")
+    lines += ["", *gb.goals_lines(res["goals"])]
     return "\n".join(lines) + "\n"
 
 
@@ -521,14 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no GPU benchmark: {why}", file=sys.stderr)
         return 2
     res = run(a.frames, a.frames_data, a.n_data, sms=a.sms)
-    os.makedirs(a.out, exist_ok=True)
-    stem = os.path.join(a.out, f"gpucp-matrix-{a.tag}-{time.strftime('%Y-%m-%d-%H%M')}")
-    with open(stem + ".json", "w") as f:
-        json.dump(res, f, indent=1, default=str)
-    with open(stem + ".md", "w") as f:
-        f.write(report(res))
-    print(report(res))
-    print(f"wrote {stem}.json and .md")
+    gb.save(res, a.out, f"gpucp-matrix-{a.tag}", report)
     return 0
 
 
