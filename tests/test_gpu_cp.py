@@ -40,6 +40,15 @@ def dom():
     hl.Domain.unlink(name)
 
 
+def _run(ag, args, kernel=4, wait=None, ptype=PacketType.KERNEL):
+    """Push one packet (``args``: its argument block) into ``ag``'s queue with a fresh fence as
+    its signal (``wait``: (handle, value) of an input); returns the fence's status."""
+    f = ag.dom.fence()
+    extra = {"wait": wait} if wait else {}
+    ag.queue.push(Packet(type=ptype, kernel=kernel, args=args.handle, signal=f.handle, **extra))
+    return f.wait(timeout=30)
+
+
 def _chain(dom, ag, n=64):
     rng = np.random.default_rng(3)
     w = (rng.standard_normal((n, n)) / np.sqrt(n)).astype("f4")
@@ -118,18 +127,12 @@ def test_rewritten_argument_block_is_seen(dom):
         x1.numpy()[...] = -1
         x2.numpy()[...] = 5
         args = bytes_buffer(dom, Kernargs(buffers=[x1.handle, y.handle]).encode())
-        f = dom.fence()
-        cp.queue.push(Packet(type=PacketType.KERNEL, kernel=4, args=args.handle, signal=f.handle))
-        assert f.wait(timeout=30) == Status.SUCCESS and (y.numpy() == 0).all()
+        assert _run(cp, args) == Status.SUCCESS and (y.numpy() == 0).all()
         args.numpy()[:] = np.frombuffer(Kernargs(buffers=[x2.handle, y.handle]).encode(), np.uint8)
-        f2 = dom.fence()
-        cp.queue.push(Packet(type=PacketType.KERNEL, kernel=4, args=args.handle, signal=f2.handle))
-        assert f2.wait(timeout=30) == Status.SUCCESS and (y.numpy() == 5).all()
+        assert _run(cp, args) == Status.SUCCESS and (y.numpy() == 5).all()
         # the same block, a released buffer in it: the cached decode must not be used
         x2.release()
-        f3 = dom.fence()
-        cp.queue.push(Packet(type=PacketType.KERNEL, kernel=4, args=args.handle, signal=f3.handle))
-        assert f3.wait(timeout=30) == Status.ERROR
+        assert _run(cp, args) == Status.ERROR
         assert gpucp.stats(cp)["last_reason"] == "a buffer handle names no live buffer here"
     finally:
         cp.stop()
@@ -151,18 +154,11 @@ def test_failure_reaches_the_follow_ups(dom):
         )
         bad = dom.fence()
         bad.signal(Status.CANCEL)
-        f1 = dom.fence()
-        cp.queue.push(
-            Packet(type=PacketType.KERNEL, kernel=4, args=args1.handle, signal=f1.handle,
-                   wait=(bad.handle, 0))
-        )
-        assert f1.wait(timeout=30) == Status.CANCEL
+        assert _run(cp, args1, wait=(bad.handle, 0)) == Status.CANCEL
         assert f2.wait(timeout=30) == Status.CANCEL
         # an argument block too large for the processor fails alone
         big = bytes_buffer(dom, Kernargs(buffers=[x.handle, y.handle], scalars=[0] * 200).encode())
-        f3 = dom.fence()
-        cp.queue.push(Packet(type=PacketType.KERNEL, kernel=4, args=big.handle, signal=f3.handle))
-        assert f3.wait(timeout=30) == Status.ERROR
+        assert _run(cp, big) == Status.ERROR
         assert gpucp.stats(cp)["last_reason"] == "bad argument block"
     finally:
         cp.stop()
@@ -192,24 +188,16 @@ def test_bad_packet_fails_alone_and_failure_passes_through(dom):
         x = dom.buffer((4,), "f4")
         y = dom.buffer((4,), "f4")
         args = bytes_buffer(dom, Kernargs(buffers=[x.handle, y.handle]).encode())
-        f = dom.fence()
-        cp.queue.push(Packet(type=PacketType.KERNEL, kernel=999, args=args.handle, signal=f.handle))
-        assert f.wait(timeout=30) == Status.ERROR
+        assert _run(cp, args, kernel=999) == Status.ERROR
         # an input that failed: the stage does not run, its fence carries the input's status
         bad = dom.fence()
         bad.signal(Status.CANCEL)
-        f2 = dom.fence()
         y.numpy()[...] = 7
-        cp.queue.push(
-            Packet(type=PacketType.KERNEL, kernel=4, args=args.handle, signal=f2.handle, wait=(bad.handle, 0))
-        )
-        assert f2.wait(timeout=30) == Status.CANCEL
+        assert _run(cp, args, wait=(bad.handle, 0)) == Status.CANCEL
         assert (y.numpy() == 7).all()  # nothing ran
         # and it still serves
         x.numpy()[...] = [-1, 2, -3, 4]
-        f3 = dom.fence()
-        cp.queue.push(Packet(type=PacketType.KERNEL, kernel=4, args=args.handle, signal=f3.handle))
-        assert f3.wait(timeout=30) == Status.SUCCESS
+        assert _run(cp, args) == Status.SUCCESS
         assert list(y.numpy()) == [0, 2, 0, 4]
     finally:
         cp.stop()
@@ -243,9 +231,7 @@ def test_killed_host_process_fails_its_stage_and_a_new_one_serves(dom):
     cp2 = agents.spawn(dom, "gpucp", device=0)
     try:
         x.numpy()[...] = [1, -1, 1, -1]
-        f = dom.fence()
-        cp2.queue.push(Packet(type=PacketType.KERNEL, kernel=4, args=args.handle, signal=f.handle))
-        assert f.wait(timeout=30) == Status.SUCCESS
+        assert _run(cp2, args) == Status.SUCCESS
         assert list(y.numpy()) == [1, 0, 1, 0]
     finally:
         cp2.stop()
@@ -289,9 +275,7 @@ def test_ert_commands_run_on_the_gpu(dom):
         def run(cmd: ert.ErtCommand) -> tuple[Status, int]:
             cb = bytes_buffer(dom, cmd.encode())
             ka = bytes_buffer(dom, Kernargs(buffers=[cb.handle]).encode())
-            f = dom.fence()
-            cp.queue.push(Packet(type=PacketType.ERT, args=ka.handle, signal=f.handle))
-            st = f.wait(timeout=30)
+            st = _run(cp, ka, kernel=0, ptype=PacketType.ERT)
             return st, ert.parse_header(int(cb.numpy()[:4].view("<u4")[0]))[0]
 
         st, state = run(ert.start_cu(4, ert.cu_args([x.handle, y.handle], [])))  # CU 4: relu

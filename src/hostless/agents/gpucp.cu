@@ -390,6 +390,15 @@ __device__ static void slot_read(const struct hl_dom *d, hl_u64 h, hl_u64 *s, in
     s[word] = f ? rd((const hl_u64 *)f + word) : 0;
 }
 
+/* The data of host buffer h from its slot's words s[8] (see below), or 0 when s is not that live
+ * buffer in the host heap (kind, generation, placement, extent: hl_ctl_matches, hl_buffer_extent). */
+__device__ static char *host_block(const struct hl_dom *d, hl_u64 h, const hl_u64 *s) {
+    if (HL_HANDLE_KIND(h) != HL_KIND_BUFFER || !hl_ctl_matches(s[1], h) || HL_PLACE_HEAP(s[7]) >= 0 ||
+        hl_buffer_extent(d, s[7], s[0], s[4]) != HL_OK)
+        return 0;
+    return (char *)d->heap_data + s[0];
+}
+
 /* A buffer slot's words s[8] (word, ctl, refs, waiters|owner, aux, parents0, -, err):
  * data address and its checked metadata into job slot i.  R_OK or R_*. */
 __device__ static int buffer_from_slot(const struct hl_dom *d, const hl_u64 *dh_va, hl_u64 h, const hl_u64 *s,
@@ -640,8 +649,8 @@ __device__ static int ert_decode(struct cp_front *F, struct cp_dir *D, struct cp
  * header was (so that the caller can fail them).  avoid: an entry that must
  * not be evicted, or -1. */
 __device__ static int decode_warp(struct cp_front *F, struct cp_gent *gc, const hl_u64 *dh_va,
-                                  const struct hl_packet *pk, int *entry, int avoid, int which,
-                                  struct hl_cp_ctl *ctl, hl_u64 *nhit, hl_u64 *nmiss) {
+                                  const struct hl_packet *pk, int *entry, int avoid, int which, hl_u64 *nhit,
+                                  hl_u64 *nmiss) {
     const int lane = threadIdx.x;
     const struct hl_dom *d = &F->d;
     const hl_u64 ah = pk->args;
@@ -671,10 +680,9 @@ __device__ static int decode_warp(struct cp_front *F, struct cp_gent *gc, const 
     if (lane == 0) {
         const hl_u64 *s = F->tmp;
         int r = R_ARGS;
-        if (HL_HANDLE_KIND(ah) == HL_KIND_BUFFER && hl_ctl_matches(s[1], ah) && HL_PLACE_HEAP(s[7]) < 0 &&
-            hl_buffer_extent(d, s[7], s[0], s[4]) == HL_OK && s[4] >= 16 && s[4] % 8 == 0 &&
-            s[4] / 8 <= HL_CP_ARGS_WORDS) {
-            D->src = (const hl_u64 *)(d->heap_data + s[0]);
+        const char *blk = host_block(d, ah, s);
+        if (blk && s[4] >= 16 && s[4] % 8 == 0 && s[4] / 8 <= HL_CP_ARGS_WORDS) {
+            D->src = (const hl_u64 *)blk;
             D->nw = (hl_u32)(s[4] / 8);
             r = R_OK;
         }
@@ -724,13 +732,13 @@ __device__ static int decode_warp(struct cp_front *F, struct cp_gent *gc, const 
             const hl_u64 *sl = F->bs[0];
             const hl_u64 h = D->bh[0];
             int r = R_ARGS;
-            if (HL_HANDLE_KIND(h) == HL_KIND_BUFFER && hl_ctl_matches(sl[1], h) && HL_PLACE_HEAP(sl[7]) < 0 &&
-                hl_buffer_extent(d, sl[7], sl[0], sl[4]) == HL_OK && sl[4] >= 8) {
+            char *cmd = host_block(d, h, sl);
+            if (cmd && sl[4] >= 8) {
                 /* whole words, the last one partly past the command (inside the heap: checked) */
                 hl_u64 words = (sl[4] + 7) / 8, room = (d->heap_data_size - sl[0]) / 8;
                 if (words > room) words = room;
                 if (words > HL_CP_ERT_WORDS) words = HL_CP_ERT_WORDS;
-                D->ert = (hl_u32 *)(d->heap_data + sl[0]);
+                D->ert = (hl_u32 *)cmd;
                 F->tmp[30] = words;
                 F->tmp[29] = sl[4] < words * 8 ? sl[4] : words * 8; /* bytes of the command read */
                 r = R_OK;
@@ -1014,7 +1022,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         int e = F.ent[cur];
         if (kernel_pkt && e < 0) {
             /* decode (also when an input failed: its follow-ups are failed below) */
-            int rr = decode_warp(&F, gc, dh_va, P, &e, -1, cur, ctl, &nhit, &nmiss);
+            int rr = decode_warp(&F, gc, dh_va, P, &e, -1, cur, &nhit, &nmiss);
             if (rr) {
                 status = HL_STATUS_ERROR;
                 reason = (hl_u32)rr;
@@ -1181,21 +1189,12 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         if (lane == 0) {
             /* the signal: settled from the CAS, or made here (a failure, a timeline that moved) */
             int known;
-            if (fast) {
-                struct hl_fence *f = hl_fence_slot(&F.d, P->signal, 0);
-                if (HL_HANDLE_KIND(P->signal) == HL_KIND_FENCE) {
-                    known = SO.old == 0 || SO.old == HL_STATUS_SUCCESS;
-                } else {
-                    hl_u64 cur_w = SO.old;
-                    if (cur_w != sig_w)
-                        while (!(cur_w & HL_TIMELINE_FAILED) && P->signal_value > cur_w &&
-                               !hl_cas64(&f->word, &cur_w, P->signal_value)) {
-                        }
-                    known = !(cur_w & HL_TIMELINE_FAILED);
-                }
-            } else {
-                known = cp_signal(&F.d, P->signal, P->signal_value, status, sig_c, sig_w);
-            }
+            if (fast && SO.old == SO.expected)
+                known = 1;
+            else if (fast && HL_HANDLE_KIND(P->signal) == HL_KIND_FENCE)
+                known = SO.old == HL_STATUS_SUCCESS; /* signaled before us */
+            else /* a timeline that moved meanwhile goes on from the word the CAS saw */
+                known = cp_signal(&F.d, P->signal, P->signal_value, status, sig_c, fast ? SO.old : sig_w);
             last_sig = known ? P->signal : 0;
             last_val = P->signal_value;
             if (status != HL_STATUS_SUCCESS) {

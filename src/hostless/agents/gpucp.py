@@ -78,6 +78,13 @@ def read_ctl(words: np.ndarray) -> dict[str, int]:
     return {k: int(words[i]) for i, k in enumerate(CTL_FIELDS)}
 
 
+def _described(words: np.ndarray) -> dict[str, Any]:
+    """read_ctl with ``last_reason``: the last failure's reason spelled out."""
+    st: dict[str, Any] = dict(read_ctl(words))
+    st["last_reason"] = REASONS.get(st["last_error"] & 0xFFFF, "?")
+    return st
+
+
 def stats(agent: Any) -> dict[str, Any]:
     """The control block of a running gpucp ``agent`` (from :func:`hostless.agents.spawn`), by name,
     with ``last_reason`` spelled out.  Reads host memory only.  The processor writes its
@@ -88,11 +95,9 @@ def stats(agent: Any) -> dict[str, Any]:
         raise HostlessError("this agent has no GPU command processor control block")
     buf = agent.dom.import_buffer(h)
     try:
-        st: dict[str, Any] = dict(read_ctl(buf.numpy().view(np.uint64)))
+        return _described(buf.numpy().view(np.uint64))
     finally:
         buf.release()
-    st["last_reason"] = REASONS.get(st["last_error"] & 0xFFFF, "?")
-    return st
 
 
 def _ok(res: Any, what: str) -> Any:
@@ -284,9 +289,8 @@ class GpuCommandProcessor:
             time.sleep(1e-3)
 
     def stats(self) -> dict[str, Any]:
-        st: dict[str, Any] = dict(read_ctl(self.ctl))
-        st["last_reason"] = REASONS.get(st["last_error"] & 0xFFFF, "?")
-        return st
+        """As :func:`stats`, from the processor's own process."""
+        return _described(self.ctl)
 
     def close(self) -> None:
         """Release the control block, the green context (if any) and the domain's registration."""

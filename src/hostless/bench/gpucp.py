@@ -131,27 +131,37 @@ extern "C" __global__ void bus_warp(volatile u64 *h, u64 *out, int n) {
 """
 
 
-def bus_latency(n: int = 2000) -> dict[str, float]:
-    """What one thread of the GPU pays, by its own timer (mean ns): a read of host memory, a
-    system-scope CAS on host memory, a system fence after a host store, a system and a GPU-scope
-    fence after a device-memory store.  The floors of the command processor's steps."""
+def _mapped_words(n: int) -> tuple[Any, np.ndarray, int]:
+    """n u64 words of pinned host memory: (the allocation, its host view zeroed, its device
+    address)."""
     import cupy as cp
     from cuda.bindings import driver as cu
 
-    mem = cp.cuda.alloc_pinned_memory(256)
-    h = np.frombuffer(mem, dtype=np.uint64, count=32)
+    mem = cp.cuda.alloc_pinned_memory(8 * n)
+    h = np.frombuffer(mem, dtype=np.uint64, count=n)
     h[...] = 0
     err, dptr = cu.cuMemHostGetDevicePointer(mem.ptr, 0)
     if int(err):
         raise RuntimeError(f"cuMemHostGetDevicePointer: {err!r}")
+    return mem, h, int(dptr)
+
+
+def bus_latency(n: int = 2000) -> dict[str, float]:
+    """What one thread of the GPU pays, by its own timer (mean ns): a read of host memory, a
+    system-scope CAS on host memory, a system fence after a host store, a system and a GPU-scope
+    fence after a device-memory store, reads and a CAS issued together by one thread and by one
+    warp.  The floors of the command processor's steps."""
+    import cupy as cp
+
+    mem, _h, dptr = _mapped_words(32)
     out = cp.zeros(8, dtype=np.uint64)
     dev = cp.zeros(8, dtype=np.uint64)
     k = cp.RawKernel(_BUS, "bus")
-    k((1,), (1,), (int(dptr), dev, out, np.int32(n)))
+    k((1,), (1,), (dptr, dev, out, np.int32(n)))
     o = out.get()
     kw = cp.RawKernel(_BUS, "bus_warp")
     out2 = cp.zeros(8, dtype=np.uint64)
-    kw((1,), (32,), (int(dptr), out2, np.int32(n)))
+    kw((1,), (32,), (dptr, out2, np.int32(n)))
     o2 = out2.get()
     names = (
         "host_read_ns",
@@ -177,15 +187,7 @@ def pingpong(n: int = 2000) -> dict[str, float]:
     """Round trip host -> resident kernel -> host through mapped pinned memory (both polling)."""
     import cupy as cp
 
-    mem = cp.cuda.alloc_pinned_memory(128)
-    w = np.frombuffer(mem, dtype=np.uint64, count=16)
-    w[...] = 0
-    from cuda.bindings import driver as cu
-
-    err, dptr = cu.cuMemHostGetDevicePointer(mem.ptr, 0)
-    if int(err):
-        raise RuntimeError(f"cuMemHostGetDevicePointer: {err!r}")
-    dptr = int(dptr)
+    mem, w, dptr = _mapped_words(16)
     k = cp.RawKernel(_PINGPONG, "pingpong")
     s = cp.cuda.Stream(non_blocking=True)
     k((1,), (1,), (dptr, np.int32(n)), stream=s)
