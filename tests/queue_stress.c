@@ -178,6 +178,11 @@ static int consume(hl_u64 total) {
         hl_u64 cl = hl_load64(&V.cells[r & mask]);
         hl_u32 stt = HL_CELL_STATE(cl);
         if (HL_CELL_SEQ(cl) != (r & seq48) || (stt != HL_CELL_READY && stt != HL_CELL_SKIP)) {
+            /* the consumer freed this cell as FREE(r): only a reservation of index r may follow */
+            if (HL_CELL_SEQ(cl) != (r & seq48)) {
+                fail("the cell at the read index holds another index (read index, cell, -)", r, cl, 0);
+                return 1;
+            }
             if ((++spins & 63) == 0) {
                 sched_yield();
                 if (now_s() - t_last > 10.0) {
