@@ -186,7 +186,7 @@ def test_a_packet_needing_python_fails_alone_with_why(dom: hl.Domain) -> None:
             and why == f"kernel {USER_KERNEL_BASE} needs Python; hostless-agent runs built-in kernels only"
         )
         st, why = _run_why(dom, a, LOAD_KERNEL, [x.handle])
-        assert st is S.ERROR and f"kernel {LOAD_KERNEL} needs Python" in (why or "")
+        assert st is S.ERROR and (why or "").startswith("LOAD_KERNEL refused: hostless-agent loads no code")
         # a built-in kernel on a dtype the C kernels leave to Python
         xd, od = _buf(dom, np.array([-1.0, 2.0]), keep), _buf(dom, np.zeros(2), keep)
         st, why = _run_why(dom, a, kernel_id("relu"), [xd.handle, od.handle])

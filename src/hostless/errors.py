@@ -15,6 +15,8 @@ __all__ = [
     "DomainClosed",
     "QueueFull",
     "NameTaken",
+    "HostlessWarning",
+    "WritableDomainWarning",
 ]
 
 
@@ -69,3 +71,16 @@ class NameTaken(HostlessError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class HostlessWarning(UserWarning):
+    """Base class of the warnings hostless gives (a risky but allowed choice)."""
+
+
+class WritableDomainWarning(HostlessWarning):
+    """An agent that runs the spawner's code (a Python cpu agent, or one given user
+    kernels) was spawned on a domain that other users may write: they can push
+    packets into its queue, so they can run the kernels it has loaded on buffers of
+    their choice (never load new code: that goes only through the spawner's private
+    channel).  Create the domain with ``mode=0o600`` (the default) to keep them out, or
+    filter this warning if the sharing is intended."""

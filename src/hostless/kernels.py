@@ -231,8 +231,10 @@ def check_stage(
 
 USER_KERNEL_BASE = 1000
 LOAD_KERNEL = 999
-"""Kernel id of the request that makes a cpu agent import a stage function
-(:mod:`hostless.stagefn`); its argument block's one buffer holds the request."""
+"""Kernel id that once asked a cpu agent, through its queue, to import a stage
+function.  Refused by every agent now: a packet with it fails alone with ERROR
+and a record, and nothing is imported; stage functions reach an agent only
+through its spawner's private channel (:mod:`hostless.agents.control`)."""
 FUNCTION_KERNEL_BASE = 1 << 20
 """Ids from here on are stage functions loaded after spawn (``Agent.load_function``)."""
 

@@ -15,9 +15,10 @@
  * once idle (hle_agent_cfg.idle_nap_ns, default 20 ms).  PATH without a '/' is a name under /dev/shm.  Once it consumes the queue it
  * prints its participant id (incarnation << 8 | slot) on stdout: the spawner
  * (hostless.agents.spawn(..., native="exe")) waits for that line.  A packet
- * needing Python (a user kernel, LOAD_KERNEL, a dtype the C kernels do not
- * take, an ERT packet on a cpu agent) fails alone with ERROR and a record
- * (hostless.records) saying why; the agent goes on.  --trace writes a line on
+ * needing Python (a user kernel, a dtype the C kernels do not take, an ERT
+ * packet on a cpu agent) fails alone with ERROR and a record
+ * (hostless.records) saying why; the agent goes on.  It loads no code at
+ * all: a LOAD_KERNEL packet (kernel 999) is refused the same way.  --trace writes a line on
  * stderr when it starts, for each failure it records, and when it leaves.
  *
  * Exit status: 0 after a STOP packet, SIGTERM / SIGINT, or the death of
@@ -101,10 +102,17 @@ static void record(void *ud, uint64_t sig, const char *why) {
                 r ? " (not recorded)" : "");
 }
 
+/* hostless.kernels.LOAD_KERNEL: a request for code, which no agent takes from a queue */
+#define LOAD_KERNEL_ID 999u
+
 /* What the Python agents would run: here the packet fails alone, with the why. */
 static uint64_t needs_python(void *ud, uint64_t idx, const struct hl_packet *p) {
     char why[200];
-    if (p->type == HL_PKT_ERT)
+    if (p->type != HL_PKT_ERT && p->kernel == LOAD_KERNEL_ID)
+        snprintf(why, sizeof why,
+                 "LOAD_KERNEL refused: hostless-agent loads no code, and no agent takes code from its queue; "
+                 "nothing was loaded");
+    else if (p->type == HL_PKT_ERT)
         snprintf(why, sizeof why, "BadPacket: an ERT packet on a cpu agent; hostless-agent runs built-in kernels only");
     else if (hle_agent_has_kernel(p->kernel))
         snprintf(why, sizeof why,

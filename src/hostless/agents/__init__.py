@@ -14,6 +14,11 @@ follow-up pushes by ``follow_timeout`` (never waiting on the agent's own
 queue), and a follow-up chain through the agent's own queue is cut after 64
 hops.  The full rule is in :mod:`hostless.agents.loop`.
 
+Code is loaded only on the spawner's word: user kernels on the agent's command
+line, stage functions through a private channel only the spawner holds
+(:meth:`Agent.load_function`, :mod:`hostless.agents.control`).  A LOAD_KERNEL
+packet in a queue, from anyone, fails alone with a record and imports nothing.
+
 ``spawn(dom, "cpu", native="exe")`` starts ``hostless-agent`` instead: a
 small C program (``src/hostless/agentexe/main.c`` on the engine library, no
 Python interpreter) built with the package (:func:`executable_path`), which
@@ -31,22 +36,22 @@ import collections
 import json
 import os
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from .. import lowlevel
 from ..domain import Domain
-from ..errors import HostlessError
-from ..kernels import FUNCTION_KERNEL_BASE, LOAD_KERNEL, USER_KERNEL_BASE
+from ..errors import HostlessError, WritableDomainWarning
+from ..kernels import FUNCTION_KERNEL_BASE, USER_KERNEL_BASE
 from ..queue import Packet, PacketType, Queue
-from ..status import Status
-from ..wire import Kernargs
+from . import control as _control
 
 __all__ = ["Agent", "spawn", "executable_path"]
 
@@ -54,7 +59,15 @@ __all__ = ["Agent", "spawn", "executable_path"]
 class Agent:
     """Handle on a spawned agent process."""
 
-    def __init__(self, dom: Domain, kind: str, queue: Queue, proc: subprocess.Popen[str], pid: int) -> None:
+    def __init__(
+        self,
+        dom: Domain,
+        kind: str,
+        queue: Queue,
+        proc: subprocess.Popen[str],
+        pid: int,
+        control: socket.socket | None = None,
+    ) -> None:
         self.dom, self.kind, self.queue, self.proc = dom, kind, queue, proc
         self.native: bool | str = False
         """How it runs: False (the Python loop), True (the native loop in a Python
@@ -68,14 +81,30 @@ class Agent:
         """What the agent runs natively (a native agent's :func:`hostless.agents.native.capabilities`:
         ``gemm`` is "blas" or "python", ``why`` says why GEMM has no BLAS)."""
         self._functions: dict[str, int] = {}  # stagefn request (JSON) -> kernel id
+        self._control = control  # our end of the private load channel (hostless.agents.control)
+        self._control_lock = threading.Lock()
+        self._rx = _control.Reader()
+        self._seq = 0
+        self._next_kid = FUNCTION_KERNEL_BASE  # never reused: a late load cannot land on a newer id
+        self._broken: str | None = None
 
     def load_function(self, fn: Any, scalars: Sequence[Any] = (), timeout: float = 30.0) -> int:
         """Make the agent import ``fn`` (a plain Python function, see
         :mod:`hostless.stagefn`) bound to ``scalars``; returns the kernel id
         its packets use.  Loaded once per (function, scalars): a second call
-        returns the same id.  HostlessError with the agent's own error
-        (ImportError and its traceback) when it cannot load it; TypeError when
-        ``fn`` cannot be imported by name at all."""
+        returns the same id.
+
+        The request goes through the agent's private load channel
+        (:mod:`hostless.agents.control`), which only this process (the spawner)
+        holds; the agent loads code on no one else's word (a LOAD_KERNEL packet
+        in its queue is refused).  Thread-safe (one request at a time).
+
+        Errors: HostlessError with the agent's own error (ImportError and its
+        traceback) when it cannot load it, or when the agent is gone;
+        TimeoutError when the agent has not answered within ``timeout``
+        seconds (it may still load the function later, under an id no later
+        call uses); TypeError when ``fn`` cannot be imported by name at all or
+        the agent runs no Python (npu, cuda, gpucp, ``native="exe"``)."""
         from ..stagefn import describe
 
         if self.kind != "cpu":
@@ -84,35 +113,69 @@ class Agent:
             raise TypeError("hostless-agent (native='exe') runs built-in kernels only, not Python functions")
         desc = describe(fn, scalars)
         key = json.dumps(desc, sort_keys=True)
-        if key in self._functions:
-            return self._functions[key]
-        kid = FUNCTION_KERNEL_BASE + len(self._functions)
-        request = json.dumps({**desc, "id": kid}).encode()
-        dom = self.dom
-        req = dom.buffer((max(8192, len(request) + 1),), "u1")
-        done = dom.fence()
+        what = f"{desc['module']}:{desc['qualname']}"
+        deadline = time.monotonic() + timeout
+        if not self._control_lock.acquire(timeout=max(0.0, timeout)):
+            raise TimeoutError(f"{self.kind} agent {self.id}: another load held the channel for {timeout} s")
         try:
-            req.numpy()[: len(request)] = np.frombuffer(request, np.uint8)
-            req.numpy()[len(request)] = 0  # NUL-terminated: a reused heap block is not zeroed
-            args = Kernargs(buffers=[req.handle]).to_buffer(dom)
-            try:
-                self.queue.push(
-                    Packet(kernel=LOAD_KERNEL, args=args.handle, signal=done.handle), timeout=timeout
-                )
-                st = done.wait(timeout)
-            finally:
-                args.release()
-            if st != Status.SUCCESS:
-                reply = bytes(req.numpy()).split(b"\0", 1)[0]
-                why = reply[2:].decode("utf-8", "replace") if reply.startswith(b"!E") else st.name
-                raise HostlessError(
-                    f"{self.kind} agent {self.id} could not load {desc['module']}:{desc['qualname']}: {why}"
-                )
+            if key in self._functions:
+                return self._functions[key]
+            kid = self._next_kid
+            self._next_kid += 1
+            reply = self._request({**desc, "id": kid}, deadline, what, timeout)
+            if not reply.get("ok"):
+                why = str(reply.get("error", "no reason given"))
+                raise HostlessError(f"{self.kind} agent {self.id} could not load {what}: {why}")
+            if reply.get("id") != kid:
+                raise HostlessError(f"{self.kind} agent {self.id} answered id {reply.get('id')!r}, not {kid}")
+            self._functions[key] = kid
+            return kid
         finally:
-            req.release()
-            done.release()
-        self._functions[key] = kid
-        return kid
+            self._control_lock.release()
+
+    def _request(self, req: dict[str, Any], deadline: float, what: str, timeout: float) -> dict[str, Any]:
+        """Send ``req`` on the load channel and read its reply (the lock held)."""
+        sock = self._control
+        if sock is None or self._broken:
+            raise HostlessError(
+                f"{self.kind} agent {self.id} has no usable load channel"
+                + (f" ({self._broken})" if self._broken else " (stopped)")
+                + ": spawn a new agent"
+            )
+        self._seq += 1
+        seq = self._seq
+        late = TimeoutError(f"{self.kind} agent {self.id} did not answer the load request for {what} within {timeout} s")
+        try:
+            _control.send(sock, {**req, "seq": seq}, deadline)
+        except TimeoutError:
+            self._broken = "a request was cut by a timeout"
+            raise late from None
+        except OSError as e:
+            raise HostlessError(f"{self.kind} agent {self.id} closed its load channel: {e}") from None
+        while True:
+            try:
+                reply = self._rx.read(sock, deadline)
+            except TimeoutError:
+                raise late from None
+            except ValueError as e:
+                self._broken = f"a malformed reply: {e}"
+                raise HostlessError(f"{self.kind} agent {self.id} sent a malformed reply: {e}") from None
+            except OSError as e:
+                raise HostlessError(f"{self.kind} agent {self.id} closed its load channel: {e}") from None
+            if reply is None:
+                code = self.proc.poll()
+                raise HostlessError(
+                    f"{self.kind} agent {self.id} closed its load channel"
+                    + (f" (exit code {code})" if code is not None else "")
+                )
+            if reply.get("seq") == seq:
+                return reply
+            # the late reply to a request that timed out: not ours
+
+    def _close_control(self) -> None:
+        sock, self._control = self._control, None
+        if sock is not None:
+            sock.close()
 
     @property
     def alive(self) -> bool:
@@ -130,6 +193,7 @@ class Agent:
             except subprocess.TimeoutExpired:
                 self.kill()
         self.proc.wait()
+        self._close_control()
         if lowlevel.is_held(self.queue) and not self.dom.closed:
             self.queue.release()
 
@@ -138,6 +202,7 @@ class Agent:
         if self.alive:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
+        self._close_control()
 
     def __enter__(self) -> Agent:
         return self
@@ -245,6 +310,22 @@ def spawn(
     ``user_kernels`` maps names to ``"module:function"`` kernels (taking
     ``(buffers, scalars)``) the agent imports; their ids are in
     ``agent.user_kernels``.  Passing the ``queue`` of a dead agent respawns it.
+
+    Who decides what code runs: only the spawner.  User kernels come on the
+    agent's command line; stage functions through a private load channel
+    (a socket pair only this process and the agent hold,
+    :mod:`hostless.agents.control`, used by :meth:`Agent.load_function`).
+    Whoever can push into the agent's queue can run the kernels it has
+    loaded, on buffers of the domain, but cannot make it load anything: a
+    LOAD_KERNEL packet fails alone with ERROR and a record saying so.
+    Because those pushers may be other users when the domain's file lets
+    them write it, spawning an agent that runs Python code (a cpu agent
+    other than ``native="exe"``, or any agent given ``user_kernels``) on a
+    domain that is group- or world-writable, or owned by another user, gives
+    a :class:`~hostless.errors.WritableDomainWarning` (a warning, not a
+    refusal: sharing a domain between users is allowed, and it can no longer
+    make the agent load code; filter the warning where the sharing is
+    intended, keep ``mode=0o600`` otherwise).
     """
     if kind not in ("cpu", "npu", "cuda", "gpucp"):
         raise ValueError(f"unknown agent kind {kind!r} (cpu, npu, cuda, gpucp)")
@@ -306,7 +387,26 @@ def spawn(
     for i, (name, spec) in enumerate(sorted((user_kernels or {}).items())):
         ids[name] = USER_KERNEL_BASE + i
         cmd += ["--user", f"{USER_KERNEL_BASE + i}={spec}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, close_fds=True)
+    if (kind == "cpu" and native != "exe") or user_kernels:
+        _warn_if_writable(dom, kind, stacklevel=3)
+    mine: socket.socket | None = None
+    theirs: socket.socket | None = None
+    pass_fds: tuple[int, ...] = ()
+    if kind == "cpu" and native != "exe":  # the private load channel (hostless.agents.control)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # both close-on-exec
+        cmd += ["--control", str(theirs.fileno())]
+        pass_fds = (theirs.fileno(),)
+    try:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, close_fds=True, pass_fds=pass_fds
+        )
+    except BaseException:
+        if mine is not None:
+            mine.close()
+        raise
+    finally:
+        if theirs is not None:
+            theirs.close()  # the child holds the only other end
     assert proc.stdout is not None and proc.stderr is not None
     tail = _forward_stderr(proc.stderr)
     deadline = time.monotonic() + timeout
@@ -318,13 +418,15 @@ def spawn(
     if not line.strip():
         proc.kill()
         proc.wait()
+        if mine is not None:
+            mine.close()
         tail.done.wait(2.0)
         said = "".join(tail.lines).rstrip()
         raise HostlessError(
             f"{kind} agent failed to start (exit code {proc.returncode})"
             + (f"; its error output:\n{said}" if said else "")
         )
-    a = Agent(dom, kind, q, proc, int(line))
+    a = Agent(dom, kind, q, proc, int(line), mine)
     a.native = native
     a.user_kernels = ids
     a.device = f"cuda:{device}" if kind in ("cuda", "gpucp") else "cpu"
@@ -335,6 +437,32 @@ def spawn(
         except ValueError:
             pass
     return a
+
+
+def _warn_if_writable(dom: Domain, kind: str, stacklevel: int) -> None:
+    """WritableDomainWarning when users other than this one may write ``dom``'s file."""
+    try:
+        st = os.fstat(dom.fileno())
+    except (OSError, HostlessError):
+        return
+    who = []
+    if st.st_uid != os.geteuid():
+        who.append(f"its owner uid {st.st_uid}")
+    if st.st_mode & stat.S_IWGRP:
+        who.append(f"group {st.st_gid}")
+    if st.st_mode & stat.S_IWOTH:
+        who.append("every user")
+    if who:
+        warnings.warn(
+            WritableDomainWarning(
+                f"domain {dom.name} (mode {stat.S_IMODE(st.st_mode):#o}) is writable by other users "
+                f"({', '.join(who)}): they can push packets that run this {kind} agent's kernels and "
+                "stage functions on buffers of their choice (not load code: only the spawner can). "
+                "Create the domain with mode=0o600 to keep them out, or filter this warning if the "
+                "sharing is intended"
+            ),
+            stacklevel=stacklevel,
+        )
 
 
 def _exe_command(

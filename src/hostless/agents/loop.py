@@ -23,7 +23,10 @@ Hostile packets (the rule every agent follows):
   read); an unknown kernel id or CU; a malformed ERT command buffer (header
   count past the buffer, a cu_mask naming no CU or several, argument counts
   past the payload, a chained command that is itself a CMD_CHAIN); a kernel
-  that raises.  Nothing of a bad packet runs (a wait that fails does not
+  that raises; a LOAD_KERNEL packet (code is loaded only through the
+  spawner's private channel, :mod:`hostless.agents.control`: a packet
+  asking for code fails with a record saying so, and nothing is imported).
+  Nothing of a bad packet runs (a wait that fails does not
   run the work), and it is finished with ERROR (a failed input passes its
   own failure status on instead).
 * Finishing with a failure: a fence signal gets the status; a timeline
@@ -60,7 +63,6 @@ Hostile packets (the rule every agent follows):
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -77,6 +79,7 @@ from ..kernels import CPU_KERNELS, FUNCTION_KERNEL_BASE, LOAD_KERNEL, NPU_CUS, K
 from ..queue import Queue
 from ..status import Status
 from ..wire import BadPacket, Packet, PacketType, decode_args
+from .control import LOAD_REFUSED
 from .npu import ErtProcessor
 
 __all__ = ["AgentLoop", "ObjectCache", "BadPacket", "HOP_LIMIT", "FAIL_DEPTH", "FAIL_BUDGET", "WAIT_SLICE"]
@@ -359,37 +362,31 @@ class AgentLoop:
         bufs, scalars, follow = decode_args(self.cache.bytes_view(pkt.args))
         return fn, bufs, scalars, follow
 
-    def load_function(self, pkt: Packet) -> None:
-        """A LOAD_KERNEL request (:mod:`hostless.stagefn`): import the function its buffer
-        describes and register it under the requested id.  On failure the buffer is
-        rewritten with the error (``!E`` then the text of :func:`~hostless.stagefn.format_error`,
-        NUL-terminated) and the packet fails."""
+    def load_function(self, req: dict[str, Any]) -> int:
+        """Import the stage function a request of the spawner describes
+        (:func:`hostless.stagefn.describe` plus ``id``) and register it under that id;
+        returns the id.  Called only for requests that came through the spawner's
+        private channel (:mod:`hostless.agents.control`), never for a queue's packet.
+        Raises what the import raises, ValueError for a malformed request."""
         if self.kind != "cpu":
-            raise BadPacket(f"{self.kind} agents do not run Python stage functions")
-        if not pkt.args:
-            raise BadPacket("load request without an argument block")
-        bufs, _s, _f = decode_args(self.cache.bytes_view(pkt.args))
-        if len(bufs) != 1:
-            raise BadPacket("a load request has one buffer")
-        raw = self.cache.bytes_view(bufs[0])
-        try:
-            req = json.loads(bytes(raw).split(b"\0", 1)[0])
-            kid = int(req["id"])
-            if kid < FUNCTION_KERNEL_BASE:
-                raise ValueError(f"stage function id {kid} is below {FUNCTION_KERNEL_BASE}")
-            what = f"stage function {req['module']}:{req['qualname']}"
-            self.kernels[kid] = stagefn.bind(stagefn.load(req), req.get("scalars", []), what)
-        except Exception as e:
-            reply = (b"!E" + stagefn.format_error(e, max(0, len(raw) - 8)).encode())[: len(raw) - 1]
-            raw[: len(reply)] = np.frombuffer(reply, np.uint8)
-            raw[len(reply)] = 0
-            raise
+            raise ValueError(f"{self.kind} agents do not run Python stage functions")
+        kid = req.get("id")
+        if not isinstance(kid, int) or isinstance(kid, bool) or kid < FUNCTION_KERNEL_BASE:
+            raise ValueError(f"stage function id {kid!r} is not an int >= {FUNCTION_KERNEL_BASE}")
+        module, qualname = req.get("module"), req.get("qualname")
+        if not isinstance(module, str) or not isinstance(qualname, str):
+            raise ValueError("a load request names a module and a qualified name (strings)")
+        scalars = req.get("scalars", [])
+        if not isinstance(scalars, list):
+            raise ValueError("a load request's scalars are a list")
+        what = f"stage function {module}:{qualname}"
+        self.kernels[kid] = stagefn.bind(stagefn.load(req), scalars, what)
+        return kid
 
     def run_kernel(self, pkt: Packet) -> list[tuple[int, bytes]]:
         """KERNEL packet: run the kernel on its argument block; returns the follow-ups."""
-        if pkt.kernel == LOAD_KERNEL:
-            self.load_function(pkt)
-            return []
+        if pkt.kernel == LOAD_KERNEL:  # code comes only through the spawner's channel
+            raise BadPacket(LOAD_REFUSED)
         fn, bufs, scalars, follow = self.kernel_call(pkt)
         view = self.cache.view
         fn([view(h) for h in bufs], scalars)

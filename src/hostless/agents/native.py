@@ -13,7 +13,8 @@ loop does (the rule in :mod:`hostless.agents.loop`).  cpu and npu agents:
 * ERT packets are decoded and run in C (START_CU, START_NPU, CMD_CHAIN,
   states written back as :class:`~hostless.agents.npu.ErtProcessor` does),
   each CU by its C kernel;
-* anything else (user kernels, stage functions loaded with ``LOAD_KERNEL``,
+* anything else (user kernels, stage functions loaded through the spawner's
+  private channel (:mod:`~hostless.agents.control`),
   dtypes or broadcasts the C kernels do not take, GEMM without a BLAS) runs in
   Python through :meth:`NativeCallbacks.kernel` / :meth:`NativeCallbacks.cu`,
   with the GIL held only for that call, through the same :class:`AgentLoop`

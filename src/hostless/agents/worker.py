@@ -8,7 +8,9 @@ line; a native agent prints its capabilities as a JSON line after it:
 loop: :mod:`~hostless.agents.native`) for "cpu" and "npu", :class:`~hostless.agents.cuda_agent.CudaLoop` for
 "cuda".  It exits on a STOP packet, on SIGTERM, and when the spawner dies
 (PR_SET_PDEATHSIG plus the loop's parent checks).  User kernels are given as
-``--user ID=module:function``.
+``--user ID=module:function``.  A cpu agent gets ``--control FD``: its end of
+the spawner's private load channel (:mod:`hostless.agents.control`), served by
+a thread; stage functions reach the agent only through it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 from ..domain import Domain
@@ -60,12 +63,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--follow-timeout", type=float, default=10.0, help="bound on a packet's follow-up pushes")
     ap.add_argument("--sms", type=int, default=8, help="gpucp: worker SMs (a green context's partition)")
     ap.add_argument("--isolation", choices=["auto", "green", "grid"], default="auto", help="gpucp: how")
+    ap.add_argument("--control", type=int, default=None, help="cpu: fd of the spawner's private load channel")
     a = ap.parse_args(argv)
     wait_timeout = None if a.wait_timeout < 0 else a.wait_timeout
     follow_timeout = max(0.0, a.follow_timeout)
     _set_pdeathsig()
     if os.getppid() != a.parent:
         return 1
+    control = None
+    if a.control is not None:
+        from .control import adopt
+
+        try:
+            control = adopt(a.control, a.parent)
+        except (OSError, ValueError) as e:
+            print(f"hostless agent: no load channel: {e}", file=sys.stderr)
+            return 1
     user: dict[int, Kernel] = {}
     for spec in a.user:
         kid, _, fn = spec.partition("=")
@@ -90,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         agent = AgentLoop(dom, q, a.kind, user, a.parent, wait_timeout, follow_timeout)
     agent.spin_ns = int(max(0.0, a.spin) * 1e9)
+    if control is not None and a.kind == "cpu":
+        from .control import serve
+
+        threading.Thread(target=serve, args=(control, agent), name="hostless-load", daemon=True).start()
     try:
         if native:
             from .native import run_native
