@@ -151,6 +151,14 @@ def test_load_function_times_out_against_an_agent_that_never_answers(dom: hl.Dom
         k = a.load_function(doubled, [], timeout=30)
         st, out, why = _run(dom, a, k, np.arange(3.0, dtype=np.float32))
         assert st is S.SUCCESS and out.tolist() == [0.0, 2.0, 4.0], why
+        with pytest.raises(TimeoutError, match="did not answer"):  # no time at all: nothing sent
+            a.load_function(doubled, [1], timeout=0)
+        assert a.load_function(doubled, [], timeout=30) == k
+        # an agent that died under us: a clear error, not a hang
+        os.kill(a.proc.pid, signal.SIGKILL)
+        a.proc.wait()
+        with pytest.raises(hl.HostlessError, match="closed its load channel"):
+            a.load_function(doubled, [2], timeout=30)
     finally:
         a.stop()
 
@@ -166,7 +174,8 @@ def test_the_channel_is_private_to_the_spawner(dom: hl.Domain) -> None:
         flags = Path(f"/proc/{a.proc.pid}/fdinfo/{fd}").read_text()
         assert "socket:" in os.readlink(f"/proc/{a.proc.pid}/fd/{fd}")
         o_cloexec = 0o2000000
-        assert int(flags.split("flags:")[1].split()[0], 8) & o_cloexec, "the agent's end leaks into its children"
+        cloexec = int(flags.split("flags:")[1].split()[0], 8) & o_cloexec
+        assert cloexec, "the agent's end of the channel would leak into what it starts"
     finally:
         a.stop()
     assert a._control is None
@@ -280,7 +289,8 @@ def test_another_user_cannot_make_a_root_agent_run_code(other_user: pwd.struct_p
         try:
             out = _as_user(other_user, _attack, str(d.name), a.queue.handle, str(where))
             assert out["uid"] == other_user.pw_uid
-            assert not (where / "pwned").exists(), f"the agent ran the file as uid {(where / 'pwned').read_text()}"
+            pwned = where / "pwned"
+            assert not pwned.exists(), f"the agent ran the other user's file as uid {pwned.read_text()}"
             assert out["status"] == "ERROR"
             assert REFUSED in (out["why"] or "")
             st, res, why = _run(d, a, kernel_id("copy"), np.arange(3.0, dtype=np.float32))

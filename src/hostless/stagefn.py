@@ -27,7 +27,10 @@ runs ``my_function`` in the cpu agent's process.  The contract:
   (see :func:`format_error`).
 
 The agent loads each (function, scalars) pair once, when the graph is
-compiled (:meth:`hostless.agents.Agent.load_function`).
+compiled (:meth:`hostless.agents.Agent.load_function`), on its spawner's word
+alone: the request travels through the spawner's private channel
+(:mod:`hostless.agents.control`), never through the domain, so the module,
+``sys.path`` entries and script file it names are the spawner's.
 """
 
 from __future__ import annotations

@@ -144,7 +144,11 @@ class Agent:
             )
         self._seq += 1
         seq = self._seq
-        late = TimeoutError(f"{self.kind} agent {self.id} did not answer the load request for {what} within {timeout} s")
+        late = TimeoutError(
+            f"{self.kind} agent {self.id} did not answer the load request for {what} within {timeout} s"
+        )
+        if time.monotonic() >= deadline:
+            raise late  # nothing sent: the channel stays in step
         try:
             _control.send(sock, {**req, "seq": seq}, deadline)
         except TimeoutError:

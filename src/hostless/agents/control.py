@@ -65,7 +65,8 @@ def send(sock: socket.socket, obj: dict[str, Any], deadline: float | None = None
     data = json.dumps(obj).encode()
     if len(data) > MAX_FRAME:
         raise ValueError(f"a load request of {len(data)} bytes is over the channel's {MAX_FRAME}")
-    sock.settimeout(_left(deadline))
+    # a deadline already past still gets a moment: a small frame into an idle socket is sent at once
+    sock.settimeout(None if deadline is None else max(1e-3, deadline - time.monotonic()))
     sock.sendall(_HEAD.pack(len(data)) + data)
 
 
@@ -153,7 +154,8 @@ def adopt(fd: int, parent: int) -> socket.socket:
     if pid != parent or uid != os.getuid():
         sock.close()
         raise ValueError(
-            f"the load channel comes from pid {pid} uid {uid}, not from the spawner (pid {parent}, uid {os.getuid()})"
+            f"the load channel comes from pid {pid} uid {uid}, "
+            f"not from the spawner (pid {parent}, uid {os.getuid()})"
         )
     sock.settimeout(None)
     return sock
