@@ -7,21 +7,38 @@ second process fetches the first's allocation; it outlives its creator while
 another holder lives; with no holder left the next process creates a fresh one;
 processes starting at once create exactly one; a holder that answers garbage is
 skipped.
+
+Trust (issue 21): holders meet in the user's private directory and both ends check
+the peer's uid (SO_PEERCRED).  Checked, with a second user (``nobody``, in a
+forked child that drops root) when the tests run as root: a squatter of another
+uid that binds the names the old broker used, and plants a socket of its own in
+the directory, is refused and the real memory is fetched; squatting the creation
+name blocks nothing; a pre-created runtime directory (another user's, a symlink,
+too open) is refused with the reason; ten holders that accept and never answer
+cost one bounded round; a squatted name leaks no allocation and no descriptor.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+import pwd
+import shutil
 import socket
+import stat
+import struct
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import pytest
 
-from hostless.devmem import Allocation, Broker
+from hostless.devmem import PEER_TIMEOUT, Allocation, Broker, UntrustedPeer, runtime_dir
+from hostless.errors import DeviceHeapUnavailable, UnsafeRuntimeDirectory
 
 CHILD = r"""
 import os, sys
@@ -105,10 +122,25 @@ def test_processes_starting_together_create_exactly_one(key):
         h.leave()
 
 
+def _sock_in(br: Broker, tag: str, backlog: int = 4) -> tuple[socket.socket, str]:
+    """A listening socket published where ``br`` looks for holders (as a holder would be)."""
+    path = os.path.join(br.path, f"{br.prefix}{tag}.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(path)
+    s.listen(backlog)
+    return s, path
+
+
+def _memfd_create(size: int = 4096, gen: bytes = b"g" * 16) -> tuple[int, Allocation]:
+    fd = os.memfd_create("hostless-test-heap")
+    os.ftruncate(fd, size)
+    os.pwrite(fd, gen, 0)
+    return fd, Allocation(size, 4096, 0, gen)
+
+
 def test_a_holder_answering_garbage_is_skipped(key):
-    bogus = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    bogus.bind(f"\0hostless/{key}/dh0/p999999")
-    bogus.listen(4)
+    br = Broker(key, 0)
+    bogus, path = _sock_in(br, "0.junk")
 
     def serve_junk() -> None:
         while True:
@@ -116,22 +148,19 @@ def test_a_holder_answering_garbage_is_skipped(key):
                 conn, _ = bogus.accept()
             except OSError:
                 return
-            conn.sendall(b"not a hello")  # and no descriptor
-            conn.close()
+            with conn, contextlib.suppress(OSError):
+                conn.sendall(b"not a hello")  # and no descriptor
 
     threading.Thread(target=serve_junk, daemon=True).start()
     try:
-        br = Broker(key, 0)
         made = []
 
         def create() -> tuple[int, Allocation]:
-            fd = os.memfd_create("hostless-test-heap")
-            os.ftruncate(fd, 4096)
-            made.append(fd)
-            return fd, Allocation(4096, 4096, 0, b"g" * 16)
+            made.append(_memfd_create())
+            return made[-1]
 
         fd, info, created = br.acquire(create, timeout=5)
-        assert created and fd == made[0] and info.generation == b"g" * 16
+        assert created and fd == made[0][0] and info.generation == b"g" * 16
         h = Holder(key)  # another process skips the junk server and fetches ours
         created_h, gen_h, _ = h.result()
         assert not created_h and gen_h == (b"g" * 16).hex()
@@ -140,3 +169,317 @@ def test_a_holder_answering_garbage_is_skipped(key):
         os.close(fd)
     finally:
         bogus.close()
+        os.unlink(path)
+
+
+# ----------------------------------------------------------------- a second user
+def _nobody() -> tuple[int, int]:
+    if os.geteuid() != 0:
+        pytest.skip("cross-user test: needs root to drop to a second, unprivileged user (nobody)")
+    try:
+        pw = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("cross-user test: no 'nobody' user on this machine")
+    if pw.pw_uid == 0:
+        pytest.skip("cross-user test: 'nobody' is uid 0 here")
+    return pw.pw_uid, pw.pw_gid
+
+
+class AsUser:
+    """A forked child that runs ``body(report)`` as another uid, then holds until :meth:`end`.
+    ``before(report)`` runs first, still as root (to plant a file where only root could).
+    ``report(text)`` sends one line to the parent, :meth:`line` reads it."""
+
+    def __init__(
+        self,
+        uid: int,
+        gid: int,
+        body: Callable[[Callable[[str], None]], object],
+        before: Callable[[Callable[[str], None]], object] | None = None,
+    ) -> None:
+        up_r, up_w = os.pipe()
+        down_r, down_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: only plain calls, then _exit
+            code = 1
+            try:
+                os.close(up_r)
+                os.close(down_w)
+
+                def report(text: str) -> None:
+                    os.write(up_w, (text + "\n").encode())
+
+                kept = [before(report)] if before is not None else []
+                os.setgroups([])
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
+                kept.append(body(report))
+                report("ready")
+                os.read(down_r, 1)  # hold until the parent ends us
+                code = 0
+            except BaseException as e:  # noqa: BLE001 - reported, then the child exits
+                with contextlib.suppress(OSError):
+                    os.write(up_w, f"error {type(e).__name__}: {e}\n".encode())
+            finally:
+                os._exit(code)
+        os.close(up_w)
+        os.close(down_r)
+        self.pid, self._down = pid, down_w
+        self._up = os.fdopen(up_r)
+
+    def line(self) -> str:
+        return self._up.readline().strip()
+
+    def until_ready(self) -> list[str]:
+        lines = []
+        while (ln := self.line()) != "ready":
+            assert ln and not ln.startswith("error"), f"child said {ln!r}; before that {lines}"
+            lines.append(ln)
+        return lines
+
+    def end(self) -> None:
+        os.close(self._down)
+        _, status = os.waitpid(self.pid, 0)
+        self._up.close()
+        assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _serve_fd_forever(srv: socket.socket, fd: int) -> None:
+    def loop() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                with contextlib.suppress(OSError):
+                    socket.send_fds(conn, [_hello_for(fd)], [fd])
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def _hello_for(fd: int) -> bytes:
+    """A well-formed hello for the squatter's memfd (the broker's wire format)."""
+    return struct.pack("<8sQQQ16s", b"HLDEVHP1", 4096, 4096, 0, os.pread(fd, 16, 0))
+
+
+def test_a_squatter_of_another_user_is_refused_and_the_real_memory_is_fetched(key):
+    uid, gid = _nobody()
+    real = Holder(key)  # the real allocation, held by a process of ours
+    created, real_gen, _ = real.result()
+    assert created
+    br = Broker(key, 0)
+    trap = os.path.join(br.path, f"{br.prefix}0.squat.sock")  # sorts before every pid
+    kept: list[object] = []
+
+    def plant(report: Callable[[str], None]) -> None:
+        # a socket in our directory whose process is another user (bound as root, then the
+        # process drops to nobody and listens: SO_PEERCRED names nobody)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(trap)
+        kept.append(s)
+
+    def squat(report: Callable[[str], None]) -> None:
+        fd = os.memfd_create("squatter")
+        os.ftruncate(fd, 4096)
+        os.pwrite(fd, b"SQUATTER-MEMORY!", 0)
+        planted = kept[0]
+        assert isinstance(planted, socket.socket)
+        planted.listen(4)
+        _serve_fd_forever(planted, fd)
+        for name in ("p0", "create", f"p{os.getppid()}"):  # the old broker's names
+            a = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            a.bind(f"\0hostless/{key}/dh0/{name}")
+            a.listen(4)
+            _serve_fd_forever(a, fd)
+            kept.append(a)
+        try:  # and it cannot plant anything in our directory itself
+            plant2 = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            plant2.bind(os.path.join(br.path, f"{br.prefix}1.x.sock"))
+            report("dir-writable")
+        except PermissionError:
+            report("dir-closed")
+
+    sq = AsUser(uid, gid, squat, before=plant)
+    try:
+        assert sq.until_ready() == ["dir-closed"]
+        with pytest.warns(UntrustedPeer, match=rf"pid {sq.pid} \(uid {uid}\)"):
+            fd, info, created = br.acquire(lambda: pytest.fail("a holder exists"), timeout=5)
+        assert not created
+        assert info.generation.hex() == real_gen and os.pread(fd, 16, 0).hex() == real_gen
+        assert [(r.pid, r.uid) for r in br.rejected] == [(sq.pid, uid)]
+        os.close(fd)
+    finally:
+        sq.end()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(trap)
+        real.leave()
+
+
+def test_squatting_the_creation_name_blocks_nothing(key):
+    uid, gid = _nobody()
+    br = Broker(key, 0)
+    kept: list[socket.socket] = []
+
+    def squat(report: Callable[[str], None]) -> None:
+        for name in ("create", "p0"):  # the old broker's creation lock, and a first holder name
+            a = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            a.bind(f"\0hostless/{key}/dh0/{name}")
+            a.listen(16)  # accepts (backlog) and never answers
+            kept.append(a)
+        try:
+            os.open(os.path.join(br.path, br.prefix + "lock"), os.O_RDONLY | os.O_CREAT, 0o644)
+            report("lock-openable")
+        except PermissionError:
+            report("lock-closed")
+
+    sq = AsUser(uid, gid, squat)
+    try:
+        assert sq.until_ready() == ["lock-closed"]
+        fd, info, created = br.acquire(_memfd_create, timeout=3)
+        assert created and info.generation == b"g" * 16
+        h = Holder(key)  # and the next process gets it
+        assert h.result()[1:] == ((b"g" * 16).hex(), (b"g" * 16).hex())
+        h.leave()
+        br.close()
+        os.close(fd)
+    finally:
+        sq.end()
+
+
+def test_a_runtime_directory_made_by_another_user_is_refused(key):
+    uid, gid = _nobody()
+    base = f"/dev/shm/hltest-base-{uuid.uuid4().hex[:12]}"
+    os.mkdir(base)
+    os.chmod(base, 0o1777)  # like /dev/shm: anyone may create, only the owner removes
+    mine = runtime_dir(base=base)
+    try:
+        for how in ("dir", "symlink"):
+
+            def squat(report: Callable[[str], None], how: str = how) -> None:
+                if how == "dir":
+                    os.mkdir(mine, 0o777)
+                else:
+                    os.mkdir(f"{base}/bait", 0o777)
+                    os.symlink(f"{base}/bait", mine)
+
+            sq = AsUser(uid, gid, squat)
+            try:
+                sq.until_ready()
+                with pytest.raises(UnsafeRuntimeDirectory, match=f"uid {uid}"):
+                    Broker(key, 0, base=base)
+            finally:
+                sq.end()
+                shutil.rmtree(f"{base}/bait", ignore_errors=True)
+                if os.path.islink(mine):
+                    os.unlink(mine)
+                else:
+                    os.rmdir(mine)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_runtime_directory_open_to_others_or_in_an_open_parent_is_refused(key, tmp_path):
+    base = tmp_path / "base"
+    base.mkdir(mode=0o755)
+    mine = runtime_dir(base=str(base))
+    os.mkdir(mine, 0o700)
+    os.chmod(mine, 0o755)  # ours, but others may list it
+    with pytest.raises(UnsafeRuntimeDirectory, match="mode 755"):
+        Broker(key, 0, base=str(base))
+    os.rmdir(mine)
+    os.chmod(base, 0o777)  # world-writable, not sticky: others could rename ours away
+    with pytest.raises(UnsafeRuntimeDirectory, match="not sticky"):
+        Broker(key, 0, base=str(base))
+    os.chmod(base, 0o1777)
+    br = Broker(key, 0, base=str(base))  # sticky: fine, and the directory is made 0700
+    assert stat.S_IMODE(os.stat(mine).st_mode) == 0o700 and br.path == mine
+
+
+# ----------------------------------------------------------------- bounded waits
+def test_ten_silent_holders_cost_one_bounded_round(key):
+    br = Broker(key, 0)
+    real = Holder(key)  # a real holder among them: found in one round, not after ten
+    created, gen, _ = real.result()
+    # accept (into the backlog) and never answer; one of them stops accepting at once
+    silent = [_sock_in(br, f"{i}.silent", backlog=0 if i == 9 else 64) for i in range(10)]
+    try:
+        t0 = time.monotonic()
+        got = br.fetch()
+        took = time.monotonic() - t0
+        assert got is not None and got[1].generation.hex() == gen
+        os.close(got[0])
+        assert took < PEER_TIMEOUT + 5  # the old broker: 10 x 2 s before reaching it
+        real.leave()
+        # no real holder left: acquire refuses to create a second allocation beside holders
+        # that may be stopped, and says which ones, within timeout + PEER_TIMEOUT
+        t0 = time.monotonic()
+        with pytest.raises(DeviceHeapUnavailable, match=rf"pid {os.getpid()}\b"):
+            br.acquire(lambda: pytest.fail("must not create beside silent holders"), timeout=2)
+        assert time.monotonic() - t0 < 2 + PEER_TIMEOUT + 5
+        full = f"{br.prefix}9.silent.sock (not accepting)"
+        assert sorted(br.silent) == sorted([f"pid {os.getpid()}"] * 9 + [full])
+    finally:
+        for s, path in silent:
+            s.close()
+            os.unlink(path)
+
+
+def test_dead_holders_names_are_removed_and_skipped(key):
+    br = Broker(key, 0)
+    s, path = _sock_in(br, "1.dead")
+    s.close()  # its process is gone: connections are refused
+    fd, _info, created = br.acquire(_memfd_create, timeout=5)
+    assert created and not os.path.exists(path)
+    br.close()
+    os.close(fd)
+
+
+# ----------------------------------------------------------------- no leaks
+def _fds() -> set[int]:
+    return {int(n) for n in os.listdir("/proc/self/fd")}
+
+
+def test_a_squatted_holder_name_leaks_nothing(key):
+    # someone binds the name this process would serve under (the old broker's p<pid>):
+    # creating still works, and every descriptor made is accounted for
+    squat = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    squat.bind(f"\0hostless/{key}/dh0/p{os.getpid()}")
+    squat.listen(1)
+    try:
+        before = _fds()
+        br = Broker(key, 0)
+        made: list[int] = []
+
+        def create() -> tuple[int, Allocation]:
+            fd, info = _memfd_create()
+            made.append(fd)
+            return fd, info
+
+        fd, _info, created = br.acquire(create, timeout=3)
+        assert created and made == [fd]
+        br.close()
+        os.close(fd)
+        del br
+        gc.collect()
+        assert _fds() == before
+    finally:
+        squat.close()
+
+
+def test_a_failing_create_leaves_nothing_behind(key):
+    br = Broker(key, 0)
+    before = set(os.listdir(br.path))
+    fds = _fds()
+
+    def boom() -> tuple[int, Allocation]:
+        raise RuntimeError("cuMemCreate failed")
+
+    with pytest.raises(RuntimeError, match="cuMemCreate"):
+        br.acquire(boom, timeout=3)
+    assert _fds() == fds  # no socket left open
+    assert set(os.listdir(br.path)) - before <= {br.prefix + "lock"}  # no socket file
+    fd, _info, created = br.acquire(_memfd_create, timeout=3)  # and the lock is free
+    assert created
+    br.close()
+    os.close(fd)

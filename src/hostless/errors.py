@@ -17,6 +17,8 @@ __all__ = [
     "NameTaken",
     "HostlessWarning",
     "WritableDomainWarning",
+    "DeviceHeapUnavailable",
+    "UnsafeRuntimeDirectory",
 ]
 
 
@@ -84,3 +86,17 @@ class WritableDomainWarning(HostlessWarning):
     their choice (never load new code: that goes only through the spawner's private
     channel).  Create the domain with ``mode=0o600`` (the default) to keep them out, or
     filter this warning if the sharing is intended."""
+
+
+class DeviceHeapUnavailable(HostlessError):
+    """A device heap's allocation could be neither fetched from a trusted holder nor created
+    within the timeout: a holder of this user accepted but never answered (stopped or hung:
+    the message names its pid), or another process held the creation lock throughout.
+    Resume or end the process named, then retry."""
+
+
+class UnsafeRuntimeDirectory(HostlessError, PermissionError):
+    """The private directory where a user's processes exchange device-heap descriptors is
+    not private: a symbolic link, not a directory, owned by another user, or open to group
+    or others.  Another user may have created it first; the message names it and its owner:
+    remove it (as its owner or root) and retry."""
