@@ -213,9 +213,11 @@ class AsUser:
                 os.setgroups([])
                 os.setresgid(gid, gid, gid)
                 os.setresuid(uid, uid, uid)
-                kept.append(body(report))
+                state = body(report)
                 report("ready")
-                os.read(down_r, 1)  # hold until the parent ends us
+                while os.read(down_r, 1) == b"?":  # hold until the parent ends us
+                    report(str(state() if callable(state) else state))
+                del kept
                 code = 0
             except BaseException as e:  # noqa: BLE001 - reported, then the child exits
                 with contextlib.suppress(OSError):
@@ -236,6 +238,11 @@ class AsUser:
             assert ln and not ln.startswith("error"), f"child said {ln!r}; before that {lines}"
             lines.append(ln)
         return lines
+
+    def ask(self) -> str:
+        """What ``body``'s result (called, when callable) says now."""
+        os.write(self._down, b"?")
+        return self.line()
 
     def end(self) -> None:
         os.close(self._down)
@@ -396,6 +403,35 @@ def test_a_runtime_directory_open_to_others_or_in_an_open_parent_is_refused(key,
     assert stat.S_IMODE(os.stat(mine).st_mode) == 0o700 and br.path == mine
 
 
+def test_a_holder_gives_nothing_to_a_client_of_another_user(key):
+    # root can enter any directory; the holder (nobody) still checks who connects
+    uid, gid = _nobody()
+    base = f"/dev/shm/hltest-base-{uuid.uuid4().hex[:12]}"
+    os.mkdir(base)
+    os.chmod(base, 0o1777)
+
+    def hold(report: Callable[[str], None]) -> Callable[[], object]:
+        br = Broker(key, 0, base=base)
+        fd, info = _memfd_create(gen=b"nobody's memory!")
+        br.serve(fd, info)
+        report(os.path.join(br.path, next(n for n in os.listdir(br.path) if n.endswith(".sock"))))
+        return lambda: [(r.pid, r.uid, r.where) for r in br.rejected]
+
+    h = AsUser(uid, gid, hold)
+    try:
+        (path,) = h.until_ready()
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.settimeout(30)
+        c.connect(path)
+        data, fds, _f, _a = socket.recv_fds(c, 64, 1)
+        c.close()
+        assert (data, fds) == (b"", [])  # closed with no descriptor
+        assert h.ask() == str([(os.getpid(), 0, "client")])  # and recorded, naming us
+    finally:
+        h.end()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # ----------------------------------------------------------------- bounded waits
 def test_ten_silent_holders_cost_one_bounded_round(key):
     br = Broker(key, 0)
@@ -423,6 +459,43 @@ def test_ten_silent_holders_cost_one_bounded_round(key):
         for s, path in silent:
             s.close()
             os.unlink(path)
+
+
+FORKER = r"""
+import os, sys
+from hostless.devmem import Allocation, Broker
+
+def create():
+    fd = os.memfd_create("hostless-test-heap")
+    os.ftruncate(fd, 4096)
+    return fd, Allocation(4096, 4096, 0, b"f" * 16)
+
+fd, info, created = Broker(sys.argv[1], 0).acquire(create, timeout=10)
+assert created
+if os.fork() == 0:  # a child that does not exec (multiprocessing's fork) lives on
+    print("forked", flush=True)
+    sys.stdin.readline()
+    os._exit(0)
+os._exit(0)  # the holder dies without closing anything (as if killed)
+"""
+
+
+def test_a_dead_holders_forked_child_is_not_a_silent_holder(key):
+    p = subprocess.Popen(
+        [sys.executable, "-c", FORKER, key], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout is not None and p.stdin is not None
+    try:
+        assert p.stdout.readline().strip() == "forked"
+        assert p.wait(30) == 0
+        br = Broker(key, 0)
+        fd, info, created = br.acquire(_memfd_create, timeout=3)  # nobody holds it: a fresh one
+        assert created and info.generation == b"g" * 16
+        br.close()
+        os.close(fd)
+    finally:
+        p.stdin.close()  # the forked child exits (stdout EOF once it has)
+        p.stdout.read()
 
 
 def test_dead_holders_names_are_removed_and_skipped(key):

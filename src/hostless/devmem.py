@@ -272,6 +272,7 @@ class Broker:
         self._published = ""
         self._wake: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
+        self._own = -1
 
     # --------------------------------------------------------------- helpers
     def _at(self, name: str) -> str:
@@ -470,6 +471,7 @@ class Broker:
         hello = _HELLO.pack(_MAGIC, info.size, info.granularity, info.ordinal, info.generation)
         own = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 0)  # the thread's own: the caller may close fd
         wake = os.pipe2(os.O_CLOEXEC)
+        srv.setblocking(False)  # a client that gave up between select and accept blocks nothing
 
         def loop() -> None:
             try:
@@ -511,6 +513,8 @@ class Broker:
                 os.close(p)
             raise
         self._server, self._published, self._wake, self._thread = srv, name, wake, thread
+        self._own = own
+        _serving.add(self)
 
     def serve(self, fd: int, info: Allocation) -> None:
         """Serve ``fd`` (a duplicate of it: the caller keeps its own) to this user's other
@@ -537,11 +541,34 @@ class Broker:
                 os.close(p)
             self._server.close()
             self._server, self._wake, self._thread = None, None, None
+            _serving.discard(self)
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: the serving thread did not come along, so drop the copies of its
+        socket and descriptors (a listener nobody accepts on would look like a stopped holder)."""
+        if self._server is not None and self._wake is not None:
+            for f in (*self._wake, self._own):
+                with contextlib.suppress(OSError):
+                    os.close(f)
+            self._server.close()
+            self._server, self._wake, self._thread = None, None, None
 
     def __del__(self) -> None:  # a serving broker is kept alive by its thread
         if getattr(self, "_dir", -1) >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._dir)
+
+
+_serving: weakref.WeakSet[Broker] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for b in list(_serving):
+        b._forget_after_fork()
+    _serving.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class DeviceHeapBacking:
