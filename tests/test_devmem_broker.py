@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -88,8 +88,13 @@ class Holder:
 
 
 @pytest.fixture
-def key() -> str:
-    return f"test{uuid.uuid4().hex[:12]}"
+def key() -> Iterator[str]:
+    k = f"test{uuid.uuid4().hex[:12]}"
+    yield k
+    d = runtime_dir()
+    for name in os.listdir(d):  # the heap's lock file (and any socket a test left)
+        if name.startswith(k + "."):
+            os.unlink(os.path.join(d, name))
 
 
 def test_a_second_process_gets_the_same_allocation_and_it_outlives_its_creator(key):

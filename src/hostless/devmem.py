@@ -47,6 +47,7 @@ with ``CudaPeer.wait``) before reading what another participant wrote.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import fcntl
@@ -252,7 +253,10 @@ class Broker:
     holders matter; a holder whose process is gone (connection refused) has its socket file
     removed.  **Creating.**  When no holder answers, :meth:`acquire` creates the allocation
     under the creation lock (``flock`` of ``<key>.dh<index>.lock`` in the same directory),
-    binding its socket before it creates, so no later failure can strand the allocation."""
+    binding its socket before it creates, so no later failure can strand the allocation.
+    **Left behind.**  A holder unpublishes at :meth:`close` and at exit; a killed one's socket
+    file is removed by the next :meth:`fetch` of the heap; the lock file (empty but for a pid)
+    stays, one per heap ever used."""
 
     def __init__(self, key: str, index: int, base: str | None = None) -> None:
         if not key or "/" in key or "\0" in key or key.startswith("."):
@@ -568,7 +572,14 @@ def _after_fork_in_child() -> None:
     _serving.clear()
 
 
+def _at_exit() -> None:  # unpublish, so no socket file outlives a process that exits normally
+    for b in list(_serving):
+        with contextlib.suppress(OSError):
+            os.unlink(b._published, dir_fd=b._dir)
+
+
 os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_at_exit)
 
 
 class DeviceHeapBacking:
