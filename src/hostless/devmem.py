@@ -70,7 +70,7 @@ import numpy as np
 
 from . import _core, lowlevel
 from ._abi import C
-from .errors import DeviceHeapUnavailable, HostlessError, UnsafeRuntimeDirectory
+from .errors import DeviceHeapUnavailable, HostlessError, UnsafeRuntimeDirectory, UntrustedPeer
 
 __all__ = [
     "DeviceHeapBacking",
@@ -148,11 +148,6 @@ once, so a round lasts at most this long whatever the number of holders (silent 
 included)."""
 
 _MAX_PEERS = 256  # holders asked per round (the rest are not needed: any one answers)
-
-
-class UntrustedPeer(UserWarning):
-    """A socket in the broker's directory whose process runs as another user: skipped.  The
-    message names its pid and uid (``Broker.rejected`` keeps the record)."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ __all__ = [
     "WritableDomainWarning",
     "DeviceHeapUnavailable",
     "UnsafeRuntimeDirectory",
+    "UntrustedPeer",
 ]
 
 
@@ -100,3 +101,10 @@ class UnsafeRuntimeDirectory(HostlessError, PermissionError):
     not private: a symbolic link, not a directory, owned by another user, or open to group
     or others.  Another user may have created it first; the message names it and its owner:
     remove it (as its owner or root) and retry."""
+
+
+class UntrustedPeer(HostlessWarning):
+    """A device-heap peer (a holder's socket, or a client of ours) whose process runs as
+    another user: refused and skipped, the rest carries on.  The message names its pid and
+    uid (``Broker.rejected`` keeps the record); if that process should share the heap, run
+    it as the same user."""
