@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+
+import pytest
+
 import hostless as hl
 from conftest import run_child
 from hostless import records
@@ -68,3 +72,46 @@ def test_sigbus_guard_covers_every_open_domain(domain_name: str) -> None:
     assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
     assert "error: CorruptDomain" in out.stdout, out.stdout
     assert "closed" in out.stdout
+
+
+def test_info_escapes_control_characters(dom: hl.Domain, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Labels, names and records are written by any participant: ``hostless info`` once
+    printed their terminal escape sequences raw (recolouring, retitling, hiding lines)."""
+    from hostless import cli
+
+    evil = "\x1b]0;owned\x07\x1b[2J\u202e"
+    assert dom.name is not None
+    d = hl.Domain.create(f"{dom.name}-i", heap="1M", fences=64)
+    try:
+        with hl.Domain.open(d.name, label="x\x1b[31mred") as peer:
+            f = peer.fence()
+            d.publish("n" + evil, f)
+            g = d.fence()
+            g.signal(hl.Status.ERROR)
+            rec = records.Recorder(d)
+            assert rec.write(g.handle, "line one" + evil + "\nline two")
+            assert cli.main(["info", str(d.name)]) == 0
+            out = capsys.readouterr().out
+            rec.close()
+    finally:
+        d.close()
+        hl.Domain.unlink(f"{dom.name}-i")
+    assert not any(ch in out for ch in "\x1b\x07\u202e"), out
+    assert "x\\x1b[31mred" in out and "n\\x1b]0;owned\\x07\\x1b[2J\\u202e" in out
+    assert "line one\\x1b]0;owned" in out and "\n  line two" in out
+
+
+@pytest.mark.parametrize("pid", ["4294967295", "2147483648", "-1", "0", "0x100000000"])
+def test_agent_exe_rejects_a_parent_pid_out_of_range(pid: str) -> None:
+    """``--parent 4294967295`` became ``kill(-1, 0)`` (always "alive"): the agent never
+    noticed its parent's death.  Pids are 1..INT_MAX; anything else is a usage error."""
+    from hostless import agents
+
+    r = subprocess.run(
+        [agents.executable_path(), "--domain", "x", "--queue", "q", "--parent", pid],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert r.returncode == 2, r
+    assert "--parent: not a pid" in r.stderr
