@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
+import mmap
+import os
 import subprocess
 
 import pytest
@@ -115,3 +118,36 @@ def test_agent_exe_rejects_a_parent_pid_out_of_range(pid: str) -> None:
     )
     assert r.returncode == 2, r
     assert "--parent: not a pid" in r.stderr
+
+
+def test_export_buffer_is_read_only_unless_asked(dom: hl.Domain) -> None:
+    """``export_buffer`` handed out read-write access to the whole domain by default;
+    now the fd is read-only unless ``writable=True``, and imports map it read-only."""
+    assert dom.name is not None
+    d = hl.Domain.create(f"{dom.name}-x", heap="1M", fences=64)
+    try:
+        b = d.buffer((4096,), "u1")
+        b.numpy()[:] = 7
+        fd, offset, n = hl.export_buffer(b)
+        try:
+            assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+            with pytest.raises(PermissionError):
+                mmap.mmap(fd, offset + n, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            view = hl.ExternalBuffer.from_fd(fd, (n,), "u1", offset=offset)  # the documented import
+            assert not view.numpy().flags.writeable and (view.numpy() == 7).all()
+            view.close()
+        finally:
+            os.close(fd)
+        fd, offset, n = hl.export_buffer(b, writable=True)
+        try:
+            assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDWR
+            view = hl.ExternalBuffer.from_fd(fd, (n,), "u1", offset=offset)
+            view.numpy()[:] = 9
+            view.close()
+            assert (b.numpy() == 9).all()
+        finally:
+            os.close(fd)
+        b.release()
+    finally:
+        d.close()
+        hl.Domain.unlink(f"{dom.name}-x")
