@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import math
 import mmap
 import os
 import subprocess
@@ -151,3 +152,59 @@ def test_export_buffer_is_read_only_unless_asked(dom: hl.Domain) -> None:
     finally:
         d.close()
         hl.Domain.unlink(f"{dom.name}-x")
+
+
+def test_replace_stale_over_a_symlink_raises_the_documented_error(domain_name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``replace_stale=True`` over a symbolic link raised a bare OSError (ELOOP); the
+    documented answer is FileExistsError saying why, and the link and its target stay."""
+    target = tmp_path / "target"
+    target.write_bytes(b"not yours")
+    link = f"/dev/shm/{domain_name}"
+    os.symlink(target, link)
+    try:
+        with pytest.raises(FileExistsError, match="symbolic link"):
+            hl.Domain.create(domain_name, replace_stale=True)
+        assert os.path.islink(link) and target.read_bytes() == b"not yours"
+    finally:
+        os.unlink(link)
+
+
+@pytest.mark.parametrize("cap", [2**63, 2**64, -(2**63) - 1, 2**21, 3, 0])
+def test_queue_capacity_out_of_range_is_a_value_error(dom: hl.Domain, cap: int) -> None:
+    """``dom.queue(2**63)`` raised OverflowError from the C conversion."""
+    with pytest.raises(ValueError, match=r"power of two in 2\.\.2\^20"):
+        dom.queue(cap)
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, -1.0, 1e300])
+def test_spin_is_checked_before_it_is_stored(dom: hl.Domain, bad: float) -> None:
+    """``dom.spin = inf`` (or nan) stored the value and then raised OverflowError /
+    ValueError from the conversion; now a ValueError comes first and nothing changes."""
+    before = dom.spin
+    with pytest.raises(ValueError, match="spin"):
+        dom.spin = bad
+    assert dom.spin == before
+    f = dom.fence()
+    with pytest.raises(ValueError, match="spin"):
+        f.wait(0, spin=bad)
+    f.release()
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan])
+def test_float_options_refuse_nan_and_inf(bad: float) -> None:
+    """Queue.pop and spawn options take no nan or inf (the agent loops would convert
+    them to nanoseconds: OverflowError, or undefined behaviour in C)."""
+    from hostless import agents
+
+    d = hl.Domain.create(f"hlfloat-{os.getpid()}", heap="1M", fences=64)
+    try:
+        q = d.queue(4)
+        with pytest.raises(ValueError, match="spin"):
+            q.pop(0, spin=bad)
+        for opt in ("spin", "wait_timeout", "follow_timeout", "idle_poll"):
+            with pytest.raises(ValueError, match=opt):
+                agents.spawn(d, queue=q, **{opt: bad})  # refused before anything starts
+        assert d.participants and len(d.participants) == 1
+    finally:
+        d.close()
+        hl.Domain.unlink(f"hlfloat-{os.getpid()}")
