@@ -19,16 +19,16 @@ import fcntl
 import os
 import pwd
 import struct
-import sys
 from collections.abc import Iterator
 
 import pytest
 
 import hostless as hl
-from conftest import kill_child, read_line, send_line, spawn_child
+from conftest import kill_child, read_line, spawn_child
 from hostless.status import Status as S
 
 LOCK_BASE = 1 << 40
+
 
 class Reader:
     """A reader in a forked child (optionally as another user): it opens the domain file
@@ -205,4 +205,3 @@ def test_reader_lock_after_lockless_join_still_recovers(
     finally:
         kill_child(victim)
         reader.stop()
-

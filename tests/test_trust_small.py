@@ -51,7 +51,7 @@ def test_sigbus_guard_covers_every_open_domain(domain_name: str) -> None:
         doms = []
         try:
             for i in range(300):
-                doms.append(hl.Domain.create(f"{name}-{i}", fences=16, participants=2, heap=0, queues=0, trace=0))
+                doms.append(hl.Domain.create(f"{name}-{i}", fences=16, participants=2))
                 hl.Domain.unlink(f"{name}-{i}")  # the mapping stays; the name goes now
             last = doms[-1]
             f = last.fence()

@@ -26,9 +26,8 @@ from .errors import (
 )
 from .inspection import Participant
 from .shm import MAX_REGION as MAX_REGION
-from .shm import SHM_DIR, path_of
+from .shm import SHM_DIR, check_spin, path_of
 from .shm import check_join_args as _check_join_args
-from .shm import check_spin
 from .shm import parse_size as parse_size
 from .shm import wait_ready as _wait_ready
 from .status import Status

@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from . import _core, lowlevel
-from .shm import check_spin
 from ._abi import C, handle_kind
 from .errors import InvalidHandle
+from .shm import check_spin
 from .wire import Follow, Kernargs, Packet, PacketType
 
 __all__ = ["Packet", "Follow", "Kernargs", "Queue", "PacketType"]

@@ -140,7 +140,8 @@ def replace_stale(path: str) -> None:
         except FileNotFoundError:
             return
         except OSError as e:  # a symbolic link (never followed), another user's file, ...
-            what = "a symbolic link, never followed" if e.errno == errno.ELOOP else f"cannot check it: {e.strerror}"
+            link = e.errno == errno.ELOOP
+            what = "a symbolic link, never followed" if link else f"cannot check it: {e.strerror}"
             raise FileExistsError(f"{path} exists and was not replaced: {what}") from None
         if found.state in ("removed", "gone"):
             return

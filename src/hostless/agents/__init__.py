@@ -256,7 +256,7 @@ def spawn(
     if wait_timeout is not None:
         wait_timeout = float(wait_timeout)
         if not 0 <= wait_timeout < float("inf"):
-            raise ValueError(f"wait_timeout must be finite seconds >= 0, or None for none; got {wait_timeout!r}")
+            raise ValueError(f"wait_timeout must be finite seconds >= 0 (None: none), got {wait_timeout!r}")
     follow_timeout = float(opts.pop("follow_timeout", 10.0))
     if not 0 <= follow_timeout < float("inf"):
         raise ValueError(f"follow_timeout must be finite seconds >= 0, got {follow_timeout!r}")
