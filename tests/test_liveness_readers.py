@@ -205,3 +205,28 @@ def test_reader_lock_after_lockless_join_still_recovers(
     finally:
         kill_child(victim)
         reader.stop()
+
+
+def test_gc_keeps_a_domain_whose_participant_joined_without_its_lock(shared_domain: hl.Domain) -> None:
+    """Between the reader's exit and the lockless participant's next reap no lock byte is
+    held: `hostless gc` / replace_stale must still see the domain as live."""
+    from hostless import cleanup
+
+    name = str(shared_domain.name)
+    path = f"/dev/shm/{name}"
+    cap = shared_domain.capacity["participants"]
+    shared_domain.close()
+    reader = Reader(path, cap, None)
+    try:
+        assert reader.lock() == cap
+        with hl.Domain.open(name, watchdog_interval=0) as d:  # joins without its lock
+            reader.stop()
+            assert _lock_type(path, d.participant_id & 0xFF) == fcntl.F_UNLCK
+            found = cleanup.probe(path, min_age=0)
+            assert found.state == "live", found
+            with pytest.raises(FileExistsError):
+                hl.Domain.create(name, replace_stale=True)
+            assert d.reap() == []  # takes its lock now
+            assert cleanup.probe(path, min_age=0).state == "live"
+    finally:
+        reader.stop()
