@@ -132,7 +132,7 @@ def _classify(fd: int, path: str, min_age: float, uninitialised: bool) -> Domain
     if magic == int(C.MAGIC):
         pid = _lockless_participant(fd, head, st.st_size)
         if pid:
-            return found("live", f"participant pid {pid} runs (joined without its lock: a reader held it off)")
+            return found("live", f"participant pid {pid} runs, joined without its lock (a reader held it)")
     what = "initialised" if magic == int(C.MAGIC) else "never initialised"
     if age < min_age:
         return found("young", f"{what}, no participant, but only {age:.1f} s old")
