@@ -677,7 +677,7 @@ def test_export_buffer_across_processes(hdom: hl.Domain, nbytes: int) -> None:
     b = hdom.buffer((nbytes // 4,), "<u4")
     a = b.numpy()
     a[:] = np.arange(a.size, dtype=np.uint32)
-    fd, offset, n = hl.export_buffer(b)
+    fd, offset, n = hl.export_buffer(b, writable=True)  # the peer writes too
     try:
         assert offset == b.offset and n == b.nbytes
         if nbytes >= LARGE:

@@ -21,6 +21,7 @@ from typing import Any
 from . import _core, lowlevel
 from ._abi import C, handle_kind
 from .errors import InvalidHandle
+from .shm import check_spin
 from .wire import Follow, Kernargs, Packet, PacketType
 
 __all__ = ["Packet", "Follow", "Kernargs", "Queue", "PacketType"]
@@ -63,8 +64,7 @@ class Queue(_core.Handle):
 
     def pop(self, timeout: float | None = None, spin: float = 20e-6) -> tuple[int, Packet] | None:
         """Take the next packet (consumer only): (index, packet), or None after ``timeout``."""
-        if isinstance(spin, bool) or not isinstance(spin, (int, float)) or not spin >= 0:
-            raise ValueError(f"spin must be seconds >= 0, got {spin!r}")
+        spin = check_spin(spin)
         r = self.pop_raw(_timeout_ns(timeout), int(spin * 1e9))
         if r is None:
             return None

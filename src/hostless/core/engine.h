@@ -254,8 +254,12 @@ void hle_sweep(hle_ctx *c);
 int hle_merge(hle_ctx *c, const uint64_t *handles, int n, uint64_t *out);
 
 /* ---- liveness (liveness.c) ---- */
-/* 1 when participant i's liveness lock is held by some process (or unknown). */
+/* 1 when participant i is alive: its liveness write lock is held by some
+ * process (or unknown), or, where a read lock hides the byte or i joined
+ * without its lock, its process still runs.  Read locks never mean alive. */
 int hle_part_lock_held(hle_ctx *c, int i);
+/* F_WRLCK, F_RDLCK or F_UNLCK: what F_OFD_GETLK finds on byte i; -1 unknown. */
+int hle_lock_state(int fd, int i);
 /* part_lock_held, but 1 for ourselves and for the participant we recover. */
 int hle_lock_held(hle_ctx *c, int i);
 /* Take (0 on success) / drop the OFD liveness lock of participant i. */
@@ -453,8 +457,8 @@ int hle_kernel_run(const struct hle_kenv *env, uint32_t kernel, struct hle_kbuf 
 
 /* ---- SIGBUS guard (guard.c) ---- */
 /* Put [lo, hi) under the guard: a truncation seen there marks c truncated. */
-void hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi);
-void hle_guard_add(hle_ctx *c);
+int hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi);
+int hle_guard_add(hle_ctx *c); /* HL_OK, or HL_E_NOMEM: then the mapping must not be used */
 void hle_guard_remove(hle_ctx *c);
 
 #endif /* HOSTLESS_CORE_ENGINE_H */
