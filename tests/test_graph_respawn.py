@@ -189,6 +189,9 @@ def test_a_producer_pushing_during_the_respawn_loses_nothing(dom: hl.Domain, nat
     try:
         gate = _block(dom, victim)
         _recovered(dom, victim)
+        f0 = dom.fence()  # queued for the dead agent for sure: it must fail, not run
+        pushed.append((victim.queue.push(hl.Packet(kernel=kernel_id("relu"), args=ka.handle,
+                                                   signal=f0.handle), timeout=5), f0))
         t = threading.Thread(target=produce)
         t.start()
         try:
@@ -200,6 +203,7 @@ def test_a_producer_pushing_during_the_respawn_loses_nothing(dom: hl.Domain, nat
         statuses = [(i, f.wait(10)) for i, f in sorted(pushed, key=lambda p: p[0])]
         kinds = [st for _, st in statuses]
         assert set(kinds) <= {S.OWNER_DIED, S.SUCCESS}, kinds  # none left pending, none ERROR
+        assert kinds[0] is S.OWNER_DIED, "the packet pushed after the death ran on the replacement"
         first_ok = kinds.index(S.SUCCESS)
         assert all(st is S.SUCCESS for st in kinds[first_ok:]), "a packet after the takeover failed"
         assert kinds[-50:] == [S.SUCCESS] * 50
@@ -258,7 +262,9 @@ def test_graph_after_its_middle_agent_is_respawned(dom: hl.Domain, native: bool)
             kill_at = 3 + r % 4
             seen: list[int] = []
 
-            def frames(cg_k0: int = k0, at: int = kill_at, victim: agents.Agent = b) -> Iterator[dict[str, Any]]:
+            def frames(
+                cg_k0: int = k0, at: int = kill_at, victim: agents.Agent = b
+            ) -> Iterator[dict[str, Any]]:
                 for k in range(40):
                     if k == at:
                         victim.kill()  # frames in flight (inflight=3) and queued behind them

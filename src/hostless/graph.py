@@ -85,11 +85,11 @@ from typing import Any
 import numpy as np
 
 from . import devmem, ert, lowlevel, records, trace
+from ._abi import C
 from .agents import Agent
 from .buffer import Buffer, bytes_buffer
 from .dag import MAX_PACKET_WAITS, Dag
 from .domain import Domain
-from ._abi import C
 from .errors import CorruptDomain, HostlessError
 from .kernels import CPU_KERNELS, CUDA_KERNEL_NAMES, NPU_CUS, check_stage, f64
 from .queue import _timeout_ns
