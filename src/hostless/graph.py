@@ -136,8 +136,8 @@ class GraphInvalidated(StageFailed):
     def __init__(self, stage: str, agent_id: int, why: str) -> None:
         HostlessError.__init__(
             self,
-            f"stage {stage!r}: its agent (participant {agent_id}) {why}; this compiled graph "
-            "is no longer valid and returns no frame: compile it again with g.compile() "
+            f"stage {stage!r} failed with OWNER_DIED: its agent (participant {agent_id}) {why}; "
+            "this compiled graph is no longer valid and returns no frame: compile it again with g.compile() "
             "on live agents (a respawned one included)",
         )
         self.stage, self.status, self.error = stage, Status.OWNER_DIED, None
@@ -299,7 +299,9 @@ class _Ident:
     """An agent as a compiled graph knows it: the words of its participant slot and of its
     queue's consumer that must keep what they held at compile time."""
 
-    _CTL_MASK = (0xFFFFFF << 16) | 0xFF  # the incarnation's low 24 bits (what an id carries) and state
+    __slots__ = ("stage", "agent_id", "index", "ctl", "ctl_want", "consumer", "consumer_want")
+
+    CTL_MASK = (0xFFFFFF << 16) | 0xFF  # the incarnation's low 24 bits (what an id carries) and state
 
     def __init__(
         self, stage: str, agent_id: int, index: int, ctl: memoryview, ctl_want: int,
@@ -313,7 +315,7 @@ class _Ident:
         cons = self.consumer[0]
         if cons != self.consumer_want and cons != 0:
             return f"was replaced: participant slot {(cons & 0xFF) - 1} consumes its queue now (a respawn)"
-        if self.ctl[0] & self._CTL_MASK != self.ctl_want:
+        if self.ctl[0] & self.CTL_MASK != self.ctl_want:
             return "died or left (its participant slot no longer holds it)"
         if cons != self.consumer_want:
             return "died (its recovery unbound its queue)"
@@ -426,10 +428,12 @@ class CompiledGraph:
         frame that failed or timed out: a killed agent not yet recovered looks alive)."""
         if self._invalid is not None:
             raise self._invalid
-        for ident in self._idents:
-            why = ident.changed()
-            if why is not None:
-                self._invalidate(GraphInvalidated(ident.stage, ident.agent_id, why))
+        m = _Ident.CTL_MASK
+        for ident in self._idents:  # the fast path: two loads and compares per agent
+            if ident.consumer[0] != ident.consumer_want or ident.ctl[0] & m != ident.ctl_want:
+                why = ident.changed()
+                if why is not None:
+                    self._invalidate(GraphInvalidated(ident.stage, ident.agent_id, why))
         if thorough:
             held = {p[0]: bool(p[9]) for p in self.dom._core.participants()}
             for ident in self._idents:
