@@ -609,7 +609,7 @@ def _(e: Env) -> None:
     dead.kill()
     e.dom.reap()
     e.keep(dead.queue)
-    for _ in range(2):  # (a push into a dead consumer's queue is fine while it has room: a respawn runs it)
+    for _ in range(2):  # (a dead consumer's queue takes a push while it has room: a respawn fails it unrun)
         dead.queue.push(hl.Packet(type=hl.PacketType.BARRIER), timeout=0)
     bad_follow_queue(e, dead.queue.handle)
 

@@ -313,7 +313,12 @@ def spawn(
 
     ``user_kernels`` maps names to ``"module:function"`` kernels (taking
     ``(buffers, scalars)``) the agent imports; their ids are in
-    ``agent.user_kernels``.  Passing the ``queue`` of a dead agent respawns it.
+    ``agent.user_kernels``.  Passing the ``queue`` of a dead agent respawns it: the packets
+    queued for the dead agent (below the write index the new one finds when it takes the
+    queue over, :meth:`hostless.Queue.bind`) fail unrun, their signals and their follow-ups'
+    with OWNER_DIED, and a STOP among them is ignored; packets pushed afterwards run.  A
+    graph compiled on the dead agent raises :class:`hostless.graph.GraphInvalidated` until
+    compiled again.  (A "gpucp" agent's device loop does not skip them yet.)
 
     Who decides what code runs: only the spawner.  User kernels come on the
     agent's command line; stage functions through a private load channel

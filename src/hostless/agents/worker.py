@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     dom = Domain.open(a.domain, label=a.label or f"{a.kind}-agent", kind=a.kind)
     q = dom.import_queue(a.queue)
-    q.bind()
+    stale_below = q.bind()  # (the native loop reads it from the engine itself)
     if a.kind == "gpucp":
         return _run_gpucp(dom, q, a.parent, a.device, a.sms, a.isolation)
     native = a.native and a.kind in ("cpu", "npu")
@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         agent = AgentLoop(dom, q, a.kind, user, a.parent, wait_timeout, follow_timeout)
     agent.spin_ns = int(max(0.0, a.spin) * 1e9)
+    agent.stale_below = stale_below
     if control is not None and a.kind == "cpu":
         from .control import serve
 

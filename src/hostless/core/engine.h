@@ -70,6 +70,8 @@ struct hle_hooks {
 
 /* The engine context: what a joined (or merely mapped) domain is to this
  * process.  The Python Core object embeds one. */
+#define HLE_BOUND_MAX 8 /* queue bindings remembered per process (hle_queue_stale_below) */
+
 struct hle_ctx {
     char *base;
     size_t size;
@@ -109,6 +111,10 @@ struct hle_ctx {
                                * OFD locks of one open file description do not conflict with each other,
                                * so F_OFD_GETLK cannot show our own recovery to our other threads: this does */
     struct hle_hooks hooks;
+    /* queues this process took over from a dead consumer, with the write index at
+     * that moment: packets below it were queued for the dead one (hle_queue_stale_below) */
+    uint64_t bound_q[HLE_BOUND_MAX], bound_floor[HLE_BOUND_MAX];
+    uint32_t bound_next;
 };
 
 #define BUSY_ENTER(c) __atomic_add_fetch(&(c)->busy, 1, __ATOMIC_SEQ_CST)
