@@ -338,3 +338,69 @@ def test_graph_run_after_respawn_between_frames(dom: hl.Domain, native: bool) ->
             ag.kill() if not ag.alive else ag.stop()
     dom.reap()
     assert dom.check() == []
+
+
+def _gpu_why() -> str | None:
+    try:
+        from hostless import cuda
+    except ImportError as e:  # no cuda.bindings
+        return str(e)
+    return cuda.available()
+
+
+@pytest.mark.gpu
+def test_a_gpucp_replacement_never_runs_a_packet_left_by_the_dead_agent(domain_name: str) -> None:
+    """The GPU command processor taking over a dead agent's queue: what was queued for the
+    dead one fails unrun with OWNER_DIED (its host process discards it by the loop's rule
+    before the resident kernel starts), and a packet pushed after the takeover runs on the
+    GPU.  Runs on the GPU machine; skipped elsewhere with the reason."""
+    why = _gpu_why()
+    if why is not None:
+        pytest.skip(f"no usable GPU: {why}")
+    d = hl.Domain.create(domain_name, heap="64M", device_heaps={"cuda:0": 64 << 20})
+    keep: list[Any] = []
+    victim = agents.spawn(d, "cpu", native=True, wait_timeout=None, label="victim")
+    cp: agents.Agent | None = None
+    try:
+        x = d.buffer((8,), np.float32)
+        x.numpy()[:] = np.arange(-4, 4, dtype=np.float32)
+        outs = [d.buffer((8,), np.float32) for _ in range(3)]
+        for o in outs:
+            o.numpy()[:] = -7.0
+        keep += [x, *outs]
+
+        def relu(o: hl.Buffer) -> hl.Buffer:
+            ka = hl.Kernargs(buffers=[x.handle, o.handle]).to_buffer(d)
+            keep.append(ka)
+            return ka
+
+        gate = _block(d, victim)
+        keep.append(gate)
+        stale = [d.fence() for _ in range(2)]
+        keep += stale
+        for f, o in zip(stale, outs[:2], strict=True):
+            pkt = hl.Packet(kernel=kernel_id("relu"), args=relu(o).handle, signal=f.handle)
+            victim.queue.push(pkt, timeout=5)
+        victim.queue.push(hl.Packet(type=hl.PacketType.STOP), timeout=5)
+        _recovered(d, victim)
+        cp = agents.spawn(d, "gpucp", device=0, queue=victim.queue)
+        for f in stale:
+            assert f.wait(30) is S.OWNER_DIED, "a packet left for the dead agent ran on the GPU processor"
+        for o in outs[:2]:
+            np.testing.assert_array_equal(o.numpy(), np.full(8, -7.0, np.float32))
+        fresh = d.fence()
+        keep.append(fresh)
+        cp.queue.push(hl.Packet(kernel=kernel_id("relu"), args=relu(outs[2]).handle, signal=fresh.handle),
+                      timeout=5)
+        assert fresh.wait(30) is S.SUCCESS
+        np.testing.assert_array_equal(outs[2].numpy(), np.maximum(x.numpy(), 0))
+        assert cp.alive
+        gate.signal()
+    finally:
+        for k in keep:
+            if hl.lowlevel.is_held(k):
+                k.release()
+        victim.kill()
+        if cp is not None:
+            cp.stop()
+        d.close()

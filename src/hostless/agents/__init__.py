@@ -318,7 +318,8 @@ def spawn(
     queue over, :meth:`hostless.Queue.bind`) fail unrun, their signals and their follow-ups'
     with OWNER_DIED, and a STOP among them is ignored; packets pushed afterwards run.  A
     graph compiled on the dead agent raises :class:`hostless.graph.GraphInvalidated` until
-    compiled again.  (A "gpucp" agent's device loop does not skip them yet.)
+    compiled again.  (A "gpucp" agent's host process fails them by the same rule before its
+    resident kernel starts.)
 
     Who decides what code runs: only the spawner.  User kernels come on the
     agent's command line; stage functions through a private load channel
