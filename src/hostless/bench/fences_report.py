@@ -137,8 +137,8 @@ def latency_rows(result: dict[str, Any]) -> list[list[str]]:
     for key, label in LATENCY_FIGURES.items():
         f = result["latency"].get(key)
         if f is None:
-            err = result["errors"].get(key, "not measured")
-            rows.append([label, "-", "-", "-", "-", "-", "-", f"not measured: {err}"])
+            err = result["errors"].get(key)
+            rows.append([label, "-", "-", "-", "-", "-", "-", f"not measured: {err}" if err else "not in this run"])
             continue
         rows.append(
             [
