@@ -68,7 +68,8 @@ def quotes(doc: Path, text: str | None = None) -> list[Quote]:
         start = max(prev_end, text.rfind("\n", 0, m.start()) + 1)
         nums = NUMBER.findall(text[start : m.start()])
         if not nums:
-            raise AssertionError(f"{doc.name}:{_lineno(text, m.start())}: a fig marker with no number before it")
+            where = f"{doc.name}:{_lineno(text, m.start())}"
+            raise AssertionError(f"{where}: a fig marker with no number before it")
         file = m["file"]
         if file.startswith("@"):
             if file[1:] not in aliases:

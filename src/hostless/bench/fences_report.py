@@ -138,7 +138,8 @@ def latency_rows(result: dict[str, Any]) -> list[list[str]]:
         f = result["latency"].get(key)
         if f is None:
             err = result["errors"].get(key)
-            rows.append([label, "-", "-", "-", "-", "-", "-", f"not measured: {err}" if err else "not in this run"])
+            why = f"not measured: {err}" if err else "not in this run"
+            rows.append([label, "-", "-", "-", "-", "-", "-", why])
             continue
         rows.append(
             [
