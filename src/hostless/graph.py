@@ -78,9 +78,9 @@ and a frame is done when every sink stage is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -98,7 +98,7 @@ from .status import Status, timeline_failure
 from .timeline import Timeline
 from .wire import FO_PACKET, PK_WAIT_VALUE, Follow, FrameOps, Kernargs, Packet, PacketType, follow_offset
 
-__all__ = ["Graph", "CompiledGraph", "StageFailed", "GraphInvalidated", "Stage"]
+__all__ = ["Graph", "CompiledGraph", "StageFailed", "GraphInvalidated", "Stage", "place_tensors"]
 
 _SLICE_S = 0.05
 """A wait for a stage sleeps in slices this long; after each, the host checks the
@@ -322,6 +322,71 @@ class _Ident:
         return None
 
 
+class _Engine(Protocol):
+    """What the placement rule needs of an agent."""
+
+    @property
+    def kind(self) -> str: ...  # "cpu", "npu", "cuda", "gpucp"
+
+    @property
+    def device(self) -> str: ...  # where its engine reads memory: "cpu" or "cuda:N"
+
+
+class _Uses(Protocol):
+    """What the placement rule needs of a stage."""
+
+    @property
+    def agent(self) -> _Engine: ...
+
+    @property
+    def inputs(self) -> Sequence[str]: ...
+
+    @property
+    def output(self) -> str: ...
+
+
+def place_tensors(
+    stages: Sequence[_Uses],
+    inputs: Iterable[str],
+    constants: Iterable[str],
+    data: str,
+    heaps: Collection[str],
+) -> dict[str, str]:
+    """Where each tensor of a graph lives ("cpu" or "cuda:N"); a pure function of the
+    stages' agents (kind, device), what each stage reads and writes, the data mode and
+    the names of the domain's device heaps.
+
+    Copy mode: every edge is staged through host memory.  Shared mode: a tensor goes to
+    GPU N's memory when the stage that writes it and every stage that reads it run on
+    GPU N (the host writes graph inputs and constants, and reads outputs, with explicit
+    copies), and the domain has a heap there; otherwise host memory, which every engine
+    reaches.  Exception: a tensor the host writes or reads every frame (a graph input, a
+    sink's output) that a GPU command processor (gpucp) stage touches stays in host
+    memory: a host-side CUDA copy would wait for the resident kernel's time slice (the
+    contexts of two processes are time-sliced), while the processor reads and writes
+    host memory over the link itself."""
+    ins, consts = list(inputs), list(constants)
+    names = ins + consts + [s.output for s in stages]
+    place = dict.fromkeys(names, "cpu")
+    if data != "shared":
+        return place
+    users: dict[str, set[str]] = {n: set() for n in names}
+    for s in stages:
+        dev = s.agent.device
+        users[s.output].add(dev)
+        for i in s.inputs:
+            users[i].add(dev)
+    read = {i for s in stages for i in s.inputs}
+    per_frame = set(ins) | {s.output for s in stages if s.output not in read}  # inputs, sinks' outputs
+    resident = {n for s in stages if s.agent.kind == "gpucp" for n in [s.output, *s.inputs]}
+    for n, devs in users.items():
+        if len(devs) == 1:
+            (d,) = devs
+            if d != "cpu" and d in heaps and not (n in per_frame and n in resident):
+                place[n] = d
+    return place
+
+
 class _Slot:
     """The buffers and prepared packets of one frame in flight."""
 
@@ -469,35 +534,10 @@ class CompiledGraph:
         return self.g._shape_of(name)
 
     def _placement(self) -> dict[str, str]:
-        """Where each tensor lives ("cpu" or "cuda:N").  Copy mode: every edge is staged
-        through host memory.  Shared mode: a tensor goes to GPU N's memory when the stage
-        that writes it and every stage that reads it run on GPU N (the host writes graph
-        inputs and constants, and reads outputs, with explicit copies), and the domain has
-        a heap there; otherwise host memory, which every engine reaches."""
+        """Where each tensor lives: :func:`place_tensors` on this graph and the domain's heaps."""
         g = self.g
-        names = list(g.inputs) + list(g.constants) + [s.output for s in g.stages]
-        place = dict.fromkeys(names, "cpu")
-        if self.data != "shared":
-            return place
-        heaps = {h.name for h in lowlevel.device_heaps(self.dom)}
-        users: dict[str, set[str]] = {n: set() for n in names}
-        for s in g.stages:
-            dev = s.agent.device
-            users[s.output].add(dev)
-            for i in s.inputs:
-                users[i].add(dev)
-        # tensors the host writes or reads every frame stay in host memory when a GPU command
-        # processor touches them: a host-side CUDA copy would wait for the resident kernel's
-        # time slice (the contexts of two processes are time-sliced), the processor reads and
-        # writes host memory over the link itself
-        per_frame = set(g.inputs) | {g.stages[k].output for k in self.dag.sinks}
-        resident = {n for s in g.stages if s.agent.kind == "gpucp" for n in [s.output, *s.inputs]}
-        for n, devs in users.items():
-            if len(devs) == 1:
-                (d,) = devs
-                if d != "cpu" and d in heaps and not (n in per_frame and n in resident):
-                    place[n] = d
-        return place
+        heaps = {h.name for h in lowlevel.device_heaps(self.dom)} if self.data == "shared" else set()
+        return place_tensors(g.stages, g.inputs, g.constants, self.data, heaps)
 
     def plan(self) -> str:
         """Where each tensor lives and why, one line per tensor (also what ``print`` shows)."""
