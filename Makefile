@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 SOURCES := $(wildcard src/hostless/*.py src/hostless/*/*.py src/hostless/*.c src/hostless/*.h src/hostless/*/*.c src/hostless/*/*.h) pyproject.toml setup.py
 
-.PHONY: demo test lint bench clean venv sanitize lib agent
+.PHONY: demo test lint lint-imports bench clean venv sanitize lib agent
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,8 @@ $(VENV)/.created:
 
 $(VENV)/.deps: $(VENV)/.created pyproject.toml
 	$(PIP) install -q --upgrade "setuptools>=64" wheel
-	$(PIP) install -q "numpy>=1.23" "pytest>=7" "hypothesis>=6.80" "ruff>=0.5" "mypy>=1.8" "rich>=13" "matplotlib>=3.6"
+	$(PIP) install -q "numpy>=1.23" "pytest>=7" "hypothesis>=6.80" "ruff>=0.5" "mypy>=1.8" "rich>=13" "matplotlib>=3.6" \
+	    "import-linter>=2.1"
 	$(PIP) install -q "scipy-openblas32>=0.3.27"  # the native agents' GEMM (dlopen'ed; optional at run time)
 	touch $@
 
@@ -33,10 +34,22 @@ test: venv
 	$(PY) -m pytest -q -ra tests
 	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m mypy
+	$(MAKE) --no-print-directory lint-imports
 
 lint: venv
 	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m mypy
+	$(MAKE) --no-print-directory lint-imports
+
+# `make lint-imports`: the package's layers (pyproject.toml, [tool.importlinter]): every import,
+# lazy ones inside functions included, points down.  import-linter reads Python files only, so
+# it runs on a copy of the sources where the extension's stub (_core.pyi) stands in for _core.
+LINT_TREE := build/lint-imports
+lint-imports: $(VENV)/.deps
+	rm -rf $(LINT_TREE) && mkdir -p $(LINT_TREE)
+	cp -R src/hostless $(LINT_TREE)/hostless
+	cp src/hostless/_core.pyi $(LINT_TREE)/hostless/_core.py
+	PYTHONPATH=$(LINT_TREE) $(VENV)/bin/lint-imports --no-cache
 
 bench: venv
 	$(VENV)/bin/hostless bench fences
