@@ -48,7 +48,6 @@ DEFAULT_DEVICE_HEAP = 256 << 20
 """Size of the ``"cuda:0"`` device heap of a domain created without ``device_heaps``."""
 
 _live: weakref.WeakSet[Domain] = weakref.WeakSet()
-_path = path_of  # (hostless.fuzz imports it from here)
 
 
 def _after_fork_in_child() -> None:
@@ -194,7 +193,7 @@ class Domain:
         if label is None:
             label = f"pid{os.getpid()}"
         _check_join_args(label, kind, watchdog_interval, spin)
-        path = _path(name)
+        path = path_of(name)
         devs = shm.parse_device_heaps(
             {"cuda:0": DEFAULT_DEVICE_HEAP} if device_heaps is None else device_heaps
         )
@@ -236,7 +235,7 @@ class Domain:
         user (PermissionError otherwise) unless ``allow_other_owner`` is true:
         a domain planted by another user could be rewritten by it at will.
         """
-        fd = shm.open_file(_path(name), wait_for, timeout, allow_other_owner)
+        fd = shm.open_file(path_of(name), wait_for, timeout, allow_other_owner)
         return cls._attach(fd, name, None, label, kind, watchdog_interval, spin)  # consumes fd
 
     @classmethod
@@ -266,7 +265,7 @@ class Domain:
     @staticmethod
     def unlink(name: str) -> None:
         """Remove the name.  Participants that have it open keep using it."""
-        os.unlink(_path(name))
+        os.unlink(path_of(name))
 
     def fileno(self) -> int:
         """The domain's file descriptor (to pass to another process)."""
