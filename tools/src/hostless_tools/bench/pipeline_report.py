@@ -663,8 +663,8 @@ def report_markdown(result: Mapping[str, Any], plot_file: str | None = None) -> 
         "- Agent sets: native = the agent loop in C (`agents.spawn(..., native=True)`), python = the Python "
         f"loop; poll = the agent polls {cfg.get('poll_spin', 0) * 1e3:g} ms after its last packet before it "
         "parks, park = it parks on the futex at once.",
-        "- C references: `hostless/bench/pingpong.c` compiled now with gcc -O2, two processes pinned to "
-        "two CPUs.",
+        "- C references: `hostless_tools/bench/pingpong.c` compiled now with gcc -O2, two processes "
+        "pinned to two CPUs.",
         "- Idle CPU: utime + stime of the agent process (`/proc/<pid>/stat`) over the interval, its context "
         "switches (`/proc/<pid>/status`) as wake-ups.",
         "- Ray: `benchmarks/peers/ray_pipelines.py` in a child interpreter, two actors as the two "
