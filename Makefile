@@ -4,8 +4,11 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 SOURCES := $(wildcard src/hostless/*.py src/hostless/*/*.py src/hostless/*.c src/hostless/*.h src/hostless/*/*.c src/hostless/*/*.h) pyproject.toml setup.py
+# hostless-tools (tools/): the benchmarks, chaos and fuzz, a distribution of their own
+TOOLS_SOURCES := $(wildcard tools/src/hostless_tools/*.py tools/src/hostless_tools/*/*.py tools/src/hostless_tools/*/*.c) tools/pyproject.toml
+RUFF_PATHS := src tests benchmarks examples tools
 
-.PHONY: demo test lint bench clean venv sanitize lib agent
+.PHONY: demo test lint lint-imports bench clean venv tools sanitize lib agent
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -14,31 +17,55 @@ $(VENV)/.created:
 
 $(VENV)/.deps: $(VENV)/.created pyproject.toml
 	$(PIP) install -q --upgrade "setuptools>=64" wheel
-	$(PIP) install -q "numpy>=1.23" "pytest>=7" "hypothesis>=6.80" "ruff>=0.5" "mypy>=1.8" "rich>=13" "matplotlib>=3.6"
+	$(PIP) install -q "numpy>=1.23" "pytest>=7" "hypothesis>=6.80" "ruff>=0.5" "mypy>=1.8" "rich>=13" "matplotlib>=3.6" \
+	    "import-linter>=2.1"
 	$(PIP) install -q "scipy-openblas32>=0.3.27"  # the native agents' GEMM (dlopen'ed; optional at run time)
 	touch $@
 
+# setuptools copies the package into build/lib.* and never removes what left src/: drop the
+# copied files (not the compiled ones, which it rebuilds only when their sources change)
 $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
+	find build -path 'build/lib.*' -type f ! -name '*.so' ! -name hostless-agent -delete 2>/dev/null || true
 	$(PIP) install -q --no-build-isolation --no-deps .
 	touch $@
 
 venv: $(VENV)/.installed
 
-demo: venv
+# the library first, then the tools on top of it (--no-deps: the library is the one just built)
+$(VENV)/.tools: $(VENV)/.installed $(TOOLS_SOURCES)
+	rm -rf tools/build
+	$(PIP) install -q --no-build-isolation --no-deps ./tools
+	touch $@
+
+tools: $(VENV)/.tools
+
+demo: tools
 	$(PY) examples/demo.py
 	$(PY) examples/pipeline_demo.py
 	$(PY) examples/by_name.py
 
-test: venv
+test: tools
 	$(PY) -m pytest -q -ra tests
-	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m ruff check $(RUFF_PATHS)
 	$(PY) -m mypy
+	$(MAKE) --no-print-directory lint-imports
 
-lint: venv
-	$(PY) -m ruff check src tests benchmarks examples
+lint: tools
+	$(PY) -m ruff check $(RUFF_PATHS)
 	$(PY) -m mypy
+	$(MAKE) --no-print-directory lint-imports
 
-bench: venv
+# `make lint-imports`: the package's layers (pyproject.toml, [tool.importlinter]): every import,
+# lazy ones inside functions included, points down.  import-linter reads Python files only, so
+# it runs on a copy of the sources where the extension's stub (_core.pyi) stands in for _core.
+LINT_TREE := build/lint-imports
+lint-imports: $(VENV)/.deps
+	rm -rf $(LINT_TREE) && mkdir -p $(LINT_TREE)
+	cp -R src/hostless $(LINT_TREE)/hostless
+	cp src/hostless/_core.pyi $(LINT_TREE)/hostless/_core.py
+	PYTHONPATH=$(LINT_TREE) $(VENV)/bin/lint-imports --no-cache
+
+bench: tools
 	$(VENV)/bin/hostless bench fences
 
 # `make lib`: the engine alone (src/hostless/core, no Python) as a static
@@ -77,7 +104,7 @@ agent: build/hostless-agent
 #  2. runs, with libasan preloaded into the (uninstrumented) interpreter (LD_PRELOAD, as a Python
 #     extension needs) and ASAN_OPTIONS=detect_leaks=0 (the interpreter's own allocations are not
 #     ours), every child process inheriting it:
-#       - `hostless fuzz` with $(SAN_CASES) cases (hostile writes into live domains under innocent
+#       - `hostless fuzz` (hostless-tools, installed from ./tools) with $(SAN_CASES) cases (hostile writes into live domains under innocent
 #         processes; its report goes to build/san-results),
 #       - tests/test_stress.py (protocol stress with kills);
 #  3. fails on any sanitizer report: ASan aborts the process (abort_on_error=1), UBSan halts it
@@ -97,11 +124,12 @@ $(SAN_VENV)/.deps:
 	$(SAN_PY) -m pip install -q "numpy>=1.23" "pytest>=7"
 	touch $@
 
-$(SAN_VENV)/.installed: $(SAN_VENV)/.deps $(SOURCES)
+$(SAN_VENV)/.installed: $(SAN_VENV)/.deps $(SOURCES) $(TOOLS_SOURCES)
 	rm -rf build/san-src && mkdir -p build/san-src
 	cp -R src setup.py pyproject.toml README.md build/san-src/
 	cd build/san-src && CFLAGS="$(SAN_CFLAGS)" LDFLAGS="-fsanitize=address,undefined" \
 	    $(abspath $(SAN_PY)) -m pip install -q --no-build-isolation --no-deps .
+	$(SAN_PY) -m pip install -q --no-build-isolation --no-deps ./tools  # `hostless fuzz`, tests' chaos (pure Python)
 	touch $@
 
 sanitize: $(SAN_VENV)/.installed
@@ -125,4 +153,4 @@ sanitize: $(SAN_VENV)/.installed
 	exit $$status
 
 clean:
-	rm -rf build $(VENV) src/*.egg-info
+	rm -rf build $(VENV) src/*.egg-info tools/build tools/src/*.egg-info

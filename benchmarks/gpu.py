@@ -11,7 +11,7 @@ Measured in one run:
   reference is measured for it in this run, so none is written: figures
   measured elsewhere (a bare stream wait + write value round trip, a
   persistent-kernel ping-pong) are not compared with (issue 28; the GPU
-  command processor's benchmark, ``python -m hostless.bench.gpucp``, measures
+  command processor's benchmark, ``python -m hostless_tools.bench.gpucp``, measures
   its mapped-memory ping-pong in its own run).
 * ``handoff``: GPU -> npu-agent hand-off of a small stage: the GPU runs a tiny
   kernel, then either pushes the npu's packet itself (direct: device-side
@@ -36,9 +36,9 @@ import numpy as np
 
 import hostless as hl
 from hostless import agents, ert, kernels
-from hostless.bench.harness import summarize
 from hostless.buffer import bytes_buffer
 from hostless.graph import Graph
+from hostless_tools.bench.harness import summarize
 
 
 def _stats(xs: list[float]) -> dict[str, float]:

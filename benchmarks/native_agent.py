@@ -26,7 +26,7 @@ The doorbell (native: adaptive spin, bounded by ``spin``; python: fixed spin):
   it has parked: packets come rarer than its spin), the host spinning on the
   signal: push -> the agent wakes, runs relu, signals (p50 / p90); and the
   same with the host asleep too (``parked_round_trip``: two futex wake-ups),
-  next to the C futex ping-pong (hostless.bench's pingpong.c) of this run
+  next to the C futex ping-pong (hostless_tools.bench's pingpong.c) of this run
   (goal: parked round trip <= 1.3x the C futex round trip);
 * back-to-back round trips with the default spin: adaptive vs fixed spin.
 
@@ -56,8 +56,9 @@ import numpy as np
 
 import hostless as hl
 from hostless import agents, ert
-from hostless.bench.harness import compile_c, run_json, scratch_dir, summarize
 from hostless.kernels import cu_index, kernel_id
+from hostless_tools import bench
+from hostless_tools.bench.harness import compile_c, run_json, scratch_dir, summarize
 
 
 def _p(samples: np.ndarray) -> dict[str, float]:
@@ -195,7 +196,7 @@ def npu_measure(dom: hl.Domain, native: bool, n: int) -> dict[str, Any]:
 def c_futex_round_trip(n: int) -> dict[str, Any] | str:
     """The C futex ping-pong of this run (p50 / p90 ...), or why there is none."""
     with scratch_dir() as tmp:
-        exe, err = compile_c(Path(hl.__file__).parent / "bench" / "pingpong.c", tmp, "pingpong")
+        exe, err = compile_c(Path(bench.__file__).parent / "pingpong.c", tmp, "pingpong")
         if exe is None:
             return f"no C reference: {err}"
         data = run_json([exe, "futex", str(n), str(n // 10), "-1", "-1"])

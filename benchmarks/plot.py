@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hostless.bench.pipeline import mode_name, report_markdown
-from hostless.bench.pipeline_report import default_set, get
+from hostless_tools.bench.pipeline import mode_name, report_markdown
+from hostless_tools.bench.pipeline_report import default_set, get
 
 
 def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> str | None:

@@ -31,8 +31,8 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 import hostless as hl
-from hostless.bench import fences as fence_bench
-from hostless.bench import fmt_ns
+from hostless_tools.bench import fences as fence_bench
+from hostless_tools.bench import fmt_ns
 
 N_WORKERS = 3
 FRAMES = 300

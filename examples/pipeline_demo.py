@@ -44,8 +44,8 @@ import numpy as np
 
 import hostless as hl
 from hostless import agents, trace
-from hostless.bench import fmt_ns, fmt_ratio, print_table
-from hostless.bench.pipeline import MODES, mode_name, plan_placement, vision_graph
+from hostless_tools.bench import fmt_ns, fmt_ratio, print_table
+from hostless_tools.bench.pipeline import MODES, mode_name, plan_placement, vision_graph
 
 LATENCY_FRAMES = 400
 STREAM_FRAMES = 500

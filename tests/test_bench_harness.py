@@ -1,4 +1,4 @@
-"""The benchmark harness (``hostless.bench.harness`` / ``report``) and the reports built on it.
+"""The benchmark harness (``hostless_tools.bench.harness`` / ``report``) and the reports built on it.
 
 Fast checks that need no benchmark run: the statistics and goal helpers, the
 child-process handshake, the peer-script lookup, and that the goals and
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hostless import bench
-from hostless.bench import buffers, fences, harness, pipeline, report
+from hostless_tools import bench
+from hostless_tools.bench import buffers, fences, harness, pipeline, report
 
 ROOT = Path(__file__).resolve().parents[1]
 # "pipeline" results (benchmark name of the first pipeline benchmark, before issue 11's agent sets)
@@ -99,7 +99,7 @@ def test_peer_scripts_found(tmp_path: Path) -> None:
 
 
 def test_package_shared_names() -> None:
-    # the names hostless.chaos, hostless.fuzz, the CLI and the examples import
+    # the names hostless_tools.chaos, hostless_tools.fuzz, the CLI and the examples import
     for name in ("machine_info", "markdown_table", "write_results", "print_table", "fmt_ns", "fmt_ratio"):
         assert callable(getattr(bench, name)), name
     assert report.fmt_size(4096) == "4 KiB" and report.fmt_size(1 << 30) == "1 GiB"
@@ -125,7 +125,7 @@ GPUCP_RESULTS = sorted((ROOT / "benchmarks" / "results").glob("gpucp-matrix-*.js
 @pytest.mark.parametrize("path", GPUCP_RESULTS, ids=[p.name for p in GPUCP_RESULTS])
 def test_committed_gpucp_results_regenerate(path: Path) -> None:
     """The GPU command processor's committed reports are what their JSON says (goals included)."""
-    from hostless.bench import gpucp
+    from hostless_tools.bench import gpucp
 
     result = json.loads(path.read_text(encoding="utf-8"))
     assert gpucp.goals(result) == result["goals"]

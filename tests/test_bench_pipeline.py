@@ -21,11 +21,11 @@ import pytest
 
 import hostless as hl
 from hostless import agents, cli
-from hostless.bench import pipeline
-from hostless.bench.pipeline_report import derive, evaluate_goals, ray_rows, report_markdown
-from hostless.bench.pipeline_trace import frame_steps, step_summary
-from hostless.bench.pipeline_workloads import idle_cpu, proc_cpu_ticks
 from hostless.kernels import kernel_id
+from hostless_tools.bench import pipeline
+from hostless_tools.bench.pipeline_report import derive, evaluate_goals, ray_rows, report_markdown
+from hostless_tools.bench.pipeline_trace import frame_steps, step_summary
+from hostless_tools.bench.pipeline_workloads import idle_cpu, proc_cpu_ticks
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -391,7 +391,7 @@ def test_dead_ray_semaphores_are_removed_and_live_ones_kept() -> None:
     import subprocess
     import sys
 
-    from hostless.bench import pipeline as pl
+    from hostless_tools.bench import pipeline as pl
 
     before = pl._shm_semaphores()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

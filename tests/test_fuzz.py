@@ -1,4 +1,4 @@
-"""Hostile-memory fuzzer (hostless.fuzz): innocent processes that attached before a field of the
+"""Hostile-memory fuzzer (hostless_tools.fuzz): innocent processes that attached before a field of the
 live domain was overwritten get errors, never a crash or a hang.
 
 * a small seeded run (two cases per region) must have no crash and no hang;
@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from conftest import unique_name
-from hostless import cli, fuzz
+from hostless import cli
 from hostless._abi import C
+from hostless_tools import fuzz
 
 
 def _explain(r: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""Protocol stress (hostless.chaos): workers on private objects, where any anomaly is a protocol bug.
+"""Protocol stress (hostless_tools.chaos): workers on private objects, where any anomaly is a protocol bug.
 
 * a no-kill stress of the merge / timeline-heavy mix;
 * the reported loop (fence, fence, merge, signal, signal, wait, release x3,
@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 
 import hostless as hl
-from hostless import chaos
 from hostless._abi import FENCE_DTYPE, C, owner_code
+from hostless_tools import chaos
 
 pytestmark = pytest.mark.slow  # deselect with: pytest -m "not slow"
 

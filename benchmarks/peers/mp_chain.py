@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from hostless.bench.harness import affinity, pin, summarize
-from hostless.bench.report import fmt_ns, fmt_size
+from hostless_tools.bench.harness import affinity, pin, summarize
+from hostless_tools.bench.report import fmt_ns, fmt_size
 
 
 def _mp_worker(kind: str, idx: int, inbox: Any, nxt: Any, home: Any, cpus: list[int] | None) -> None:

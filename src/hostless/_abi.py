@@ -4,6 +4,7 @@ of truth).  Nothing here hard-codes a field offset."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,13 @@ __all__ = [
     "split_participant_id",
     "handle_kind",
     "handle_index",
+    "abi_header_path",
 ]
+
+
+def abi_header_path() -> str:
+    """Path of ``hostless.h``, the ABI header (for C programs and NVRTC)."""
+    return os.path.join(os.path.dirname(__file__), "hostless.h")
 
 
 def _dtype(fields: list[tuple[str, int, Any]], size: int) -> np.dtype:

@@ -20,7 +20,7 @@ memory with the same views, moved with one ``memcpy`` by :meth:`copy_to`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Union, cast
 
 import numpy as np
@@ -34,6 +34,7 @@ __all__ = [
     "PrivateBuffer",
     "ShapeLike",
     "bytes_buffer",
+    "set_device_ops",
     "normalize_layout",
     "pack_meta",
     "unpack_meta",
@@ -114,6 +115,28 @@ def unpack_meta(meta: bytes) -> tuple[tuple[int, ...], np.dtype, int]:
     if dt.itemsize != itemsize or n != nbytes:
         raise InvalidHandle("buffer metadata is inconsistent (shape, dtype and size disagree)")
     return tuple(int(x) for x in shape), dt, int(nbytes)
+
+
+_device_ops: dict[str, Callable[..., Any]] = {}
+
+
+def set_device_ops(
+    *,
+    export_dlpack: Callable[..., Any],
+    to_host: Callable[..., Any],
+    from_host: Callable[..., Any],
+) -> None:
+    """Install what a device buffer's ``__dlpack__``, ``to_host`` and ``from_host`` run: the
+    GPU layer (:mod:`hostless.devmem`) maps device heaps, and registers itself here when
+    imported (``import hostless`` imports it), since this layer does not import upward."""
+    _device_ops.update(export_dlpack=export_dlpack, to_host=to_host, from_host=from_host)
+
+
+def _device_op(name: str) -> Callable[..., Any]:
+    op = _device_ops.get(name)
+    if op is None:  # only when hostless.devmem could not be imported
+        raise DeviceBufferError(f"device buffers need hostless.devmem, which is not loaded ({name})")
+    return op
 
 
 def bytes_buffer(dom: Any, data: bytes) -> Buffer:
@@ -267,28 +290,36 @@ class Buffer(_Views):
         buffer (through :mod:`hostless.devmem`, which maps the device heap in this process)."""
         if self._heap is None:
             return super().__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
-        from .devmem import export_dlpack
-
-        return export_dlpack(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+        export = _device_op("export_dlpack")
+        return export(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         if self._heap is None:
             return (_KDL_CPU, 0)
         return (_KDL_CUDA, int(self._device_name.split(":", 1)[1]))
 
-    def to_host(self, *args: Any, **kwargs: Any) -> Any:
-        """A host copy of the buffer's data, for a device buffer one device-to-host copy
-        (:func:`hostless.devmem.to_host`)."""
-        from .devmem import to_host
+    def to_host(self, out: np.ndarray | None = None) -> np.ndarray:
+        """A host copy of the buffer's data (into ``out`` when given: C-contiguous, same
+        nbytes), complete on return: NumPy for a host buffer, one device-to-host copy for a
+        device buffer (:func:`hostless.devmem.to_host`)."""
+        if self._heap is not None:
+            got: np.ndarray = _device_op("to_host")(self, out)
+            return got
+        if out is None:
+            out = np.empty(self.shape, self.dtype)
+        if not out.flags.c_contiguous or out.nbytes != self.nbytes:
+            raise ValueError(f"to_host: out must be C-contiguous with {self.nbytes} bytes")
+        out.reshape(-1).view(np.uint8)[...] = self.numpy().reshape(-1).view(np.uint8)
+        return out
 
-        return to_host(self, *args, **kwargs)
-
-    def from_host(self, *args: Any, **kwargs: Any) -> Any:
-        """Copy host data into the buffer, for a device buffer one host-to-device copy
-        (:func:`hostless.devmem.from_host`)."""
-        from .devmem import from_host
-
-        return from_host(self, *args, **kwargs)
+    def from_host(self, src: Any) -> None:
+        """Copy host data ``src`` (any array-like of the buffer's nbytes once cast to its dtype
+        and shape) into the buffer, complete on return: NumPy for a host buffer, one
+        host-to-device copy for a device buffer (:func:`hostless.devmem.from_host`)."""
+        if self._heap is not None:
+            _device_op("from_host")(self, src)
+            return
+        self.numpy()[...] = np.asarray(src, dtype=self.dtype).reshape(self.shape)
 
     def __len__(self) -> int:
         return self.nbytes

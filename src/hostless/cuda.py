@@ -35,50 +35,18 @@ from typing import Any
 import numpy as np
 
 from . import devmem, lowlevel
-from ._abi import C, handle_kind
+from ._abi import C, abi_header_path, handle_kind
 from .buffer import Buffer
+from .devmem import available as available
+from .devmem import cuda_modules as _imports
 from .domain import Domain
+from .errors import CudaUnavailable as CudaUnavailable
 from .errors import HostlessError
 
 __all__ = ["CudaPeer", "CudaUnavailable", "available"]
 
 _KIND_TIMELINE = int(C.KIND_TIMELINE)
 _FAILED = int(C.TIMELINE_FAILED)
-
-
-class CudaUnavailable(HostlessError):
-    """CUDA support cannot be used here (missing packages, no GPU, missing capability)."""
-
-
-def _imports() -> tuple[Any, Any]:
-    try:
-        import cupy as cp
-    except ImportError as e:  # pragma: no cover - depends on the machine
-        raise CudaUnavailable(
-            f"CuPy is not installed ({e}); install the CUDA extra: pip install 'hostless[cuda]'"
-        ) from None
-    try:
-        from cuda.bindings import driver as cu
-    except ImportError:
-        try:
-            from cuda import cuda as cu  # older cuda-python layout
-        except ImportError as e:  # pragma: no cover
-            raise CudaUnavailable(
-                f"cuda.bindings is not installed ({e}); install the CUDA extra: pip install 'hostless[cuda]'"
-            ) from None
-    return cp, cu
-
-
-def available() -> str | None:
-    """None when CUDA peers work here, otherwise the reason why not."""
-    try:
-        cp, cu = _imports()
-        n = cp.cuda.runtime.getDeviceCount()
-    except Exception as e:
-        return str(e)
-    if n < 1:
-        return "no CUDA device"
-    return None
 
 
 _KERNELS = r"""
@@ -220,8 +188,6 @@ class CudaPeer:
         self._check(err, "cuMemHostGetDevicePointer")
         self.dbase = int(dptr)
         self.stream = cp.cuda.Stream(non_blocking=True)
-        from . import abi_header_path
-
         inc = os.path.dirname(abi_header_path())
         self.module = cp.RawModule(code=_KERNELS, options=(f"-I{inc}", "--std=c++14"))
         self._k_enqueue = self.module.get_function("hl_enqueue")

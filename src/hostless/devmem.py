@@ -69,10 +69,20 @@ from typing import Any
 import numpy as np
 
 from . import _core, lowlevel
+from . import buffer as _buffer
 from ._abi import C
-from .errors import DeviceHeapUnavailable, HostlessError, UnsafeRuntimeDirectory, UntrustedPeer
+from .errors import (
+    CudaUnavailable,
+    DeviceHeapUnavailable,
+    HostlessError,
+    UnsafeRuntimeDirectory,
+    UntrustedPeer,
+)
 
 __all__ = [
+    "CudaUnavailable",
+    "available",
+    "cuda_modules",
     "DeviceHeapBacking",
     "Broker",
     "Allocation",
@@ -109,10 +119,39 @@ def parse_device(device: str) -> tuple[str, int]:
     raise ValueError(f"unknown device {device!r}: expected 'cpu' or 'cuda:N'")
 
 
-def _cuda() -> Any:
-    from .cuda import _imports
+def cuda_modules() -> tuple[Any, Any]:
+    """(cupy, the CUDA driver bindings), imported on first use: CudaUnavailable, saying what
+    to install, when either is missing."""
+    try:
+        import cupy as cp
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        raise CudaUnavailable(
+            f"CuPy is not installed ({e}); install the CUDA extra: pip install 'hostless[cuda]'"
+        ) from None
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        try:
+            from cuda import cuda as cu  # older cuda-python layout
+        except ImportError as e:  # pragma: no cover
+            raise CudaUnavailable(
+                f"cuda.bindings is not installed ({e}); install the CUDA extra: pip install 'hostless[cuda]'"
+            ) from None
+    return cp, cu
 
-    return _imports()
+
+def available() -> str | None:
+    """None when CUDA peers work here, otherwise the reason why not."""
+    try:
+        cp, cu = cuda_modules()
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return str(e)
+    if n < 1:
+        return "no CUDA device"
+    return None
+
+
 
 
 def _check(cu: Any, err: Any, what: str) -> None:
@@ -584,7 +623,7 @@ class DeviceHeapBacking:
     ``va`` is the device address of heap offset 0 in this process."""
 
     def __init__(self, key: str, index: int, ordinal: int, size: int, timeout: float = 30.0) -> None:
-        cp, cu = _cuda()
+        cp, cu = cuda_modules()
         self.cp, self.cu = cp, cu
         self.key, self.index, self.ordinal = key, index, ordinal
         self._broker = Broker(key, index)
@@ -720,7 +759,7 @@ def device_pointer(buf: Any) -> int:
 
 def cupy_array(buf: Any) -> Any:
     """A CuPy array over a device buffer's memory (no copy); it keeps ``buf`` alive."""
-    cp, _cu = _cuda()
+    cp, _cu = cuda_modules()
     b = backing(buf._dom, buf.device)
     mem = cp.cuda.UnownedMemory(b.va + int(buf.device_offset), buf.nbytes, buf, device_id=b.ordinal)
     return cp.ndarray(buf.shape, dtype=buf.dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
@@ -728,15 +767,16 @@ def cupy_array(buf: Any) -> Any:
 
 def to_host(buf: Any, out: np.ndarray | None = None) -> np.ndarray:
     """A host copy of a buffer's data (into ``out`` when given: C-contiguous, same nbytes).
-    Returns when the copy is complete; a host buffer is copied with NumPy (no CUDA needed)."""
+    Returns when the copy is complete; a host buffer is copied with NumPy (no CUDA needed:
+    ``Buffer.to_host``)."""
+    if buf.device == "cpu":
+        host: np.ndarray = buf.to_host(out)
+        return host
     if out is None:
         out = np.empty(buf.shape, buf.dtype)
     if not out.flags.c_contiguous or out.nbytes != buf.nbytes:
         raise ValueError(f"to_host: out must be C-contiguous with {buf.nbytes} bytes")
-    if buf.device == "cpu":
-        out.reshape(-1).view(np.uint8)[...] = buf.numpy().reshape(-1).view(np.uint8)
-        return out
-    cp, _cu = _cuda()
+    cp, _cu = cuda_modules()
     if buf.nbytes:
         with cp.cuda.Device(backing(buf._dom, buf.device).ordinal):
             cp.cuda.runtime.memcpy(out.ctypes.data, device_pointer(buf), buf.nbytes, 2)  # DtoH
@@ -746,12 +786,12 @@ def to_host(buf: Any, out: np.ndarray | None = None) -> np.ndarray:
 def from_host(buf: Any, src: Any) -> None:
     """Copy host data ``src`` (any array-like of ``buf``'s nbytes once cast to its dtype and
     shape) into a buffer.  Returns when the copy is complete; a host buffer is written with
-    NumPy (no CUDA needed)."""
-    arr = np.ascontiguousarray(np.asarray(src, dtype=buf.dtype).reshape(buf.shape))
+    NumPy (no CUDA needed: ``Buffer.from_host``)."""
     if buf.device == "cpu":
-        buf.numpy()[...] = arr
+        buf.from_host(src)
         return
-    cp, _cu = _cuda()
+    arr = np.ascontiguousarray(np.asarray(src, dtype=buf.dtype).reshape(buf.shape))
+    cp, _cu = cuda_modules()
     if buf.nbytes:
         with cp.cuda.Device(backing(buf._dom, buf.device).ordinal):
             cp.cuda.runtime.memcpy(device_pointer(buf), arr.ctypes.data, buf.nbytes, 1)  # HtoD
@@ -839,3 +879,7 @@ def export_dlpack(
         dl_device=dl_device,
         copy=copy,
     )
+
+
+# the handle layer's device buffers run these (it does not import this layer)
+_buffer.set_device_ops(export_dlpack=export_dlpack, to_host=to_host, from_host=from_host)

@@ -17,29 +17,25 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import _core, inspection, names, shm
+from . import _core, inspection, names, shm, wire
 from ._abi import HEADER_DTYPE, C, owner_code
-from .buffer import Buffer, ShapeLike, normalize_layout, pack_meta, pep3118, unpack_meta
+from .buffer import Buffer, ShapeLike, bytes_buffer, normalize_layout, pack_meta, pep3118, unpack_meta
 from .errors import (
     DomainClosed,
     InvalidHandle,
 )
+from .fence import Fence
 from .inspection import Participant
+from .queue import Queue
 from .shm import MAX_REGION as MAX_REGION
 from .shm import SHM_DIR, check_spin, path_of
 from .shm import check_join_args as _check_join_args
 from .shm import parse_size as parse_size
 from .shm import wait_ready as _wait_ready
-from .status import Status
+from .timeline import Timeline
 
 if TYPE_CHECKING:
     from ._aio import Notifier
-
-_core.set_status(Status, {int(m): m for m in Status})
-
-from .fence import Fence  # noqa: E402
-from .queue import Queue  # noqa: E402
-from .timeline import Timeline  # noqa: E402
 
 __all__ = ["Domain", "Participant", "SHM_DIR"]
 
@@ -52,7 +48,6 @@ DEFAULT_DEVICE_HEAP = 256 << 20
 """Size of the ``"cuda:0"`` device heap of a domain created without ``device_heaps``."""
 
 _live: weakref.WeakSet[Domain] = weakref.WeakSet()
-_path = path_of  # (hostless.fuzz imports it from here)
 
 
 def _after_fork_in_child() -> None:
@@ -135,10 +130,8 @@ class Domain:
             info = self._core.info()
             self._index = int(info["me"])
             self._incarnation = int(info["incarnation"])
-            if self._core.trace_enabled():
-                from .trace import _join
-
-                _join(self, label, kind)  # the label outlives the participant slot
+            if self._core.trace_enabled():  # the label outlives the participant slot
+                self._core.trace(int(C.EV_USER), *wire.trace_join_record(self.participant_id, label, kind))
         except BaseException:
             self._core.leave()  # closes fd
             raise
@@ -200,7 +193,7 @@ class Domain:
         if label is None:
             label = f"pid{os.getpid()}"
         _check_join_args(label, kind, watchdog_interval, spin)
-        path = _path(name)
+        path = path_of(name)
         devs = shm.parse_device_heaps(
             {"cuda:0": DEFAULT_DEVICE_HEAP} if device_heaps is None else device_heaps
         )
@@ -242,7 +235,7 @@ class Domain:
         user (PermissionError otherwise) unless ``allow_other_owner`` is true:
         a domain planted by another user could be rewritten by it at will.
         """
-        fd = shm.open_file(_path(name), wait_for, timeout, allow_other_owner)
+        fd = shm.open_file(path_of(name), wait_for, timeout, allow_other_owner)
         return cls._attach(fd, name, None, label, kind, watchdog_interval, spin)  # consumes fd
 
     @classmethod
@@ -272,7 +265,7 @@ class Domain:
     @staticmethod
     def unlink(name: str) -> None:
         """Remove the name.  Participants that have it open keep using it."""
-        os.unlink(_path(name))
+        os.unlink(path_of(name))
 
     def fileno(self) -> int:
         """The domain's file descriptor (to pass to another process)."""
@@ -575,6 +568,13 @@ class Domain:
         b = self._core.new_buffer(Buffer, self, nbytes, meta, None, fmt, dt.itemsize, shp, dev)
         b._init_layout(shp, dt, nbytes, -1, device, dev, b._window_off)
         return b
+
+    def buffer_from(self, data: bytes | bytearray | memoryview) -> Buffer:
+        """A new heap buffer holding a copy of ``data`` as bytes (an encoded argument block,
+        ERT command or packet: ``Kernargs(...).to_buffer(dom)`` comes here); the caller
+        releases it."""
+        self._check_open()
+        return bytes_buffer(self, bytes(data))
 
     def _device_index(self, device: str) -> int:
         """The index of ``device``'s heap (ValueError: not a device, or no heap for it here)."""

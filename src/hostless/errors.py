@@ -18,6 +18,7 @@ __all__ = [
     "HostlessWarning",
     "WritableDomainWarning",
     "DeviceHeapUnavailable",
+    "CudaUnavailable",
     "UnsafeRuntimeDirectory",
     "UntrustedPeer",
 ]
@@ -108,3 +109,7 @@ class UntrustedPeer(HostlessWarning):
     another user: refused and skipped, the rest carries on.  The message names its pid and
     uid (``Broker.rejected`` keeps the record); if that process should share the heap, run
     it as the same user."""
+
+
+class CudaUnavailable(HostlessError):
+    """CUDA support cannot be used here (missing packages, no GPU, missing capability)."""

@@ -8,6 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from . import lowlevel, records
+from ._abi import FENCE_DTYPE, C
+from .status import Status
+
 __all__ = ["domain_info"]
 
 _STATE_NAMES = {0: "free", 1: "alloc", 2: "live", 3: "dying"}
@@ -25,8 +29,6 @@ def _iso(ns: int) -> str | None:
 
 
 def _status_name(code: int) -> str:
-    from hostless import Status
-
     try:
         return Status(code).name
     except ValueError:
@@ -48,9 +50,6 @@ def domain_info(dom: Any) -> dict[str, Any]:
     size, granule, used, free, largest_free, allocs, repairs) with
     ``buffers``, the live buffers placed in it.
     """
-    from hostless import lowlevel
-    from hostless._abi import FENCE_DTYPE, C
-
     h = dom.header()
     view = lowlevel.layout(dom)  # the layout validated at attach: the shared header may have been rewritten
     raw = dom.raw()
@@ -141,8 +140,6 @@ def domain_info(dom: Any) -> dict[str, Any]:
 
 def _error_records(dom: Any) -> dict[str, str]:
     """Failed object (hex handle) -> the text its failer recorded (hostless.records)."""
-    from hostless import records
-
     out = {}
     for n in dom.names():
         if n.startswith(records.PREFIX):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._abi import C
+from .recovery import check_tables
 
 if TYPE_CHECKING:
     from .domain import Domain
@@ -59,8 +60,6 @@ def participants(dom: Domain) -> list[Participant]:
 
 def check(dom: Domain, settle: float = 5.0) -> list[str]:
     """Every invariant violation found in ``dom``'s shared tables (see :meth:`Domain.check`)."""
-    from .recovery import check_tables
-
     dom._check_open()
     deadline = time.monotonic() + settle
     while time.monotonic() < deadline and any(

@@ -26,7 +26,7 @@ import socket
 from typing import Any, cast
 
 from . import lowlevel
-from .buffer import ShapeLike, _Views, normalize_layout, pep3118
+from .buffer import Buffer, ShapeLike, _Views, normalize_layout, pep3118
 from .errors import DomainClosed, InvalidHandle
 
 __all__ = ["ExternalBuffer", "memfd_buffer", "export_buffer", "send_fds", "recv_fds", "dma_heap_buffer"]
@@ -162,8 +162,6 @@ def export_buffer(buf: Any, *, writable: bool = False) -> tuple[int, int, int]:
     hands out read-write access to the whole domain file (every table, every
     buffer): only for a peer you would let join the domain.
     """
-    from .buffer import Buffer
-
     if not isinstance(buf, Buffer):
         raise TypeError("export_buffer() takes a hostless.Buffer")
     if not lowlevel.is_held(buf):

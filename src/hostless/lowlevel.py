@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from . import _core
 from ._abi import C, handle_index, handle_kind
 from .errors import InvalidHandle
+from .queue import NO_TIMEOUT as NO_TIMEOUT  # timeout_ns that waits as long as it takes
+from .queue import Queue
 
 if TYPE_CHECKING:
     from .domain import Domain
-    from .queue import Queue
 
 __all__ = [
     "QueueView",
@@ -46,9 +47,6 @@ __all__ = [
     "trace_emit",
     "tracer",
 ]
-
-NO_TIMEOUT = -1
-"""``timeout_ns`` of a push or pop that waits as long as it takes."""
 
 
 class QueueView(NamedTuple):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _core, lowlevel
+from . import _core
 from ._abi import C, handle_kind
 from .errors import InvalidHandle
 from .shm import check_spin
@@ -27,12 +27,13 @@ from .wire import Follow, Kernargs, Packet, PacketType
 __all__ = ["Packet", "Follow", "Kernargs", "Queue", "PacketType"]
 # Packet, Follow, Kernargs and PacketType are the wire formats (hostless.wire), re-exported here
 
-_NO_TIMEOUT = lowlevel.NO_TIMEOUT
+NO_TIMEOUT = -1
+"""``timeout_ns`` of a push or pop that waits as long as it takes (``hostless.lowlevel.NO_TIMEOUT``)."""
 
 
 def _timeout_ns(timeout: float | None) -> int:
     if timeout is None:
-        return _NO_TIMEOUT
+        return NO_TIMEOUT
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
         raise ValueError(f"timeout must be None (forever) or seconds >= 0, got {timeout!r}")
     return int(timeout * 1e9)
@@ -94,7 +95,7 @@ class Queue(_core.Handle):
         return d
 
     def __repr__(self) -> str:
-        if not lowlevel.is_held(self) or self._dom.closed:
+        if not self._held or self._dom.closed:
             return f"<hostless.Queue {self.handle:#x} released>"
         i = self.info()
         return (

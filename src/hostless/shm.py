@@ -16,6 +16,7 @@ import time
 
 from . import _core
 from ._abi import C
+from .cleanup import MIN_AGE, remove_if_stale
 from .errors import CorruptDomain, OutOfMemory
 
 __all__ = [
@@ -131,8 +132,6 @@ def check_space(total: int) -> None:
 def replace_stale(path: str) -> None:
     """Remove ``path`` if it is a stale domain (``Domain.create(replace_stale=True)``);
     FileExistsError, saying why, when it is live or not a hostless domain."""
-    from .cleanup import MIN_AGE, remove_if_stale
-
     deadline = time.monotonic() + 2 * MIN_AGE
     while True:
         try:

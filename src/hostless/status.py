@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 
 from . import _core
+from .errors import CorruptDomain
 
 __all__ = ["Status", "fence_status", "timeline_failure"]
 
@@ -49,8 +50,6 @@ def fence_status(word: int) -> Status:
     if word == 0:
         return Status.ACTIVE
     if not _core.status_valid(word):
-        from .errors import CorruptDomain
-
         raise CorruptDomain(
             f"a fence holds an invalid completion word {word:#x} (written by a buggy or hostile participant)"
         )
@@ -65,13 +64,13 @@ def timeline_failure(word: int) -> Status | None:
     failed = int(_core.TIMELINE_FAILED)
     if not word & failed:
         if word >= failed:
-            from .errors import CorruptDomain
-
-            raise CorruptDomain(f"a timeline holds an invalid word {word:#x}")
+                raise CorruptDomain(f"a timeline holds an invalid word {word:#x}")
         return None
     low = word & ~failed
     if low > 0xFFFFFFFF or not _core.status_valid(low) or low == int(Status.SUCCESS):
-        from .errors import CorruptDomain
-
         raise CorruptDomain(f"a timeline failed with an invalid word {word:#x}")
     return Status(low)
+
+
+# the extension hands back Status members (fence waits, timeline failures, records)
+_core.set_status(Status, {int(m): m for m in Status})

@@ -39,38 +39,23 @@ import numpy as np
 
 from . import lowlevel
 from ._abi import C
-from .domain import Domain
+from .domain import Domain, _live
+from .kernels import CPU_KERNELS
+from .wire import TRACE_INSTANT as _INSTANT
+from .wire import TRACE_JOIN as _JOIN
+from .wire import TRACE_NAME_HANDLE as _NAME_HANDLE
+from .wire import TRACE_NAME_KERNEL as _NAME_KERNEL
+from .wire import TRACE_SPAN_BEGIN as _SPAN_BEGIN
+from .wire import TRACE_SPAN_END as _SPAN_END
+from .wire import USER_MAGIC as USER_MAGIC
+from .wire import pack_text as _pack
+from .wire import unpack_text as _unpack
 
 __all__ = ["events", "export", "to_chrome", "span", "instant", "name", "USER_MAGIC"]
 
-USER_MAGIC = 0x484C_0000_0000_0000
-"""High bits of ``a`` in the ``HL_EV_USER`` records this module writes ("HL")."""
-_JOIN, _NAME_KERNEL, _NAME_HANDLE, _SPAN_BEGIN, _SPAN_END, _INSTANT = 1, 2, 3, 4, 5, 6
-_NAME_BYTES = 24
 _EV_USER = int(C.EV_USER)
 _span_ids = itertools.count(1)
 _span_lock = threading.Lock()
-
-
-def _pack(text: str) -> tuple[int, int, int]:
-    raw = text.encode("utf-8")[:_NAME_BYTES]
-    while raw:  # do not cut a multi-byte character in half
-        try:
-            raw.decode("utf-8")
-            break
-        except UnicodeDecodeError:
-            raw = raw[:-1]
-    raw = raw.ljust(_NAME_BYTES, b"\0")
-    return (
-        int.from_bytes(raw[0:8], "little"),
-        int.from_bytes(raw[8:16], "little"),
-        int.from_bytes(raw[16:24], "little"),
-    )
-
-
-def _unpack(c: int, d: int, e: int) -> str:
-    raw = b"".join(x.to_bytes(8, "little") for x in (c, d, e))
-    return raw.rstrip(b"\0").decode("utf-8", errors="replace")
 
 
 def _emit(dom: Domain, kind: int, key: int, text: str) -> None:
@@ -82,8 +67,6 @@ def _emit(dom: Domain, kind: int, key: int, text: str) -> None:
 def _traced_domain(dom: Domain | None) -> Domain | None:
     if dom is not None:
         return dom
-    from .domain import _live
-
     traced = [d for d in list(_live) if not d.closed and d.trace_enabled()]
     if len(traced) > 1:
         raise ValueError(f"{len(traced)} traced domains are open in this process: pass dom=")
@@ -101,11 +84,6 @@ def name_kernel(dom: Domain, kernel: int, text: str) -> None:
     """Record that kernel id ``kernel`` is called ``text`` (user kernels get
     their ids at spawn; the built-in ones are named without a record)."""
     _emit(dom, _NAME_KERNEL, kernel, text)
-
-
-def _join(dom: Domain, label: str, kind: str) -> None:
-    """Called by Domain when it joins: the label outlives the participant slot."""
-    _emit(dom, _JOIN, dom.participant_id, f"{label} ({kind})")
 
 
 @contextmanager
@@ -176,8 +154,6 @@ def events(dom: Domain) -> list[dict[str, int]]:
 
 
 def _kernel_names() -> dict[int, str]:
-    from .kernels import CPU_KERNELS
-
     return {kid: kname for kname, (kid, _fn) in CPU_KERNELS.items()}
 
 

@@ -16,7 +16,13 @@ firmware) reads or writes:
   prepared pipeline (store the frame number into words of argument blocks,
   push prepared packets with their value words set to it, copy between
   buffers, wait for timeline points), validated once by the engine and run
-  per frame in one C call (``hostless._core.FrameProgram``).
+  per frame in one C call (``hostless._core.FrameProgram``);
+* the trace ring's ``HL_EV_USER`` records that hostless writes (names, spans,
+  a participant's join: :data:`USER_MAGIC`, :func:`pack_text`), read and
+  written by :mod:`hostless.trace`, the join written by the domain itself.
+
+A codec does not allocate: :meth:`Kernargs.to_buffer` hands the encoded block
+to the domain it is given (``Domain.buffer_from``).
 
 Every offset and size comes from the C extension, which computes it with
 ``offsetof`` / ``sizeof`` from ``hostless.h`` (``PK_*``, ``KA_*``, ``FO_*``,
@@ -33,7 +39,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -41,9 +47,6 @@ from ._abi import C
 from .ert import ErtCommand
 from .ert import header as ert_header
 from .ert import parse_header as ert_parse_header
-
-if TYPE_CHECKING:
-    from .buffer import Buffer
 
 __all__ = [
     "BadPacket",
@@ -65,6 +68,10 @@ __all__ = [
     "ErtCommand",
     "ert_header",
     "ert_parse_header",
+    "USER_MAGIC",
+    "pack_text",
+    "unpack_text",
+    "trace_join_record",
 ]
 
 
@@ -279,6 +286,15 @@ def decode_args(block: Any) -> tuple[tuple[int, ...], tuple[int, ...], list[tupl
     return bufs, scal, follow
 
 
+_B = TypeVar("_B", covariant=True)
+
+
+class BufferSource(Protocol[_B]):
+    """What :meth:`Kernargs.to_buffer` is handed: a domain (``Domain.buffer_from``)."""
+
+    def buffer_from(self, data: bytes, /) -> _B: ...
+
+
 @dataclass
 class Kernargs:
     """The argument block of a KERNEL or ERT packet (struct hl_kernarg and what follows)."""
@@ -312,11 +328,10 @@ class Kernargs:
             if f.packet.signal
         ]
 
-    def to_buffer(self, dom: Any) -> Buffer:
-        """A heap buffer of ``dom`` holding the encoded block (the caller releases it)."""
-        from .buffer import bytes_buffer
-
-        return bytes_buffer(dom, self.encode())
+    def to_buffer(self, dom: BufferSource[_B]) -> _B:
+        """A heap buffer of ``dom`` holding the encoded block (the caller releases it):
+        ``dom.buffer_from(self.encode())``, the domain allocates."""
+        return dom.buffer_from(self.encode())
 
 
 # ----------------------------------------------------------- frame programs
@@ -381,3 +396,42 @@ class FrameOps:
         """The validated ``hostless._core.FrameProgram`` of these ops on ``core`` (a
         domain's ``_core``); waits sleep in slices of ``slice_s`` seconds."""
         return C.FrameProgram(core, self.ops, self.watch, int(slice_s * 1e9))
+
+
+# ------------------------------------------------------ trace user records
+USER_MAGIC = 0x484C_0000_0000_0000
+"""High bits of ``a`` in the ``HL_EV_USER`` records hostless writes ("HL"); the low bits are a
+record type (``TRACE_*``), ``b`` a key and ``c``, ``d``, ``e`` up to 24 bytes of UTF-8."""
+TRACE_JOIN, TRACE_NAME_KERNEL, TRACE_NAME_HANDLE = 1, 2, 3
+TRACE_SPAN_BEGIN, TRACE_SPAN_END, TRACE_INSTANT = 4, 5, 6
+TRACE_TEXT_BYTES = 24
+
+
+def pack_text(text: str) -> tuple[int, int, int]:
+    """``text`` as the three u64 words of a record (UTF-8, cut to :data:`TRACE_TEXT_BYTES`
+    bytes without splitting a character, NUL-padded)."""
+    raw = text.encode("utf-8")[:TRACE_TEXT_BYTES]
+    while raw:  # do not cut a multi-byte character in half
+        try:
+            raw.decode("utf-8")
+            break
+        except UnicodeDecodeError:
+            raw = raw[:-1]
+    raw = raw.ljust(TRACE_TEXT_BYTES, b"\0")
+    return (
+        int.from_bytes(raw[0:8], "little"),
+        int.from_bytes(raw[8:16], "little"),
+        int.from_bytes(raw[16:24], "little"),
+    )
+
+
+def unpack_text(c: int, d: int, e: int) -> str:
+    """Inverse of :func:`pack_text`."""
+    raw = b"".join(x.to_bytes(8, "little") for x in (c, d, e))
+    return raw.rstrip(b"\0").decode("utf-8", errors="replace")
+
+
+def trace_join_record(participant_id: int, label: str, kind: str) -> tuple[int, int, int, int, int]:
+    """The ``(a, b, c, d, e)`` of the record a participant writes when it joins: its label
+    outlives its slot in the participant table."""
+    return (USER_MAGIC | TRACE_JOIN, participant_id & (2**64 - 1), *pack_text(f"{label} ({kind})"))

@@ -121,7 +121,7 @@ def compile_cubin(device: int) -> bytes:
     from cuda.bindings import driver as cu
     from cuda.bindings import nvrtc
 
-    from .. import abi_header_path
+    from .._abi import abi_header_path
 
     dev = _ok(cu.cuDeviceGet(device), "cuDeviceGet")
     attr = cu.CUdevice_attribute
