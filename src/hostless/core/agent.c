@@ -1,9 +1,10 @@
 /*
  * agent.c -- the native agent loop: the consumer of one queue, in C.
  *
- * The same rule as hostless.agents.loop (contract in hostless_engine.h):
- * pop, check, wait on the inputs, run (a C kernel, or the Python callback),
- * signal, push the follow-ups.  A bad packet fails alone with ERROR.  Every
+ * The command processor of every cpu and npu agent, by the rule on bad
+ * packets stated in hostless_engine.h (hle_agent_run's contract, the one
+ * statement of it): pop, check, wait on the inputs, run (a C kernel, or the
+ * Python callback), signal, push the follow-ups.  A bad packet fails alone with ERROR.  Every
  * handle a packet names is imported (kind and generation checked by
  * hle_import) for the packet's duration and released after it; every count
  * of an argument block is checked against the block's size by subtraction
