@@ -448,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     bp = _bench_parser(
         bsub,
         "pipeline",
-        "graphs in the four modes (host/direct x copy/shared) on native and Python agents, per-hop "
+        "graphs in the four modes (host/direct x copy/shared) on the agents' C loop, per-hop "
         "cost, C references, Ray peers (benchmarks/peers/ray_pipelines.py)",
         "a small run (well under a minute)",
         "do not pin the agents to CPUs",
@@ -459,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--agents",
         default=None,
         metavar="SETS",
-        help="comma-separated agent sets (default: native-poll,native-park,python-poll,python-park; "
+        help="comma-separated agent sets (default: native-poll,native-park; "
         "the first one's figures are the goals')",
     )
     bp.add_argument("--no-ray", action="store_true", help="skip the Ray peers even when ray is importable")
