@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +77,9 @@ class AgentSpec:
     """The spec's name: "cpu", "npu", "cpu-exe", "npu-exe", "cuda" or "gpucp"."""
     kind: str
     """The kind of queue it serves (what ``Agent.kind`` says): "cpu", "npu", "cuda" or "gpucp"."""
+    kernel_names: Callable[[], tuple[str, ...]]
+    """The names of the built-in kernels its stages may use (a function: the gpucp's table is
+    read from its module only when asked)."""
     native: bool | str
     """How its loop runs (``Agent.native``): True, the engine's C loop in a Python worker;
     "exe", the same loop in ``hostless-agent``; False, a loop in Python (cuda) or on the GPU (gpucp)."""
@@ -103,18 +106,9 @@ class AgentSpec:
     @property
     def kernels(self) -> Mapping[str, int]:
         """Built-in kernel names its stages may use -> the id (or CU index) their packets carry."""
-        if self.ert:
-            return {n: cu for n, (cu, _fn) in NPU_CUS.items()}
-        names: tuple[str, ...]
-        if self.name == "cuda":
-            names = CUDA_KERNEL_NAMES
-        elif self.name == "gpucp":
-            from .gpucp import GPUCP_KERNEL_NAMES
-
-            names = GPUCP_KERNEL_NAMES
-        else:
-            names = tuple(CPU_KERNELS)
-        return {n: CPU_KERNELS[n][0] for n in names}
+        if self.ert:  # CU indices of the emulated NPU's xclbin
+            return {n: NPU_CUS[n][0] for n in self.kernel_names()}
+        return {n: CPU_KERNELS[n][0] for n in self.kernel_names()}
 
     def kernel(self, name: str, user_kernels: Mapping[str, int] | None = None) -> int:
         """The id (or CU index) a packet of kernel ``name`` carries: a user kernel's id first.
@@ -256,19 +250,42 @@ def _exe_command(name: str, q: int, kind: str, s: Settings, label: str | None) -
     ]
 
 
+def _cpu_names() -> tuple[str, ...]:
+    return tuple(CPU_KERNELS)
+
+
+def _npu_names() -> tuple[str, ...]:
+    return tuple(NPU_CUS)
+
+
+def _cuda_names() -> tuple[str, ...]:
+    return CUDA_KERNEL_NAMES
+
+
+def _gpucp_names() -> tuple[str, ...]:
+    from .gpucp import GPUCP_KERNEL_NAMES
+
+    return tuple(GPUCP_KERNEL_NAMES)
+
+
+_EXE = _COMMON | {"idle_poll"}
+
 SPECS: dict[str, AgentSpec] = {
     s.name: s
     for s in (
         AgentSpec(
-            "cpu", "cpu", True, stage_functions=True, reports_capabilities=True, options=_C_LOOP
+            "cpu", "cpu", _cpu_names, True, stage_functions=True, reports_capabilities=True, options=_C_LOOP
         ),
-        AgentSpec("npu", "npu", True, ert=True, reports_capabilities=True, options=_C_LOOP),
-        AgentSpec("cpu-exe", "cpu", "exe", python=False, options=_COMMON | {"idle_poll"}),
-        AgentSpec("npu-exe", "npu", "exe", ert=True, python=False, options=_COMMON | {"idle_poll"}),
-        AgentSpec("cuda", "cuda", False, gpu=True, stage_copy_flag=True, options=_COMMON | {"device"}),
+        AgentSpec("npu", "npu", _npu_names, True, ert=True, reports_capabilities=True, options=_C_LOOP),
+        AgentSpec("cpu-exe", "cpu", _cpu_names, "exe", python=False, options=_EXE),
+        AgentSpec("npu-exe", "npu", _npu_names, "exe", ert=True, python=False, options=_EXE),
+        AgentSpec(
+            "cuda", "cuda", _cuda_names, False, gpu=True, stage_copy_flag=True, options=_COMMON | {"device"}
+        ),
         AgentSpec(
             "gpucp",
             "gpucp",
+            _gpucp_names,
             False,
             python=False,
             gpu=True,
