@@ -1,4 +1,5 @@
-"""Every measured figure README.md and docs/*.md quote matches the committed run it names.
+"""Every measured figure README.md, docs/*.md and benchmarks/README.md quote matches the committed
+run it names.
 
 A quoted figure carries a marker right after it (an HTML comment, invisible when rendered):
 
@@ -32,7 +33,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
 
 ALIAS = re.compile(r"<!--\s*figfile:\s*(?P<name>\w+)\s*=\s*(?P<file>\S+)\s*-->")
 MARKER = re.compile(r"<!--\s*fig:\s*(?P<file>\S+)\s+(?P<spec>.*?)\s*-->")
@@ -54,6 +55,11 @@ class Quote:
         return f"{self.doc}:{self.line}:{self.text}"
 
 
+def _name(doc: Path) -> str:
+    """A document's path from the repository root (two documents are named README.md)."""
+    return str(doc.relative_to(ROOT)) if doc.is_relative_to(ROOT) else doc.name
+
+
 def _lineno(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
@@ -62,20 +68,21 @@ def quotes(doc: Path, text: str | None = None) -> list[Quote]:
     """The marked figures of one document (``text`` overrides the file's content)."""
     text = doc.read_text(encoding="utf-8") if text is None else text
     aliases = {m["name"]: m["file"] for m in ALIAS.finditer(text)}
+    name = _name(doc)
     out: list[Quote] = []
     prev_end = 0
     for m in MARKER.finditer(text):
         start = max(prev_end, text.rfind("\n", 0, m.start()) + 1)
         nums = NUMBER.findall(text[start : m.start()])
         if not nums:
-            where = f"{doc.name}:{_lineno(text, m.start())}"
+            where = f"{name}:{_lineno(text, m.start())}"
             raise AssertionError(f"{where}: a fig marker with no number before it")
         file = m["file"]
         if file.startswith("@"):
             if file[1:] not in aliases:
-                raise AssertionError(f"{doc.name}:{_lineno(text, m.start())}: no figfile named {file[1:]!r}")
+                raise AssertionError(f"{name}:{_lineno(text, m.start())}: no figfile named {file[1:]!r}")
             file = aliases[file[1:]]
-        out.append(Quote(doc.name, _lineno(text, m.start()), nums[-1], file, m["spec"]))
+        out.append(Quote(name, _lineno(text, m.start()), nums[-1], file, m["spec"]))
         prev_end = m.end()
     return out
 
@@ -127,7 +134,7 @@ def unmarked(doc: Path, text: str | None = None) -> list[str]:
             window = after[: nxt.start() if nxt else len(after)]
             if "\0" not in window and "\1" not in window:
                 pos = region.start(1) + m.start()
-                bad.append(f"{doc.name}:{_lineno(text, pos)}: {m[0]!r}")
+                bad.append(f"{_name(doc)}:{_lineno(text, pos)}: {m[0]!r}")
     return bad
 
 
@@ -136,7 +143,8 @@ ALL = [q for d in DOCS for q in quotes(d)]
 
 def test_docs_quote_figures() -> None:
     # the convention is in use where the measured figures are
-    assert {q.doc for q in ALL} >= {"README.md", "gpu.md", "packet-travel.md"}
+    quoting = {"README.md", "docs/gpu.md", "docs/packet-travel.md", "benchmarks/README.md"}
+    assert {q.doc for q in ALL} >= quoting
     assert all((ROOT / q.file).is_file() for q in ALL), [q.file for q in ALL if not (ROOT / q.file).is_file()]
     assert all(q.file.startswith("benchmarks/results/") for q in ALL)
 

@@ -273,6 +273,51 @@ HL_INLINE int hl_status_valid(hl_u64 s) {
            (s >= HL_STATUS_CUSTOM_MIN && s <= 0xffffffffULL);
 }
 
+/* ---- the packet rule every consumer applies (core/agent.c, agents/gpucp.cu) ----
+ *
+ * Pure arithmetic on a packet's handles and values and on a completion word
+ * already read: the one definition of what a consumer accepts before it waits
+ * or runs anything (the liveness of each handle, its generation against its
+ * slot, is checked separately: hl_ctl_matches, or a reference).
+ *
+ * hl_signal_kind_ok(h)
+ *   1 when h is of a kind a packet may signal: a binary fence or a timeline
+ *   (not a merged fence, a buffer, a queue, an unknown kind).
+ *
+ * hl_wait_kind_ok(h)
+ *   1 when h is of a kind a packet may wait on: a binary fence, a merged fence
+ *   or a timeline.
+ *
+ * hl_point_ok(h, value)
+ *   1 unless h is a timeline and value > HL_TIMELINE_MAX (a point no timeline
+ *   reaches: a wait on it would never end, a signal to it can never be made).
+ *   A fence's value is ignored.
+ *
+ * hl_input_status(h, w)
+ *   The status an input passes on once its completion word w is final (a
+ *   fence's word != 0; a timeline's word >= the point waited for, or failed):
+ *   SUCCESS; a failed timeline's status; a fence's status; ERROR when that is
+ *   not a final status (hl_status_valid: ACTIVE, 5, bits above 32, ...). */
+
+HL_INLINE int hl_signal_kind_ok(hl_u64 h) {
+    return HL_HANDLE_KIND(h) == HL_KIND_FENCE || HL_HANDLE_KIND(h) == HL_KIND_TIMELINE;
+}
+
+HL_INLINE int hl_wait_kind_ok(hl_u64 h) {
+    return HL_HANDLE_KIND(h) == HL_KIND_FENCE || HL_HANDLE_KIND(h) == HL_KIND_MERGED ||
+           HL_HANDLE_KIND(h) == HL_KIND_TIMELINE;
+}
+
+HL_INLINE int hl_point_ok(hl_u64 h, hl_u64 value) {
+    return HL_HANDLE_KIND(h) != HL_KIND_TIMELINE || value <= HL_TIMELINE_MAX;
+}
+
+HL_INLINE hl_u32 hl_input_status(hl_u64 h, hl_u64 w) {
+    hl_u64 s = w;
+    if (HL_HANDLE_KIND(h) == HL_KIND_TIMELINE) s = (w & HL_TIMELINE_FAILED) ? (w & 0xffffffffULL) : HL_STATUS_SUCCESS;
+    return hl_status_valid(s) ? (hl_u32)s : HL_STATUS_ERROR;
+}
+
 /* ---- binary fences ----
  *
  * hl_fence_signal(d, handle, status)

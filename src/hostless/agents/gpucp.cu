@@ -55,7 +55,23 @@
  * a handle that names no live buffer, a shape that does not fit, an
  * argument block over HL_CP_ARGS_WORDS words) fails the packet's signal with
  * the input's status or ERROR, runs nothing, pushes no follow-up and fails
- * the follow-ups' signals instead, so downstream waiters are released.  The
+ * the follow-ups' signals instead (and those nested in their blocks,
+ * HL_CP_FAIL_DEPTH deep, HL_CP_FAIL_BUDGET signals), so downstream waiters
+ * are released.  The CPU agents' bad-packet rule (agents/loop.py, core/agent.c),
+ * with the checks shared through hostless_ops.h: before anything waits or
+ * runs, the signal must be a live fence or timeline (kind, and generation
+ * against its slot's ctl from the side reads) with a point below 2**62, each
+ * input a fence, merged fence or timeline with such a point
+ * (hl_signal_kind_ok, hl_wait_kind_ok, hl_point_ok); an input's final word
+ * that is not a status fails the packet with ERROR (hl_input_status).  A
+ * follow-up into a queue that stays full waits until a deadline shared by the
+ * packet's follow-ups (HL_CP_PUSH_NS), one into our own queue never waits
+ * (only we free its cells), and a chain through our own queue (in place or
+ * through the ring) is cut after HL_CP_HOP_LIMIT hops; a follow-up that
+ * cannot be pushed fails its signal (and its nested ones) with ERROR.  A
+ * write to a slot is a CAS that checks the slot's ctl in the same step (a
+ * 16-byte CAS over {word, ctl}, write rule (c)) where the device has one
+ * (HL_CP_CAS128).  The
  * loop ends on a STOP packet or when the host sets ctl->stop; a host process
  * that dies takes its CUDA context and this kernel with it (the domain's
  * recovery marks its fences OWNER_DIED).
@@ -86,6 +102,27 @@
 #define HL_CP_QCACHE 4       /* queues pushed into, kept validated */
 #define HL_FOLLOW_WORDS 9    /* sizeof(struct hl_follow) / 8 */
 #define HL_CP_ERT_WORDS 32   /* an ERT command of at most 256 bytes */
+#define HL_CP_HOP_LIMIT 64   /* as hostless_engine.h's HLE_AGENT_HOP_LIMIT: own-queue chains cut after it */
+#define HL_CP_FAIL_DEPTH 16  /* HLE_AGENT_FAIL_DEPTH: nested follow-ups failed this deep */
+#define HL_CP_FAIL_BUDGET 256 /* HLE_AGENT_FAIL_BUDGET: and this many signals a packet */
+#define HL_CP_HOPS 256       /* remembered hop counts of our pushes into our own queue */
+#define HL_CP_PUSH_NS 1000000000ull /* a packet's follow-ups wait for a full queue this long, in all */
+
+/* A slot's completion word is written by a 16-byte CAS over {word, ctl} (write rule (c): only while
+ * the slot is still the object the caller matched) where the device and compiler have one (sm_90,
+ * CUDA 12.4); -DHL_CP_CAS128=0 makes it a CAS of the word after the match (hostless.agents.gpucp
+ * passes it when HL_CP_CAS128=0 is in the environment). */
+#ifndef HL_CP_CAS128
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDACC_VER_MAJOR__) && \
+    (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 4))
+#define HL_CP_CAS128 1
+#else
+#define HL_CP_CAS128 0
+#endif
+#endif
+#ifndef HL_CP_SIGNAL_CAS128 /* the same for a packet's signal after its job (the hot path) */
+#define HL_CP_SIGNAL_CAS128 HL_CP_CAS128
+#endif
 
 /* pinned host memory, mapped: the host's window on the processor */
 struct hl_cp_ctl {
@@ -109,7 +146,7 @@ struct hl_cp_ctl {
     hl_u64 pad[7];
 };
 
-enum { R_OK = 0, R_INPUT = 1, R_KERNEL = 2, R_ARGS = 3, R_BUFFER = 4, R_SHAPE = 5, R_DTYPE = 6 };
+enum { R_OK = 0, R_INPUT = 1, R_KERNEL = 2, R_ARGS = 3, R_BUFFER = 4, R_SHAPE = 5, R_DTYPE = 6, R_HANDLE = 7 };
 enum { K_STOP = -1, K_NONE = 0, K_COPY = 1, K_ADD = 2, K_SCALE = 3, K_RELU = 4, K_GEMM = 5, K_SUM = 6,
        K_SOFTMAX = 7, K_NORMALIZE = 9 };
 
@@ -482,6 +519,7 @@ __device__ static int job_check(struct cp_job *job, hl_u32 kernel, hl_u32 nscala
         if (nb != 2 || job->count[o] != job->count[0]) return R_SHAPE;
         if (nscalars < 1) job->s0 = 0.0;
         if (nscalars < 2) job->s1 = 1.0;
+        if (job->s1 == 0.0) return R_ARGS; /* std zero (or -0): as the CPU kernels refuse it */
         break;
     default:
         return R_KERNEL;
@@ -787,23 +825,22 @@ __device__ static int decode_warp(struct cp_front *F, struct cp_gent *gc, const 
     return F->res;
 }
 
-/* Wait for input h (value v for a timeline): 0 (succeeded), its failure status, or -1 (stop). */
-__device__ static hl_i64 cp_wait(const struct hl_dom *d, hl_u64 h, hl_u64 v, struct hl_cp_ctl *ctl) {
+/* Wait for input h (value v for a timeline; both checked by the caller: hl_wait_kind_ok,
+ * hl_point_ok): 0 (succeeded), its failure status (hl_input_status: ERROR for a final word that is
+ * not a status), or -1 (stop). */
+__device__ __noinline__ static hl_i64 cp_wait(const struct hl_dom *d, hl_u64 h, hl_u64 v, struct hl_cp_ctl *ctl) {
     struct hl_fence *f = hl_fence_slot(d, h, 0);
-    if (!f || !hl_fence_matches(f, h)) return HL_STATUS_ERROR;
+    if (!f || !hl_wait_kind_ok(h) || !hl_fence_matches(f, h)) return HL_STATUS_ERROR;
     int tl = HL_HANDLE_KIND(h) == HL_KIND_TIMELINE;
+    hl_u64 w;
     for (unsigned long long n = 0;; n++) {
-        hl_u64 w = *vol(&f->word);
-        if (tl) {
-            if (w & HL_TIMELINE_FAILED) return (hl_i64)(w & 0xffffffffull);
-            if (w >= v) break;
-        } else if (w != 0) {
-            if (w != HL_STATUS_SUCCESS) return (hl_i64)(w & 0xffffffffull);
-            break;
-        }
+        w = *vol(&f->word);
+        if (tl ? (w & HL_TIMELINE_FAILED) || w >= v : w != 0) break;
         if ((n & 1023) == 1023 && *vol(&ctl->stop)) return -1;
         __nanosleep(32);
     }
+    const hl_u32 st = hl_input_status(h, w);
+    if (st != HL_STATUS_SUCCESS) return (hl_i64)st;
     __threadfence_system(); /* the producer's data before our reads */
     return 0;
 }
@@ -815,35 +852,128 @@ __device__ static int input_done(hl_u64 h, hl_u64 v, hl_u64 c, hl_u64 w) {
     return w == HL_STATUS_SUCCESS;
 }
 
-/* Signal h with `status` (timeline: `value` on success).  ctl and word: the
- * slot's, read before (0, 0: read them now).  Returns 1 when h is known to
- * hold success (at `value` or later for a timeline). */
-__device__ static int cp_signal(const struct hl_dom *d, hl_u64 h, hl_u64 value, hl_u32 status, hl_u64 c,
+/* {word, ctl} of a slot (offsets 0 and 8 of its 64-byte aligned slot): the operand of the 16-byte CAS */
+struct __align__(16) cp_wc {
+    hl_u64 word, ctl;
+};
+
+/* One CAS of slot f's completion word from *expect to `desired` while its ctl is still c (the LIVE
+ * object the caller matched): with HL_CP_CAS128 the check and the write are one atomic step (write
+ * rule (c)), else the word alone is CASed after the caller's match.  1: written; 0: the word was
+ * not *expect (*expect receives it); -1: the slot holds another object now (nothing written).
+ * System scope, relaxed: the caller fences before. */
+__device__ static int cp_cas_slot(struct hl_fence *f, hl_u64 *expect, hl_u64 c, hl_u64 desired) {
+#if HL_CP_CAS128
+    struct cp_wc e, n;
+    e.word = *expect;
+    e.ctl = c;
+    n.word = desired;
+    n.ctl = c;
+    const struct cp_wc o = atomicCAS_system((struct cp_wc *)(void *)f, e, n);
+    if (o.ctl != c) return -1;
+    if (o.word == e.word) return 1;
+    *expect = o.word;
+    return 0;
+#else
+    const hl_u64 o = (hl_u64)atomicCAS_system((unsigned long long *)&f->word, (unsigned long long)*expect,
+                                              (unsigned long long)desired);
+    if (o == *expect) return 1;
+    *expect = o;
+    return 0;
+#endif
+}
+
+/* Signal h with `status` (timeline: `value` on success; a failure fails it).  ctl and word: the
+ * slot's, read before (0, 0: read them now).  A handle that is not a live fence or timeline
+ * (hl_signal_kind_ok, hl_ctl_matches) is left alone, as is a success past HL_TIMELINE_MAX.  Every
+ * write is cp_cas_slot against that ctl.  Returns 1 when h is known to hold success (at `value`
+ * or later for a timeline). */
+__device__ __noinline__ static int cp_signal(const struct hl_dom *d, hl_u64 h, hl_u64 value, hl_u32 status, hl_u64 c,
                                 hl_u64 word) {
     struct hl_fence *f = hl_fence_slot(d, h, 0);
-    if (!h || !f) return 0;
+    if (!h || !f || !hl_signal_kind_ok(h)) return 0;
     if (!c) {
         c = rd(&f->ctl);
         word = rd(&f->word);
     }
     if (!hl_ctl_matches(c, h)) return 0;
+    if (!hl_status_valid(status)) status = HL_STATUS_ERROR;
+    __threadfence_system(); /* what came before (a job's writes) before the signal */
+    int r;
     if (HL_HANDLE_KIND(h) == HL_KIND_TIMELINE) {
+        hl_u64 cur = word;
         if (status != HL_STATUS_SUCCESS) {
+#if HL_CP_CAS128
+            /* the word only: aux (the value reached) is not ours to write without a reference */
+            while (!(cur & HL_TIMELINE_FAILED) && (r = cp_cas_slot(f, &cur, c, HL_TIMELINE_FAILED | status)) == 0) {
+            }
+#else
             hl_timeline_fail(f, status, 0);
+#endif
             return 0;
         }
-        hl_u64 cur = word;
         if (value > HL_TIMELINE_MAX) return 0;
-        while (!(cur & HL_TIMELINE_FAILED) && value > cur && !hl_cas64(&f->word, &cur, value)) {
+        while (!(cur & HL_TIMELINE_FAILED) && value > cur) {
+            if ((r = cp_cas_slot(f, &cur, c, value)) != 0) return r > 0;
         }
         return !(cur & HL_TIMELINE_FAILED);
     }
-    if (HL_HANDLE_KIND(h) == HL_KIND_FENCE && hl_status_valid(status)) {
-        hl_u64 expected = 0;
-        return hl_cas64(&f->word, &expected, (hl_u64)status) ? status == HL_STATUS_SUCCESS
-                                                             : expected == HL_STATUS_SUCCESS;
+    hl_u64 expected = 0;
+    r = cp_cas_slot(f, &expected, c, (hl_u64)status);
+    return r > 0 ? status == HL_STATUS_SUCCESS : r == 0 && expected == HL_STATUS_SUCCESS;
+}
+
+/* Lane 0: fail the signals of the follow-ups nested in packet p's argument block, and in theirs
+ * (blocks from depth `depth` down to HL_CP_FAIL_DEPTH; *budget signals in all), as core/agent.c's
+ * fail_downstream: those packets will never run.  Each block is checked as a decode checks it (a
+ * live buffer in the host heap, by its slot read at once; its magic; its counts against its size
+ * by subtraction); a bad one fails nothing further. */
+__device__ __noinline__ static void cp_fail_nested(const struct hl_dom *d, const struct hl_packet *p, hl_u32 status, int *budget,
+                                      int depth) {
+    const hl_u64 *fw[HL_CP_FAIL_DEPTH]; /* a frame: a block's follow-ups, how many, the next one */
+    hl_u32 nf[HL_CP_FAIL_DEPTH], at[HL_CP_FAIL_DEPTH];
+    int top = 0;
+    hl_u32 type = p->type;
+    hl_u64 args = p->args;
+    for (;;) {
+        struct hl_fence *bf = (type == HL_PKT_KERNEL || type == HL_PKT_ERT) && args && depth + top < HL_CP_FAIL_DEPTH
+                                  ? hl_fence_slot(d, args, HL_KIND_BUFFER)
+                                  : 0;
+        if (bf) {
+            hl_u64 s[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) s[k] = rd((const hl_u64 *)bf + k);
+            const hl_u64 *blk = (const hl_u64 *)host_block(d, args, s);
+            if (blk && s[4] >= 16) {
+                const hl_u64 a0 = rd(blk), a1 = rd(blk + 1);
+                const hl_u64 nb = (hl_u16)(a0 >> 32), ns = (hl_u16)(a0 >> 48), n = (hl_u16)a1;
+                hl_u64 left = s[4] / 8 - 2;
+                if ((hl_u32)a0 == HL_KERNARG_MAGIC && nb <= left && ns <= left - nb &&
+                    n * HL_FOLLOW_WORDS <= left - nb - ns && n) {
+                    fw[top] = blk + 2 + nb + ns;
+                    nf[top] = (hl_u32)n;
+                    at[top] = 0;
+                    top++;
+                }
+            }
+        }
+        for (;;) { /* the next follow-up to fail, depth first */
+            if (top == 0) return;
+            if (at[top - 1] >= nf[top - 1] || *budget <= 0) {
+                top--;
+                continue;
+            }
+            const hl_u64 *w = fw[top - 1] + (hl_u64)at[top - 1]++ * HL_FOLLOW_WORDS;
+            struct hl_packet q;
+#pragma unroll
+            for (int k = 0; k < 8; k++) ((hl_u64 *)&q)[k] = rd(w + 1 + k);
+            --*budget;
+            cp_signal(d, q.signal, q.signal_value, status, 0, 0);
+            type = q.type;
+            args = q.args;
+            break;
+        }
     }
-    return 0;
 }
 
 /* Queues pushed into: their validated views and the index after our last push. */
@@ -870,11 +1000,18 @@ __device__ static int cp_qview(const struct hl_dom *d, struct cp_qcache *qc, hl_
     return i;
 }
 
-/* Reserve a cell of cached queue i (retried while full, bounded). */
-__device__ static int cp_reserve(struct cp_qcache *qc, int i, hl_u64 *w) {
+/* Reserve a cell of cached queue i.  A full queue is retried until %globaltimer reaches *dl (0: set
+ * to HL_CP_PUSH_NS from now; one packet's follow-ups share it), and not at all when !wait (our own
+ * queue: only we free its cells). */
+__device__ static int cp_reserve(struct cp_qcache *qc, int i, hl_u64 *w, hl_u64 *dl, int wait) {
     int pr = hl_queue_reserve(&qc->v[i], qc->producer, qc->next[i], w);
-    for (long s = 0; s < (1L << 22) && pr == HL_E_FULL; s++) pr = hl_queue_reserve(&qc->v[i], qc->producer,
-                                                                                     HL_QUEUE_NO_HINT, w);
+    if (pr == HL_E_FULL && wait) {
+        if (!*dl) *dl = gtimer() + HL_CP_PUSH_NS;
+        while (pr == HL_E_FULL && gtimer() < *dl) {
+            __nanosleep(256);
+            pr = hl_queue_reserve(&qc->v[i], qc->producer, HL_QUEUE_NO_HINT, w);
+        }
+    }
     qc->next[i] = pr == HL_OK ? *w + 1 : HL_QUEUE_NO_HINT;
     return pr;
 }
@@ -895,7 +1032,8 @@ struct cp_sideop {
     int sig;          /* warp 1: signal */
     int sys;          /* with a system fence (else GPU scope) */
     hl_u64 *word;
-    hl_u64 expected, desired, old;
+    hl_u64 expected, desired, old, ctl; /* ctl: the signal's slot as matched (cp_cas_slot) */
+    int gone;         /* the slot held another object at the CAS: nothing written */
     int resv;         /* warp 2: reserve in queue q0 (its slot's ctl q0_c) */
     hl_u64 q0, q0_c, qw;
     int qi, qr;
@@ -907,11 +1045,19 @@ __device__ static void sideop_run(struct cp_front *F, struct cp_qcache *QC, stru
             __threadfence_system();
         else
             __threadfence();
+#if HL_CP_SIGNAL_CAS128
+        hl_u64 old = SO->expected;
+        const int r = cp_cas_slot((struct hl_fence *)(void *)SO->word, &old, SO->ctl, SO->desired);
+        SO->old = old;
+        SO->gone = r < 0;
+#else
         SO->old = atomicCAS_system((unsigned long long *)SO->word, (unsigned long long)SO->expected,
                                    (unsigned long long)SO->desired);
+#endif
     } else if (warp == 2 && SO->resv) {
+        hl_u64 dl = 0;
         SO->qi = cp_qview(&F->d, QC, SO->q0, SO->q0_c);
-        SO->qr = SO->qi >= 0 ? cp_reserve(QC, SO->qi, &SO->qw) : HL_E_HANDLE;
+        SO->qr = SO->qi >= 0 ? cp_reserve(QC, SO->qi, &SO->qw, &dl, 1) : HL_E_HANDLE;
     }
 }
 
@@ -921,6 +1067,9 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                                  struct cp_qcache &QC, struct cp_sideop &SO) {
     __shared__ hl_u64 s_w, s_c;
     __shared__ int s_hit;
+    __shared__ hl_u64 hop_idx[HL_CP_HOPS]; /* 1 + the index of a packet we pushed into our own queue */
+    __shared__ hl_u8 hop_n[HL_CP_HOPS];    /* and its hop count */
+    hl_u32 hops = 0;                        /* lane 0: the current packet's hops through our own queue */
     const int lane = threadIdx.x;
     const unsigned int nworkers = gridDim.x - 1;
     unsigned int gen = 0;
@@ -960,6 +1109,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         F.qh = qh;
         for (int i = 0; i < HL_CP_CACHE; i++) F.dir[i].args = 0;
         for (int i = 0; i < HL_CP_QCACHE; i++) QC.handle[i] = 0;
+        for (int i = 0; i < HL_CP_HOPS; i++) hop_idx[i] = 0;
         QC.producer = HL_PRODUCER_DEVICE_OF(host_index);
     }
     __syncwarp();
@@ -998,6 +1148,11 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
             if (got < 0) break; /* stop */
             if (got == 1 && lane < 8) ((hl_u64 *)P)[lane] = rd((const hl_u64 *)&F.v.packets[r & mask] + lane);
             __syncwarp(); /* the packet is in shared memory: its loads completed */
+            if (lane == 0) { /* its hops, if we pushed it into our own queue (else 0) */
+                const hl_u32 hs = (hl_u32)(r % HL_CP_HOPS);
+                hops = hop_idx[hs] == r + 1 ? hop_n[hs] : 0;
+                hop_idx[hs] = 0;
+            }
             r++;
             if (got == 0) { /* a SKIP: consumed */
                 if (lane == 0) {
@@ -1032,15 +1187,35 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
             if (lane >= 24) F.side[cur][lane - 24] = sv;
             __syncwarp();
         } /* else decoded by its parent, side reads too */
-        /* inputs: those the side reads did not show done are waited for */
+        /* the rule before anything waits or runs (core/agent.c's check, hostless_ops.h): a known
+         * packet type; a signal that is a live fence or timeline (its ctl from the side reads) with
+         * a point below 2**62; inputs that are fences, merged fences or timelines with such points.
+         * Then the inputs: those the side reads did not show done are waited for. */
         if (lane == 0) {
             int observed = 0; /* an input another producer completed (our own signals need no fence) */
-            for (int i = 0; i < 2; i++) {
+            hl_u32 bad = !kernel_pkt && P->type != HL_PKT_BARRIER && P->type != HL_PKT_STOP ? R_KERNEL : R_OK;
+            if (!bad && P->signal &&
+                (!hl_signal_kind_ok(P->signal) || !hl_ctl_matches(F.side[cur][4], P->signal) ||
+                 !hl_point_ok(P->signal, P->signal_value)))
+                bad = R_HANDLE;
+            for (int i = 0; i < 2 && !bad; i++)
+                if (P->wait[i] && (!hl_wait_kind_ok(P->wait[i]) || !hl_point_ok(P->wait[i], P->wait_value[i])))
+                    bad = R_HANDLE;
+            if (bad) {
+                status = HL_STATUS_ERROR;
+                reason = bad;
+            }
+            for (int i = 0; i < 2 && !bad; i++) {
                 hl_u64 h = P->wait[i];
                 if (!h) continue;
                 if (h == last_sig && (HL_HANDLE_KIND(h) == HL_KIND_FENCE || P->wait_value[i] <= last_val)) continue;
                 observed = 1;
                 if (input_done(h, P->wait_value[i], F.side[cur][2 * i], F.side[cur][2 * i + 1])) continue;
+                if (pend_free) { /* a wait: the packet's cell first, as a CPU agent frees it when it pops */
+                    *vol(&F.v.cells[(r - 1) & mask]) = HL_CELL(r - 1 + F.v.capacity, 0, HL_CELL_FREE);
+                    *vol(&F.v.q->read_index) = r;
+                    pend_free = 0;
+                }
                 hl_i64 w = cp_wait(&F.d, h, P->wait_value[i], ctl);
                 if (w < 0) {
                     status = HL_STATUS_CANCEL;
@@ -1055,10 +1230,6 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                 }
             }
             if (observed) __threadfence_system(); /* the producers' data before our reads */
-            if (status == HL_STATUS_SUCCESS && !kernel_pkt && P->type != HL_PKT_BARRIER && P->type != HL_PKT_STOP) {
-                status = HL_STATUS_ERROR;
-                reason = R_KERNEL;
-            }
             ++npk;
         }
         status = __shfl_sync(HL_CP_FULL, status, 0);
@@ -1139,6 +1310,8 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
              * fence), then the CAS.  warp 2: the reserve. */
             SO.sig = fast;
             SO.sys = !(E && !E->out_host);
+            SO.gone = 0;
+            SO.ctl = sig_c;
             if (fast) {
                 SO.word = &hl_fence_slot(&F.d, P->signal, 0)->word;
                 SO.expected = HL_HANDLE_KIND(P->signal) == HL_KIND_FENCE ? 0 : sig_w;
@@ -1189,7 +1362,9 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         if (lane == 0) {
             /* the signal: settled from the CAS, or made here (a failure, a timeline that moved) */
             int known;
-            if (fast && SO.old == SO.expected)
+            if (fast && SO.gone) /* the slot held another object at the CAS: not ours to signal */
+                known = 0;
+            else if (fast && SO.old == SO.expected)
                 known = 1;
             else if (fast && HL_HANDLE_KIND(P->signal) == HL_KIND_FENCE)
                 known = SO.old == HL_STATUS_SUCCESS; /* signaled before us */
@@ -1201,37 +1376,52 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                 *vol(&ctl->failed) = ++nfail;
                 *vol(&ctl->last_error) = (npk << 16) | reason;
             }
-            int reserved_used = 0;
+            int reserved_used = 0, budget = HL_CP_FAIL_BUDGET;
+            hl_u64 dl = 0; /* the follow-ups' shared deadline for full queues */
             for (hl_u32 i = 0; Ef && i < Ef->nfollow; i++) {
                 struct hl_follow f;
 #pragma unroll
                 for (hl_u32 k = 0; k < HL_FOLLOW_WORDS; k++) ((hl_u64 *)&f)[k] = follow_word(&F, gc, e, cur, i, k);
-                if (status != HL_STATUS_SUCCESS) {
+                if (status != HL_STATUS_SUCCESS) { /* they will never run: their signals, nested ones too */
+                    if (budget <= 0) break;
+                    --budget;
                     cp_signal(&F.d, f.packet.signal, f.packet.signal_value, status, 0, 0);
+                    cp_fail_nested(&F.d, &f.packet, status, &budget, 1);
                     continue;
                 }
-                if (i + 1 == E->self && !leave && s_w == r && s_c == HL_CELL(r, 0, HL_CELL_FREE)) {
+                const int own = f.queue == F.qh;
+                if (i + 1 == E->self && !leave && hops < HL_CP_HOP_LIMIT && s_w == r &&
+                    s_c == HL_CELL(r, 0, HL_CELL_FREE)) {
                     /* in place: our queue is empty (nothing published or reserved at the read index) */
                     have = 1;
                     ++ninplace;
                     continue;
                 }
-                int qi, pr;
+                int qi = -1, pr;
                 hl_u64 w = 0;
-                if (!reserved_used && f.queue == E->q0 && SO.qi >= 0) {
+                if (own && hops >= HL_CP_HOP_LIMIT) {
+                    pr = HL_E_HANDLE; /* a chain through our own queue: cut */
+                } else if (!reserved_used && f.queue == E->q0 && SO.qi >= 0) {
                     reserved_used = 1;
                     qi = SO.qi;
                     pr = SO.qr;
                     w = SO.qw;
                 } else {
                     qi = cp_qview(&F.d, &QC, f.queue, 0);
-                    pr = qi >= 0 ? cp_reserve(&QC, qi, &w) : HL_E_HANDLE;
+                    pr = qi >= 0 ? cp_reserve(&QC, qi, &w, &dl, !own) : HL_E_HANDLE;
                 }
-                if (pr == HL_OK)
+                if (pr == HL_OK) {
                     hl_queue_publish(&QC.v[qi], w, &f.packet, QC.producer);
-                else
+                    if (own) {
+                        hop_idx[w % HL_CP_HOPS] = w + 1;
+                        hop_n[w % HL_CP_HOPS] = (hl_u8)(hops + 1);
+                    }
+                } else { /* dropped: its signal and its nested follow-ups' fail */
                     cp_signal(&F.d, f.packet.signal, f.packet.signal_value, HL_STATUS_ERROR, 0, 0);
+                    cp_fail_nested(&F.d, &f.packet, HL_STATUS_ERROR, &budget, 0);
+                }
             }
+            if (have) hops++; /* the follow-up run in place is one hop further */
             ++completed;
             if ((npk & 63) == 0) FLUSH_STATS();
             if (E) postns += gtimer() - t_round;

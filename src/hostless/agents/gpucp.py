@@ -35,6 +35,13 @@ start), argument blocks found decoded (hits) and decoded (misses), jobs run
 by the front-end block itself (local), and the summed nanoseconds of jobs.
 :func:`stats` reads it from the spawner.
 
+Hostile packets: the CPU agents' rule (:mod:`hostless.agents.loop`), checked before anything
+waits or runs (gpucp.cu's header comment says how): a bad signal, input or argument block fails
+the packet alone with ERROR and the follow-ups' signals (nested ones too); follow-ups into a
+full queue wait 1 s at most (never for the processor's own queue); chains through its own queue
+are cut after 64 hops.  Signals are 16-byte CASes over a slot's {word, ctl} on sm_90
+(``HL_CP_CAS128=0`` in the environment compiles word-only CASes).
+
 ERT packets run as on the emulated NPU: START_CU / START_NPU on the CU their
 cu_mask names (the CU index is the kernel id), buffers and scalars in the
 command, the state written back into its header word; CMD_CHAIN and the
@@ -68,7 +75,8 @@ CTL_FIELDS = (
 _CTL_WORDS = 24  # struct hl_cp_ctl
 _CACHE_WORDS = 128 * (18 + 128)  # HL_CP_CACHE x struct cp_gent (the job, the block's words)
 REASONS = {0: "ok", 1: "an input failed", 2: "unknown kernel or packet type", 3: "bad argument block",
-           4: "a buffer handle names no live buffer here", 5: "shapes do not fit", 6: "not float32"}
+           4: "a buffer handle names no live buffer here", 5: "shapes do not fit", 6: "not float32",
+           7: "a signal or input handle of the wrong kind, stale, or a timeline point past 2**62"}
 _STATE_RUNNING, _STATE_LEFT, _STATE_ATTACH_FAILED = 1, 2, 3
 _THREADS = 256
 
@@ -123,6 +131,8 @@ def compile_cubin(device: int) -> bytes:
     inc = os.path.dirname(abi_header_path())
     prog = _ok(nvrtc.nvrtcCreateProgram(src, b"gpucp.cu", 0, [], []), "nvrtcCreateProgram")
     opts = [f"-I{inc}".encode(), b"--std=c++14", f"--gpu-architecture=sm_{major}{minor}".encode()]
+    if os.environ.get("HL_CP_CAS128") == "0":  # a host without 128-bit PCIe atomics: word-only CASes
+        opts.append(b"-DHL_CP_CAS128=0")
     try:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if int(err) != 0:
