@@ -222,6 +222,10 @@ uint32_t hle_name_seq(hle_ctx *c);
  *   carries no hop count).
  * - Trace: START when a packet is taken, END (with its status) when it is
  *   finished, when the domain has a trace ring.
+ * The pure parts of these checks (the kinds a packet may signal or wait on,
+ * timeline points, the status an input's final word passes on) are
+ * hostless_ops.h's hl_signal_kind_ok, hl_wait_kind_ok, hl_point_ok and
+ * hl_input_status, which the GPU command processor (gpucp.cu) applies too.
  * The cuda agent makes the same checks before it enqueues any stream wait;
  * its waits and follow-up pushes then run on the GPU (a stream wait is not
  * bounded by wait_timeout; a device push into a queue that stays full gives
