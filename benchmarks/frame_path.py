@@ -12,10 +12,10 @@ configuration once and prints (or writes) a JSON list of records:
   pipeline of examples/pipeline_demo.py (normalize, gemm, relu, gemm, softmax)
   at 64x64 (latency-bound, as in issue 11): pre/post on one agent, the three
   middle stages on another;
-* agents: ``native`` (two ``agents.spawn(dom, "cpu", native=True)``; the
-  middle stages of demo5 run on the second native cpu agent, as the native
-  npu is not in this build) and ``python`` (a Python cpu agent, and for demo5
-  the Python npu agent of the demo);
+* agents: ``native`` (two ``agents.spawn(dom, "cpu")``, the C loop; the
+  middle stages of demo5 run on the second cpu agent, as the native npu was
+  not in the build this was written for); the ``python`` agents of earlier
+  results ran the Python agent loop, which is gone (issue 22);
 * modes: dispatch host / direct times data copy / shared (direct: 2 in flight).
 
 Plus ``submit``: the host's CPU time for the submit alone of a direct-dispatch
@@ -157,16 +157,10 @@ def measure(n: int) -> list[dict[str, Any]]:
     recs: list[dict[str, Any]] = []
     try:
         recs += _submit_only(dom, n)
-        for kind in ("native", "python"):
-            if kind == "native":
-                a = agents.spawn(dom, "cpu", native=True, label="cpu A")
-                b = agents.spawn(dom, "cpu", native=True, label="cpu B")
-                mids = {"identity2": b, "demo5": b}
-            else:
-                a = agents.spawn(dom, "cpu", label="cpu A")
-                b = agents.spawn(dom, "cpu", label="cpu B")
-                npu = agents.spawn(dom, "npu", label="npu")
-                mids = {"identity2": b, "demo5": npu}
+        for kind in ("native",):
+            a = agents.spawn(dom, "cpu", label="cpu A")
+            b = agents.spawn(dom, "cpu", label="cpu B")
+            mids = {"identity2": b, "demo5": b}
             try:
                 rng = np.random.default_rng(3)
                 for wl in ("identity2", "demo5"):
@@ -177,7 +171,7 @@ def measure(n: int) -> list[dict[str, Any]]:
                         r.update(workload=wl, agents=kind, mode=f"{dispatch}+{data}")
                         recs.append(r)
             finally:
-                for ag in (a, b) if kind == "native" else (a, b, npu):
+                for ag in (a, b):
                     ag.stop()
     finally:
         dom.close()

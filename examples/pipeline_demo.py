@@ -18,17 +18,15 @@ times data ``copy`` / ``shared``:
   last; each engine launches the next engine's work itself (follow-up
   packets), so the host is out of the loop and several frames are in flight.
 
-The engines' command processors are native: the agents run the agent loop
-in C (``agents.spawn(..., native=True)``: doorbell, packet, waits, kernel,
-signal, follow-ups with no Python; the npu agent too when the native ERT
-processor is available, else the Python one, and the demo says which).
-``--python`` runs the Python agent loops instead (the previous baseline).
+The engines' command processors are native: ``agents.spawn(dom, "cpu")`` and
+``"npu"`` run the engine's command processor in C (doorbell, packet, waits,
+kernel, the npu's ERT commands, signal, follow-ups with no Python).
 
 For each mode the demo prints the latency per frame (one frame at a time),
 the streaming throughput, the host's CPU time per frame and the speedups
 against host+copy, checks that all modes give the same output as NumPy, and
 writes a Perfetto trace and a plot to ./out/.  Run: ``python
-examples/pipeline_demo.py [--python]`` (about 20-40 s; cleans /dev/shm up).
+examples/pipeline_demo.py`` (about 20-40 s; cleans /dev/shm up).
 """
 
 from __future__ import annotations
@@ -120,31 +118,21 @@ def plot(results: dict[str, dict[str, float]], path: Path) -> str:
     return f"plot: {path}"
 
 
-def spawn_agents(dom: hl.Domain, native: bool) -> tuple[agents.Agent, agents.Agent, str]:
-    """The cpu and npu agents (native loops unless ``native`` is False); returns them and a
-    line saying which loops run.  A native npu agent is used when the build has one."""
-    cpu = agents.spawn(dom, "cpu", label="cpu (pre/post)", native=native)
+def spawn_agents(dom: hl.Domain) -> tuple[agents.Agent, agents.Agent, str]:
+    """The cpu and npu agents; returns them and a line saying what they run."""
+    cpu = agents.spawn(dom, "cpu", label="cpu (pre/post)")
     try:
-        if native:
-            try:
-                npu = agents.spawn(dom, "npu", label="npu (inference)", native=True)
-                return cpu, npu, "agents: native cpu and npu command processors (C loops)"
-            except ValueError as e:
-                npu = agents.spawn(dom, "npu", label="npu (inference)")
-                return cpu, npu, f"agents: native cpu command processor (C loop); Python npu agent ({e})"
         npu = agents.spawn(dom, "npu", label="npu (inference)")
-        return cpu, npu, "agents: Python cpu and npu loops (--python)"
     except BaseException:
         cpu.stop()
         raise
+    gemm = npu.capabilities.get("gemm", "?")
+    return cpu, npu, f"agents: cpu and npu command processors in C (GEMM: {gemm})"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument(
-        "--python", action="store_true", help="run the Python agent loops (the previous baseline)"
-    )
-    args = ap.parse_args(argv)
+    ap.parse_args(argv)
     t_start = time.monotonic()
     name = f"hostless-pipeline-demo-{os.getpid()}"
     OUT.mkdir(exist_ok=True)
@@ -157,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     spawned: list[agents.Agent] = []
     try:
-        cpu, npu, which = spawn_agents(dom, not args.python)
+        cpu, npu, which = spawn_agents(dom)
         spawned += [cpu, npu]
         print(f"domain /dev/shm/{name}; {ncpu} CPUs; {pin_agents(cpu, npu)}")
         print(which)

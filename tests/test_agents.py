@@ -8,9 +8,9 @@ NumPy reference; a SIGKILLed agent fails the graph with OWNER_DIED in bounded
 time, and a respawned agent on the same queue rejoins.  The domain must check
 clean at the end.
 
-Every test runs twice: against the Python agents and against the native ones
-(``native=True``: the C loop, C kernels and the C ERT command processor), the
-``native`` fixture making :func:`hostless.agents.spawn` default to it.
+The agents are the default ones: the engine's C loop, C kernels and the C ERT
+command processor, with the Python kernels as its callbacks (these tests once
+ran against a Python agent loop as well; there is one loop now).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import numpy as np
 import pytest
 
 import hostless as hl
-from _native_spawn import native_agents
 from conftest import wait_asleep
 from hostless import agents, ert, trace
 from hostless._abi import C
@@ -64,17 +63,8 @@ class Env:
         return b
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["python", "native"])
-def native(request: pytest.FixtureRequest) -> Iterator[bool]:
-    """Whether this module's agents (the env's and those its tests spawn) are native."""
-    if request.param:
-        yield from native_agents()
-    else:
-        yield False
-
-
 @pytest.fixture(scope="module")
-def env(native: bool) -> Iterator[Env]:
+def env() -> Iterator[Env]:
     name = f"hltest-ag-{os.getpid()}-{uuid.uuid4().hex[:10]}"
     d = hl.Domain.create(name, fences=4096, participants=32, heap="128M", trace="4M", label="host")
     spawned: list[agents.Agent] = []

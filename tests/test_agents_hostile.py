@@ -828,6 +828,12 @@ def _(e: Env) -> None:
 # --------------------------------------------------------------------------- the directed tests
 
 
+def test_the_agents_are_native(env: Env) -> None:
+    """The cases run against the default cpu and npu agents: the engine's C loop."""
+    assert env.agent("cpu").native is True and env.agent("cpu").capabilities["native"]
+    assert env.agent("npu").native is True and env.agent("npu").capabilities["ert"] == "C"
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_directed(env: Env, name: str) -> None:
     kind, fn = CASES[name]

@@ -41,7 +41,7 @@ def _tiny() -> pipeline.PipelineBenchConfig:
         large_frames=2,
         stream_frames=3,
         inflight=(2,),
-        agent_sets=("native-poll", "python-park"),
+        agent_sets=("native-poll", "native-park"),
         poll_spin=0.01,
         ref_round_trips=20,
         idle_seconds=0.2,
@@ -54,12 +54,9 @@ def _tiny() -> pipeline.PipelineBenchConfig:
 def test_pipeline_bench_tiny_run(tmp_path: Path) -> None:
     result = pipeline.run(_tiny(), progress=lambda _m: None)
     assert result["errors"] == {}, result["errors"]
-    assert list(result["agent_sets"]) == ["native-poll", "python-park"]
-    for key, entry in result["agent_sets"].items():
-        assert entry["agents"]["cpu"] == ("native" if key.startswith("native") else "python")
-        assert entry["agents"]["npu"] in ("native", "python")
-        if key.startswith("native") and entry["agents"]["npu"] == "python":
-            assert entry["agents"]["npu_note"]  # the fallback is said
+    assert list(result["agent_sets"]) == ["native-poll", "native-park"]
+    for _key, entry in result["agent_sets"].items():
+        assert entry["agents"]["cpu"] == entry["agents"]["npu"] == "native"  # the C loop, the only one
         pls = entry["pipelines"]
         assert set(pls) == set(pipeline.PIPELINES)
         for name, w in pls.items():
@@ -75,8 +72,8 @@ def test_pipeline_bench_tiny_run(tmp_path: Path) -> None:
             "direct+shared inflight=2",
         }
     refs = result["references"]
-    assert {"native_poll_round_trip", "native_park_round_trip", "python_park_round_trip"} <= set(refs)
-    assert {"native_park", "native_default", "python_park"} <= set(refs["idle"])
+    assert {"native_poll_round_trip", "native_park_round_trip"} <= set(refs)
+    assert {"native_park", "native_default"} <= set(refs["idle"])
     assert 0 <= refs["idle"]["native_park"]["core_share"] <= 1.5
     if shutil.which("gcc"):
         assert {"c_spin", "c_futex"} <= set(refs)
@@ -297,7 +294,7 @@ def test_idle_agent_parks_and_a_spinning_one_fails_the_bound() -> None:
             ("default", {}),
             ("spin-forever", {"spin": 3600.0, "fixed_spin": True}),
         ]:
-            started.append(agents.spawn(d, "cpu", native=True, label=f"idle {label}", **opts))
+            started.append(agents.spawn(d, "cpu", label=f"idle {label}", **opts))
         parked, default, spinner = (a.proc.pid for a in started)
         shares: list[dict[str, float]] = []
         for _ in range(5):

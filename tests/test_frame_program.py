@@ -188,9 +188,9 @@ def test_a_buffer_released_after_the_check_fails_the_run(dom: hl.Domain) -> None
 # ------------------------------------------------------------------ graphs
 
 
-@pytest.fixture(scope="module", params=["native", "python"])
-def agent(request: pytest.FixtureRequest, dom: hl.Domain) -> Iterator[agents.Agent]:
-    a = agents.spawn(dom, "cpu", native=request.param == "native", label=f"cpu-{request.param}")
+@pytest.fixture(scope="module")
+def agent(dom: hl.Domain) -> Iterator[agents.Agent]:
+    a = agents.spawn(dom, "cpu", label="cpu")
     try:
         yield a
         a.stop()
@@ -221,11 +221,10 @@ def test_a_tampered_prepared_frame_is_refused(dom: hl.Domain, agent: agents.Agen
 
 
 @pytest.mark.parametrize("dispatch", ["host", "direct"])
-@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 def test_a_frame_after_an_agent_died_fails_with_owner_died(
-    dom: hl.Domain, agent: agents.Agent, dispatch: str, native: bool
+    dom: hl.Domain, agent: agents.Agent, dispatch: str
 ) -> None:
-    victim = agents.spawn(dom, "cpu", native=native, label="victim")
+    victim = agents.spawn(dom, "cpu", label="victim")
     try:
         with chain(dom, agent, victim).compile(dispatch=dispatch, data="copy") as cg:
             x = np.linspace(-1, 1, 16, dtype=np.float32)

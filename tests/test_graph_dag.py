@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import hostless as hl
-from _native_spawn import native_agents
 from hostless import agents
 from hostless.dag import Dag
 from hostless.graph import Graph, StageFailed
@@ -76,17 +75,8 @@ class Env:
     npu: agents.Agent
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["python", "native"])
-def native(request: pytest.FixtureRequest) -> Iterator[bool]:
-    """Every DAG test runs against the Python agents and against the native ones."""
-    if request.param:
-        yield from native_agents()
-    else:
-        yield False
-
-
 @pytest.fixture(scope="module")
-def env(native: bool) -> Iterator[Env]:
+def env() -> Iterator[Env]:
     name = f"hltest-dag-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     with hl.Domain.create(name, heap="64M", label="host", unlink_on_close=True) as d:
         spawned = [agents.spawn(d, "cpu", label=f"cpu{i}") for i in (1, 2)]

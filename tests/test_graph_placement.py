@@ -1,9 +1,10 @@
 """Graph placement on the CPU: :func:`hostless.graph.place_tensors`, the rule that puts
 each tensor in host memory or in a GPU's memory, tested case by case without a GPU.
 
-The rule needs only each stage's agent kind and device, what the stage reads and
-writes, the data mode and the names of the domain's device heaps, so agents are faked
-by plain objects here (tests/test_gpu_devmem.py runs the same rule on real GPUs)."""
+The rule needs only each stage's agent spec (hostless.agents.kinds: whether it is a
+resident GPU kernel) and device, what the stage reads and writes, the data mode and the
+names of the domain's device heaps, so agents are faked by plain objects here
+(tests/test_gpu_devmem.py runs the same rule on real GPUs)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from hostless.agents.kinds import SPECS, AgentSpec
 from hostless.graph import place_tensors
 
 DEVICE = {"cpu": "cpu", "npu": "cpu", "cuda": "cuda:0", "gpucp": "cuda:0"}
@@ -22,6 +24,18 @@ DEVICE = {"cpu": "cpu", "npu": "cpu", "cuda": "cuda:0", "gpucp": "cuda:0"}
 class FakeAgent:
     kind: str
     device: str
+
+    @property
+    def spec(self) -> AgentSpec:
+        return SPECS[self.kind]
+
+
+@pytest.mark.parametrize("kind", list(DEVICE))
+def test_the_specs_say_where_each_kind_reads_memory(kind: str) -> None:
+    assert SPECS[kind].device_of(0) == DEVICE[kind]
+    assert SPECS[kind].resident == (kind == "gpucp")
+    if kind in ("cuda", "gpucp"):
+        assert SPECS[kind].device_of(1) == "cuda:1"
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ later frames.  Now:
   replaced, raises :class:`GraphInvalidated` on that frame and every later
   one, never returning a frame, until compiled again.
 
-Each for the Python agent loop, the native loop (``native=True``) and the
-``hostless-agent`` executable where it is installed.
+Each for the default agent (the engine's C loop in a Python worker) and the
+``hostless-agent`` executable where it is installed (the Python agent loop they
+once also ran against is gone).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from hostless.graph import Graph, GraphInvalidated, StageFailed
 from hostless.kernels import kernel_id
 from hostless.status import Status as S
 
-NATIVE = [False, True, "exe"]
+NATIVE = [None, "exe"]  # the default agent, hostless-agent
 
 
 def _until(pred: Any, timeout: float = 10.0) -> bool:
@@ -48,7 +49,7 @@ def _until(pred: Any, timeout: float = 10.0) -> bool:
     return bool(pred())
 
 
-def _spawn(dom: hl.Domain, native: bool | str, **kw: Any) -> agents.Agent:
+def _spawn(dom: hl.Domain, native: str | None, **kw: Any) -> agents.Agent:
     if native == "exe":
         try:
             agents.executable_path()
@@ -84,8 +85,8 @@ def _block(dom: hl.Domain, a: agents.Agent) -> hl.Fence:
 # --------------------------------------------------------------------------- the queue
 
 
-@pytest.mark.parametrize("native", NATIVE)
-def test_replacement_never_runs_a_packet_left_by_the_dead_agent(dom: hl.Domain, native: bool | str) -> None:
+@pytest.mark.parametrize("native", NATIVE, ids=["default", "exe"])
+def test_replacement_never_runs_a_packet_left_by_the_dead_agent(dom: hl.Domain, native: str | None) -> None:
     """Packets queued behind a killed agent's current one (and one pushed after its death,
     and a STOP) fail unrun on its replacement, with OWNER_DIED, their follow-ups' signals
     too; a packet pushed after the respawn runs.  Every fence here is owned by the test,
@@ -153,12 +154,11 @@ def test_replacement_never_runs_a_packet_left_by_the_dead_agent(dom: hl.Domain, 
     assert dom.check() == []
 
 
-@pytest.mark.parametrize("native", [False, True])
-def test_a_producer_pushing_during_the_respawn_loses_nothing(dom: hl.Domain, native: bool) -> None:
+def test_a_producer_pushing_during_the_respawn_loses_nothing(dom: hl.Domain) -> None:
     """A producer that keeps pushing while the dead agent is replaced: each packet either
     fails with OWNER_DIED (queued for the dead one: below the takeover's index) or runs
     (above it), in that order by queue index, and none is left pending."""
-    victim = _spawn(dom, native, capacity=4096, label="victim")
+    victim = _spawn(dom, None, capacity=4096, label="victim")
     respawned: agents.Agent | None = None
     pushed: list[tuple[int, hl.Fence]] = []
     x, o = dom.buffer((4,), np.float32), dom.buffer((4,), np.float32)
@@ -195,7 +195,7 @@ def test_a_producer_pushing_during_the_respawn_loses_nothing(dom: hl.Domain, nat
         t = threading.Thread(target=produce)
         t.start()
         try:
-            respawned = _spawn(dom, native, queue=victim.queue, label="respawned")
+            respawned = _spawn(dom, None, queue=victim.queue, label="respawned")
         finally:
             spawned.set()
             t.join(60)
@@ -242,16 +242,15 @@ def _graph(dom: hl.Domain, a: agents.Agent, b: agents.Agent, c: agents.Agent) ->
     return g
 
 
-@pytest.mark.parametrize("native", [False, True])
-def test_graph_after_its_middle_agent_is_respawned(dom: hl.Domain, native: bool) -> None:
+def test_graph_after_its_middle_agent_is_respawned(dom: hl.Domain) -> None:
     """Kill the middle agent of a 3-stage direct graph with frames in flight and queued,
     respawn it on its queue, keep running the same compiled graph: every frame returned is
     right, the frame that meets the death and every later run raise GraphInvalidated, and a
     graph compiled again on the respawned agent gives right frames.  Looped: the old code
     returned wrong frames in 7 runs of 27."""
-    a = _spawn(dom, native, label="a")
-    c = _spawn(dom, native, label="c")
-    b = _spawn(dom, native, label="b")
+    a = _spawn(dom, None, label="a")
+    c = _spawn(dom, None, label="c")
+    b = _spawn(dom, None, label="b")
     rounds = 8
     returned = 0
     try:
@@ -280,7 +279,7 @@ def test_graph_after_its_middle_agent_is_respawned(dom: hl.Domain, native: bool)
             returned += len(seen)
             dom.reap()
 
-            b = _spawn(dom, native, queue=b.queue, label=f"b{r}")
+            b = _spawn(dom, None, queue=b.queue, label=f"b{r}")
             for k in range(5):  # the same compiled graph: never a frame again
                 with pytest.raises(GraphInvalidated):
                     cg.run(_frame(k0 + 100 + k), timeout=20)
@@ -304,14 +303,13 @@ def test_graph_after_its_middle_agent_is_respawned(dom: hl.Domain, native: bool)
     assert dom.check() == []
 
 
-@pytest.mark.parametrize("native", [False, True])
-def test_graph_run_after_respawn_between_frames(dom: hl.Domain, native: bool) -> None:
+def test_graph_run_after_respawn_between_frames(dom: hl.Domain) -> None:
     """The issue's own steps with run() only: frames pass, the middle agent is killed while
     a frame is queued behind a blocked packet, respawned on its queue, and run() keeps being
     called: GraphInvalidated every time (the old code returned frames), until recompiled."""
-    a = _spawn(dom, native, label="a")
-    c = _spawn(dom, native, label="c")
-    b = _spawn(dom, native, label="b")
+    a = _spawn(dom, None, label="a")
+    c = _spawn(dom, None, label="c")
+    b = _spawn(dom, None, label="b")
     try:
         g = _graph(dom, a, b, c)
         cg = g.compile(dispatch="direct", data="shared", inflight=2)
@@ -321,7 +319,7 @@ def test_graph_run_after_respawn_between_frames(dom: hl.Domain, native: bool) ->
         with pytest.raises(TimeoutError):
             cg.run(_frame(10), timeout=0.2)  # b alive, only slow: the graph stays valid
         _recovered(dom, b)
-        b2 = _spawn(dom, native, queue=b.queue, label="b2")
+        b2 = _spawn(dom, None, queue=b.queue, label="b2")
         for k in range(11, 20):
             with pytest.raises(GraphInvalidated) as ei:
                 cg.run(_frame(k), timeout=20)
@@ -359,7 +357,7 @@ def test_a_gpucp_replacement_never_runs_a_packet_left_by_the_dead_agent(domain_n
         pytest.skip(f"no usable GPU: {why}")
     d = hl.Domain.create(domain_name, heap="64M", device_heaps={"cuda:0": 64 << 20})
     keep: list[Any] = []
-    victim = agents.spawn(d, "cpu", native=True, wait_timeout=None, label="victim")
+    victim = agents.spawn(d, "cpu", wait_timeout=None, label="victim")
     cp: agents.Agent | None = None
     try:
         x = d.buffer((8,), np.float32)

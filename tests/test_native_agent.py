@@ -1,12 +1,13 @@
 # ruff: noqa: F811  (the fixtures imported from the module whose tests run here are used by name)
-"""The native (C) agents beyond test_agents.py (which runs every test against them too).
+"""The C command processor of cpu and npu agents beyond test_agents.py (which runs on it too).
 
 Directed malformed packets for the C decoder (bad kernel id, a buffer handle
 of the wrong kind or generation, an argument block shorter than its counts,
 shapes that do not fit), each failing that packet with ERROR while the agent
 goes on; malformed ERT commands for the C command processor (bad header,
 CU, payload count, chained command out of range) likewise, with the states
-written back as the Python ErtProcessor writes them; the C kernels against
+written back as the reference ErtProcessor (tests/ert_reference.py, the processor
+the Python npu agent ran) writes them; the C kernels against
 the NumPy ones of hostless.kernels on random and edge shapes (1xN, Nx1,
 1x1; heap buffers have no empty dimension), GEMM through the BLAS and, without one, through the Python kernel;
 a native npu killed mid-packet gives OWNER_DIED and a respawned one serves.
@@ -15,18 +16,18 @@ a native npu killed mid-packet gives OWNER_DIED and a respawned one serves.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
 import hostless as hl
-from _native_spawn import native_agents
+from ert_reference import ErtProcessor
 from hostless import records
 from hostless._abi import C
+from hostless.agents.loop import ObjectCache
 from hostless.kernels import f64, kernel_id
-from test_agents import (  # noqa: F401  (env: the module's fixture, with native agents)
+from test_agents import (  # noqa: F401  (env: the module's fixture)
     Env,
     env,
     run_kernel,
@@ -35,15 +36,11 @@ from test_agents import (  # noqa: F401  (env: the module's fixture, with native
 S = hl.Status
 
 
-@pytest.fixture(scope="module")
-def native() -> Iterator[bool]:
-    """Only native agents in this module (test_agents' env takes it)."""
-    yield from native_agents()
-
-
 def test_the_agents_are_native(env: Env) -> None:
-    assert "--native" in env.cpu.proc.args
-    assert "--native" in env.npu.proc.args
+    """The default cpu and npu agents run the engine's C loop (and say so)."""
+    assert env.cpu.native is True and env.npu.native is True
+    assert env.cpu.spec.name == "cpu" and env.npu.spec.name == "npu"
+    assert env.cpu.capabilities["native"] and env.cpu.capabilities["kind"] == "cpu"
     assert env.npu.capabilities["native"] and env.npu.capabilities["ert"] == "C"
 
 
@@ -304,6 +301,29 @@ def test_without_a_blas_gemm_runs_in_the_python_kernel(env: Env, monkeypatch: py
 # --------------------------------------------------------------------------- ERT in C vs ErtProcessor
 
 
+class _Reference:
+    """The reference ERT processor run in this process on command buffers of the domain, as
+    the Python npu agent ran an ERT packet: the command's status (SUCCESS, or ERROR for a
+    command it refuses or whose kernel raises; a record exactly when it failed)."""
+
+    def __init__(self, dom: hl.Domain) -> None:
+        from hostless.kernels import NPU_CUS
+
+        self.cache = ObjectCache(dom)
+        self.proc = ErtProcessor(
+            self.cache.bytes_view, self.cache.view, {cu: fn for cu, fn in NPU_CUS.values()}
+        )
+
+    def run(self, cb: hl.Buffer) -> S:
+        try:
+            self.proc.run(self.cache.bytes_view(cb.handle))
+            return S.SUCCESS
+        except Exception:
+            return S.ERROR
+        finally:
+            self.cache.clear()
+
+
 def _ert_cases(env: Env) -> list[bytes]:
     """Command buffers, good and malformed, whose every byte the processors write back."""
     from hostless import ert
@@ -343,36 +363,33 @@ def _ert_cases(env: Env) -> list[bytes]:
 
 
 def test_ert_in_c_writes_back_what_the_python_processor_writes(env: Env) -> None:
-    """The same command buffers through a Python npu and the native one: the same fence
-    status, the same bytes written back (state, chain submit / error index), and the
-    native agent goes on."""
-    from hostless import agents
-
-    py = agents.spawn(env.dom, "npu", native=False, label="npu-py")
-    try:
-        assert "--native" not in py.proc.args
-        for i, raw in enumerate(_ert_cases(env)):
-            got = {}
-            for who, agent in (("py", py), ("c", env.npu)):
-                cb = env.dom.buffer(max(len(raw), 1))
-                cb.numpy()[: len(raw)] = np.frombuffer(raw, np.uint8)
-                env.owned.append(cb)
-                ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(env.dom)
-                f = env.dom.fence(owner=agent.id)
-                try:
-                    agent.queue.push(
-                        hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=f.handle), timeout=5
-                    )
-                    st = f.wait(10)
-                    why = records.read(env.dom, f.handle)
-                finally:
-                    f.release()
-                    ka.release()
-                got[who] = (st, bytes(cb.numpy()[: len(raw)]), why is None)
-            assert got["py"] == got["c"], f"case {i}: python {got['py']} != native {got['c']}"
-        assert env.npu.alive
-    finally:
-        py.stop()
+    """The same command buffers through the reference processor and the npu agent's C one:
+    the same status (a failure record exactly when it failed), the same bytes written back
+    (state, chain submit / error index), and the agent goes on."""
+    ref = _Reference(env.dom)
+    for i, raw in enumerate(_ert_cases(env)):
+        got = {}
+        for who in ("py", "c"):
+            cb = env.dom.buffer(max(len(raw), 1))
+            cb.numpy()[: len(raw)] = np.frombuffer(raw, np.uint8)
+            env.owned.append(cb)
+            if who == "py":
+                st = ref.run(cb)
+                got[who] = (st, bytes(cb.numpy()[: len(raw)]), st is S.SUCCESS)
+                continue
+            ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(env.dom)
+            f = env.dom.fence(owner=env.npu.id)
+            try:
+                pkt = hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=f.handle)
+                env.npu.queue.push(pkt, timeout=5)
+                st = f.wait(10)
+                why = records.read(env.dom, f.handle)
+            finally:
+                f.release()
+                ka.release()
+            got[who] = (st, bytes(cb.numpy()[: len(raw)]), why is None)
+        assert got["py"] == got["c"], f"case {i}: reference {got['py']} != C {got['c']}"
+    assert env.npu.alive
 
 
 def test_native_npu_killed_mid_packet_then_respawned(env: Env) -> None:
@@ -409,7 +426,7 @@ def test_native_npu_killed_mid_packet_then_respawned(env: Env) -> None:
         f.release()
         started.release()
         respawned = agents.spawn(env.dom, "npu", queue=victim.queue, label="npu-respawned")
-        assert "--native" in respawned.proc.args
+        assert respawned.native is True and respawned.capabilities["ert"] == "C"
         x = env.buffer(np.array([-1.0, 3.0], np.float32))
         o = env.empty((2,), np.float32)
         raw = ert.start_cu(cu_index("relu"), [2] + ert.u64_args([x.handle, o.handle])).encode()
@@ -454,8 +471,9 @@ def test_spawn_options_of_native_agents(env: Env, monkeypatch: pytest.MonkeyPatc
 
 def test_random_ert_commands_match_the_python_processor(env: Env) -> None:
     """Mutated commands (random header fields, counts, masks, words, truncations; chains of
-    them) through both processors: the same status and the same bytes written back."""
-    from hostless import agents, ert
+    them) through the reference processor and the C one: the same status and the same bytes
+    written back."""
+    from hostless import ert
     from hostless.kernels import cu_index
 
     rng = np.random.default_rng(77)
@@ -494,37 +512,38 @@ def test_random_ert_commands_match_the_python_processor(env: Env) -> None:
                 w[4:8] = int(rng.choice([0, 1, 3, 1 << 31, 1 << 6, 1 << 2])).to_bytes(4, "little")
         return bytes(w)
 
-    py = agents.spawn(env.dom, "npu", native=False, label="npu-py-fuzz")
+    ref = _Reference(env.dom)
     seen: dict[S, int] = {}
-    try:
-        for i in range(150):
-            raw = mutate(seeds[i % len(seeds)])
-            got = {}
-            for who, agent in (("py", py), ("c", env.npu)):
-                o.numpy()[...] = 0
-                o32.numpy()[...] = 0
-                cb = env.dom.buffer(max(len(raw), 1))
-                cb.numpy()[: len(raw)] = np.frombuffer(raw, np.uint8)
-                ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(env.dom)
-                f = env.dom.fence(owner=agent.id)
-                try:
-                    agent.queue.push(
-                        hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=f.handle), timeout=5
-                    )
-                    st = f.wait(10)
-                    got[who] = (st, bytes(cb.numpy()[: len(raw)]), o.numpy().tobytes(), o32.numpy().tobytes())
-                finally:
-                    f.release()
-                    ka.release()
-                    cb.release()
-            assert got["py"] == got["c"], (
-                f"command {i} {raw.hex()}: python {got['py'][:2]} != native {got['c'][:2]}"
-            )
-            seen[got["c"][0]] = seen.get(got["c"][0], 0) + 1
-        assert env.npu.alive and py.alive
-        assert seen.get(S.SUCCESS, 0) >= 5 and seen.get(S.ERROR, 0) >= 5, seen  # both kinds exercised
-    finally:
-        py.stop()
+    for i in range(150):
+        raw = mutate(seeds[i % len(seeds)])
+        got = {}
+        for who in ("py", "c"):
+            o.numpy()[...] = 0
+            o32.numpy()[...] = 0
+            cb = env.dom.buffer(max(len(raw), 1))
+            cb.numpy()[: len(raw)] = np.frombuffer(raw, np.uint8)
+            if who == "py":
+                st = ref.run(cb)
+                got[who] = (st, bytes(cb.numpy()[: len(raw)]), o.numpy().tobytes(), o32.numpy().tobytes())
+                cb.release()
+                continue
+            ka = hl.Kernargs(buffers=[cb.handle]).to_buffer(env.dom)
+            f = env.dom.fence(owner=env.npu.id)
+            try:
+                pkt = hl.Packet(type=hl.PacketType.ERT, args=ka.handle, signal=f.handle)
+                env.npu.queue.push(pkt, timeout=5)
+                st = f.wait(10)
+                got[who] = (st, bytes(cb.numpy()[: len(raw)]), o.numpy().tobytes(), o32.numpy().tobytes())
+            finally:
+                f.release()
+                ka.release()
+                cb.release()
+        assert got["py"] == got["c"], (
+            f"command {i} {raw.hex()}: reference {got['py'][:2]} != C {got['c'][:2]}"
+        )
+        seen[got["c"][0]] = seen.get(got["c"][0], 0) + 1
+    assert env.npu.alive
+    assert seen.get(S.SUCCESS, 0) >= 5 and seen.get(S.ERROR, 0) >= 5, seen  # both kinds exercised
 
 
 def test_the_default_tables_of_a_c_program_match_the_registries() -> None:

@@ -1,6 +1,8 @@
 """Plain Python functions as Graph stages (hostless.stagefn): found by name
 without PYTHONPATH, called with arrays and Python scalars, returning their
-output, in all four modes; and the errors when they cannot be."""
+output, in all four modes; and the errors when they cannot be.  They run as
+callbacks of the cpu agent's C loop (hostless.agents.native), loaded through
+the spawner's private channel."""
 
 from __future__ import annotations
 
@@ -74,6 +76,11 @@ def cpu(dom: hl.Domain) -> Iterator[agents.Agent]:
         os.environ.update(old)
     yield a
     a.stop()
+
+
+def test_the_cpu_agent_is_native(cpu: agents.Agent) -> None:
+    """Stage functions are callbacks of the C loop (there is no Python cpu loop)."""
+    assert cpu.native is True and cpu.capabilities["native"] and cpu.spec.stage_functions
 
 
 @pytest.mark.parametrize("dispatch", ["host", "direct"])

@@ -3,8 +3,8 @@
 A participant that may push into an agent's queue must not make the agent
 import a file of its choice: a LOAD_KERNEL packet fails alone with ERROR and a
 record saying that code is loaded only through the spawner's private channel,
-and nothing is imported, for the Python loop, the native loop and the
-hostless-agent executable.  As root, an unprivileged second user (created by
+and nothing is imported, for the default agent (the engine's C loop with its
+Python callbacks) and the hostless-agent executable.  As root, an unprivileged second user (created by
 the test) who can write a 0o666 domain gets nothing run as root.
 ``Agent.load_function`` goes through the private channel, with its timeout
 enforced against an agent that never answers.
@@ -34,7 +34,7 @@ from hostless.errors import WritableDomainWarning
 from hostless.kernels import FUNCTION_KERNEL_BASE, LOAD_KERNEL, kernel_id
 
 S = hl.Status
-MODES: list[Any] = [False, True, "exe"]
+MODES: list[Any] = [None, "exe"]  # the default agent (the C loop in a Python worker), hostless-agent
 REFUSED = "code is loaded only through the spawner's private channel"
 
 
@@ -56,7 +56,8 @@ def _agent(d: hl.Domain, native: Any, **kw: Any) -> agents.Agent:
             agents.executable_path()
         except FileNotFoundError as e:
             pytest.skip(str(e))
-    return agents.spawn(d, "cpu", native=native, label=f"tx-{native}", wait_timeout=5.0, **kw)
+    label = f"tx-{native or 'default'}"
+    return agents.spawn(d, "cpu", native=native, label=label, wait_timeout=5.0, **kw)
 
 
 def _hostile_module(where: Path) -> tuple[str, Path]:
@@ -104,7 +105,7 @@ def _run(d: hl.Domain, a: agents.Agent, kernel: int, x: np.ndarray) -> tuple[S, 
         bo.release()
 
 
-@pytest.mark.parametrize("native", MODES, ids=["python", "native", "exe"])
+@pytest.mark.parametrize("native", MODES, ids=["default", "exe"])
 @pytest.mark.parametrize("how", ["module", "main-file"])
 def test_a_producer_cannot_make_an_agent_import_a_file(
     dom: hl.Domain, tmp_path: Path, native: Any, how: str
@@ -140,7 +141,7 @@ def test_a_producer_cannot_make_an_agent_import_a_file(
 def test_load_function_times_out_against_an_agent_that_never_answers(dom: hl.Domain) -> None:
     """The reply is read with the caller's timeout (no blocking read past it); a late reply
     to the timed-out request is not taken for the answer to the next one."""
-    a = _agent(dom, False)
+    a = _agent(dom, None)
     try:
         os.kill(a.proc.pid, signal.SIGSTOP)
         try:
@@ -166,7 +167,7 @@ def test_load_function_times_out_against_an_agent_that_never_answers(dom: hl.Dom
 def test_the_channel_is_private_to_the_spawner(dom: hl.Domain) -> None:
     """The agent's end of the channel is not inherited by what the agent starts, and the
     spawner's end is not inherited by the spawner's other children."""
-    a = _agent(dom, False)
+    a = _agent(dom, None)
     try:
         assert a._control is not None
         assert not os.get_inheritable(a._control.fileno())
@@ -279,13 +280,12 @@ def _as_user(pw: pwd.struct_passwd, fn: Any, *args: Any) -> dict[str, Any]:
     return dict(out)
 
 
-@pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
-def test_another_user_cannot_make_a_root_agent_run_code(other_user: pwd.struct_passwd, native: bool) -> None:
+def test_another_user_cannot_make_a_root_agent_run_code(other_user: pwd.struct_passwd) -> None:
     name = f"hltest-txu-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     where = Path(tempfile.gettempdir()) / f"hltx-{uuid.uuid4().hex[:8]}"
     with hl.Domain.create(name, heap="8M", mode=0o666, unlink_on_close=True) as d:
         with pytest.warns(WritableDomainWarning):
-            a = agents.spawn(d, "cpu", native=native, label="root-agent", wait_timeout=5.0)
+            a = agents.spawn(d, "cpu", label="root-agent", wait_timeout=5.0)
         try:
             out = _as_user(other_user, _attack, str(d.name), a.queue.handle, str(where))
             assert out["uid"] == other_user.pw_uid

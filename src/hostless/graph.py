@@ -87,11 +87,12 @@ import numpy as np
 from . import devmem, ert, lowlevel, records, trace
 from ._abi import C
 from .agents import Agent
+from .agents.kinds import AgentSpec
 from .buffer import Buffer, bytes_buffer
 from .dag import MAX_PACKET_WAITS, Dag
 from .domain import Domain
 from .errors import CorruptDomain, HostlessError
-from .kernels import CPU_KERNELS, CUDA_KERNEL_NAMES, NPU_CUS, check_stage, f64
+from .kernels import check_stage, f64
 from .queue import _timeout_ns
 from .stagefn import describe
 from .status import Status, timeline_failure
@@ -197,19 +198,12 @@ class Graph:
         ``kernel(*inputs, *scalars)`` and returning the output (the contract
         is in :mod:`hostless.stagefn`)."""
         if callable(kernel):
-            if agent.kind != "cpu":
-                raise TypeError(f"stage {name!r}: Python functions run on cpu agents, not {agent.kind}")
+            if not agent.spec.stage_functions:
+                where = "hostless-agent (native='exe')" if agent.native == "exe" else agent.kind
+                raise TypeError(f"stage {name!r}: Python functions run on cpu agents, not {where}")
             describe(kernel, scalars)  # refuses lambdas, nested functions, scalars JSON cannot carry
         else:
-            table: Any = NPU_CUS if agent.kind == "npu" else CPU_KERNELS
-            if agent.kind == "cuda":
-                table = CUDA_KERNEL_NAMES
-            elif agent.kind == "gpucp":
-                from .agents.gpucp import GPUCP_KERNEL_NAMES
-
-                table = GPUCP_KERNEL_NAMES
-            if kernel not in table and kernel not in agent.user_kernels:
-                raise KeyError(f"{agent.kind} agent has no kernel {kernel!r}; known: {sorted(table)}")
+            agent.spec.kernel(kernel, agent.user_kernels)  # KeyError naming the kernels it has
             for x in scalars:
                 if isinstance(x, bool) or not isinstance(x, (int, float)):
                     raise TypeError(f"stage {name!r}: built-in kernels take int or float scalars, got {x!r}")
@@ -326,7 +320,7 @@ class _Engine(Protocol):
     """What the placement rule needs of an agent."""
 
     @property
-    def kind(self) -> str: ...  # "cpu", "npu", "cuda", "gpucp"
+    def spec(self) -> AgentSpec: ...  # its kind (hostless.agents.kinds): whether a resident kernel
 
     @property
     def device(self) -> str: ...  # where its engine reads memory: "cpu" or "cuda:N"
@@ -353,16 +347,16 @@ def place_tensors(
     heaps: Collection[str],
 ) -> dict[str, str]:
     """Where each tensor of a graph lives ("cpu" or "cuda:N"); a pure function of the
-    stages' agents (kind, device), what each stage reads and writes, the data mode and
-    the names of the domain's device heaps.
+    stages' agents (their device and their spec's ``resident``), what each stage reads and
+    writes, the data mode and the names of the domain's device heaps.
 
     Copy mode: every edge is staged through host memory.  Shared mode: a tensor goes to
     GPU N's memory when the stage that writes it and every stage that reads it run on
     GPU N (the host writes graph inputs and constants, and reads outputs, with explicit
     copies), and the domain has a heap there; otherwise host memory, which every engine
     reaches.  Exception: a tensor the host writes or reads every frame (a graph input, a
-    sink's output) that a GPU command processor (gpucp) stage touches stays in host
-    memory: a host-side CUDA copy would wait for the resident kernel's time slice (the
+    sink's output) that a stage of a resident GPU kernel (a gpucp agent: ``spec.resident``)
+    touches stays in host memory: a host-side CUDA copy would wait for the resident kernel's time slice (the
     contexts of two processes are time-sliced), while the processor reads and writes
     host memory over the link itself."""
     ins, consts = list(inputs), list(constants)
@@ -378,7 +372,7 @@ def place_tensors(
             users[i].add(dev)
     read = {i for s in stages for i in s.inputs}
     per_frame = set(ins) | {s.output for s in stages if s.output not in read}  # inputs, sinks' outputs
-    resident = {n for s in stages if s.agent.kind == "gpucp" for n in [s.output, *s.inputs]}
+    resident = {n for s in stages if s.agent.spec.resident for n in [s.output, *s.inputs]}
     for n, devs in users.items():
         if len(devs) == 1:
             (d,) = devs
@@ -554,7 +548,7 @@ class CompiledGraph:
             readers = [s.name for s in g.stages if n in s.inputs]
             if self.data == "copy":
                 why = "copy mode: staged through host memory, one private copy per reader"
-            elif d == "cpu" and any(s.agent.kind == "gpucp" for s in g.stages if n in (s.output, *s.inputs)):
+            elif d == "cpu" and any(s.agent.spec.resident for s in g.stages if n in (s.output, *s.inputs)):
                 why = "host memory: the host touches it every frame; the GPU command processor reads it"
             elif d == "cpu":
                 devs = sorted({s.agent.device for s in g.stages if n in s.inputs or s.output == n})
@@ -749,19 +743,17 @@ class CompiledGraph:
     ) -> Packet:
         """The packet of one kernel on ``agent``; the buffers it needs (argument block, ERT
         command) are owned by the slot.  ``kernel``: a name, or the id of a loaded function."""
-        if agent.kind == "npu":
+        spec = agent.spec
+        if spec.ert:  # an ERT command naming the kernel's CU
             assert isinstance(kernel, str)
-            cu = NPU_CUS[kernel][0]
+            cu = spec.kernel(kernel)
             cb = bytes_buffer(self.dom, ert.start_cu(cu, ert.cu_args(bufs, scalars)).encode())
             sl.owned.append(cb)
             ka = self._args(sl, Kernargs(buffers=[cb.handle], follow=follow))
             return Packet(type=PacketType.ERT, kernel=cu, args=ka, signal=signal, signal_value=value)
-        if isinstance(kernel, int):
-            kid = kernel
-        else:
-            kid = agent.user_kernels.get(kernel) or CPU_KERNELS[kernel][0]
+        kid = kernel if isinstance(kernel, int) else spec.kernel(kernel, agent.user_kernels)
         ka = self._args(sl, Kernargs(buffers=bufs, scalars=scalars, follow=follow))
-        flags = 1 if (agent.kind == "cuda" and self.data == "copy") else 0  # stage through device memory
+        flags = spec.packet_flags(self.data)  # cuda copy mode: stage through device memory
         return Packet(kernel=kid, args=ka, signal=signal, signal_value=value, flags=flags)
 
     # ------------------------------------------------------------- running

@@ -2,9 +2,11 @@
 
 ``spawn(dom, "cpu")`` starts a NumPy worker; ``spawn(dom, "npu")`` starts the
 emulated NPU command processor (ERT command buffers, kernels chosen by CU
-index as in a loaded xclbin).  Each agent owns the fences of the packets it
-runs: create them with ``owner=agent.id`` so that its death makes them
-OWNER_DIED.
+index as in a loaded xclbin).  Both run the engine's command processor in C
+(``core/agent.c``): Python kernels, user kernels and stage functions are its
+callbacks (:mod:`hostless.agents.native`).  Each agent owns the fences of the
+packets it runs: create them with ``owner=agent.id`` so that its death makes
+them OWNER_DIED.
 
 A bad packet fails alone: the agent finishes it with ERROR (its signal, when
 it is a fence or timeline the agent can signal: a fence gets ERROR, a
@@ -12,7 +14,8 @@ timeline is failed with ERROR) and goes on with the next packet; it never
 exits on one and never wedges: input waits are bounded by ``wait_timeout``,
 follow-up pushes by ``follow_timeout`` (never waiting on the agent's own
 queue), and a follow-up chain through the agent's own queue is cut after 64
-hops.  The full rule is in :mod:`hostless.agents.loop`.
+hops.  The full rule is the engine's contract, stated once in
+``core/hostless_engine.h`` (``hle_agent_run``).
 
 Code is loaded only on the spawner's word: user kernels on the agent's command
 line, stage functions through a private channel only the spawner holds
@@ -24,10 +27,12 @@ small C program (``src/hostless/agentexe/main.c`` on the engine library, no
 Python interpreter) built with the package (:func:`executable_path`), which
 serves the built-in kernels only.
 
-Modules: :mod:`~hostless.agents.worker` (the agent process's entry point),
-:mod:`~hostless.agents.loop` (the consumer loop), :mod:`~hostless.agents.npu`
-(the ERT command processor) and :mod:`~hostless.agents.cuda_agent` (the
-GPU's loop).
+Each kind of agent is a spec (:mod:`~hostless.agents.kinds`, ``agent.spec``):
+its kernels, packet format, placement, options and command line.  Modules:
+:mod:`~hostless.agents.worker` (the agent process's entry point),
+:mod:`~hostless.agents.native` (the C loop's Python callbacks),
+:mod:`~hostless.agents.loop` (the loop in Python the cuda agent runs) and
+:mod:`~hostless.agents.cuda_agent` (the GPU's loop).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import select
 import signal
 import socket
 import stat
@@ -52,8 +58,13 @@ from ..errors import HostlessError, WritableDomainWarning
 from ..kernels import FUNCTION_KERNEL_BASE, USER_KERNEL_BASE
 from ..queue import Packet, PacketType, Queue
 from . import control as _control
+from .kinds import AgentSpec, spec_for
 
-__all__ = ["Agent", "spawn", "executable_path"]
+__all__ = ["Agent", "AgentStartTimeout", "spawn", "executable_path"]
+
+
+class AgentStartTimeout(HostlessError, TimeoutError):
+    """An agent did not start within ``spawn``'s ``timeout`` (it was killed)."""
 
 
 class Agent:
@@ -62,24 +73,28 @@ class Agent:
     def __init__(
         self,
         dom: Domain,
-        kind: str,
+        spec: AgentSpec,
         queue: Queue,
         proc: subprocess.Popen[str],
         pid: int,
         control: socket.socket | None = None,
     ) -> None:
-        self.dom, self.kind, self.queue, self.proc = dom, kind, queue, proc
-        self.native: bool | str = False
-        """How it runs: False (the Python loop), True (the native loop in a Python
-        worker) or "exe" (the hostless-agent executable)."""
+        self.dom, self.spec, self.queue, self.proc = dom, spec, queue, proc
+        self.kind = spec.kind
+        """The kind of queue it serves: "cpu", "npu", "cuda" or "gpucp"."""
+        self.native: bool | str = spec.native
+        """How its loop runs: True (the engine's C loop in a Python worker: cpu and npu),
+        "exe" (the same loop in the hostless-agent executable) or False (a loop in Python
+        feeding CUDA streams: cuda; a resident GPU kernel: gpucp)."""
         self.id = pid
         """The agent's participant id (use it as the owner of the fences it signals)."""
         self.user_kernels: dict[str, int] = {}
         self.device = "cpu"
-        """Where the agent's engine reads memory: "cpu", or "cuda:N" for a cuda agent."""
-        self.capabilities: dict[str, Any] = {"native": False, "kind": kind}
-        """What the agent runs natively (a native agent's :func:`hostless.agents.native.capabilities`:
-        ``gemm`` is "blas" or "python", ``why`` says why GEMM has no BLAS)."""
+        """Where the agent's engine reads memory: "cpu", or "cuda:N" for a cuda or gpucp agent."""
+        self.capabilities: dict[str, Any] = {"native": spec.native, "kind": spec.kind}
+        """What the agent runs natively (a cpu or npu agent's :func:`hostless.agents.native.capabilities`:
+        ``gemm`` is "blas" or "python", ``why`` says why GEMM has no BLAS; a gpucp agent's
+        isolation and SMs)."""
         self._functions: dict[str, int] = {}  # stagefn request (JSON) -> kernel id
         self._control = control  # our end of the private load channel (hostless.agents.control)
         self._control_lock = threading.Lock()
@@ -107,10 +122,12 @@ class Agent:
         the agent runs no Python (npu, cuda, gpucp, ``native="exe"``)."""
         from ..stagefn import describe
 
-        if self.kind != "cpu":
+        if not self.spec.stage_functions:
+            if self.native == "exe":
+                raise TypeError(
+                    "hostless-agent (native='exe') runs built-in kernels only, not Python functions"
+                )
             raise TypeError(f"Python stage functions run on cpu agents, not on {self.kind} agents")
-        if self.native == "exe":
-            raise TypeError("hostless-agent (native='exe') runs built-in kernels only, not Python functions")
         desc = describe(fn, scalars)
         key = json.dumps(desc, sort_keys=True)
         what = f"{desc['module']}:{desc['qualname']}"
@@ -271,10 +288,21 @@ def spawn(
     **opts: Any,
 ) -> Agent:
     """Start an agent of ``kind`` ("cpu", "npu", "cuda" or "gpucp") consuming ``queue`` (a new one
-    by default).  A "gpucp" agent is the GPU command processor (:mod:`hostless.agents.gpucp`):
-    a resident kernel takes the queue's packets with no host in the loop.
+    by default); what each kind is and which options it takes is its spec
+    (:mod:`hostless.agents.kinds`, ``agent.spec``).
 
-    ``device=N`` picks the GPU of a cuda or gpucp agent.  ``sms`` (gpucp, default 8) is
+    cpu and npu agents run the engine's command processor, ``core/agent.c``: the
+    doorbell, packet checks, input waits, the built-in kernels (GEMM through a
+    BLAS when there is one: ``agent.capabilities``), the npu's ERT command
+    processor, signals and follow-ups in C with the GIL released; Python is entered
+    only for the kernels that are Python (user kernels, stage functions, dtypes the
+    C kernels do not take), as callbacks (:mod:`hostless.agents.native`).  A "cuda"
+    agent feeds CUDA streams from a loop in Python
+    (:mod:`hostless.agents.cuda_agent`); a "gpucp" agent is the GPU command processor
+    (:mod:`hostless.agents.gpucp`): a resident kernel takes the queue's packets with no
+    host in the loop.
+
+    ``device=N`` (cuda, gpucp) picks the GPU.  ``sms`` (gpucp, default 8) is
     the number of SMs it holds, one block each (a front end and ``sms - 1`` workers): a green
     context's partition where the driver has them, else a bounded grid (``isolation="grid"``
     asks for that; ``"green"`` refuses to start without one); ``agent.capabilities`` says
@@ -289,27 +317,27 @@ def spawn(
     (seconds, default 10) bounds the pushes of one packet's follow-ups into
     other consumers' queues (a push into the agent's own queue never waits);
     a follow-up that cannot be pushed is dropped and its signal fails with
-    ERROR.  See :mod:`hostless.agents.loop` for the full rule on bad packets.
+    ERROR.  The full rule on bad packets is the engine's contract, in
+    ``core/hostless_engine.h`` (``hle_agent_run``).
 
-    ``native=True`` (cpu and npu agents) runs the native agent loop instead
-    of the Python one (:mod:`hostless.agents.native`): the same rule, with the
-    built-in kernels and the npu's ERT command processor in C, Python entered
-    only for other kernels; ``agent.capabilities`` says whether GEMM runs
-    through a BLAS.  ``fixed_spin=True`` (native only) spins ``spin`` before
-    every park instead of adapting the spin to how often packets come.
-    ``idle_poll`` (native only; seconds, default 0.02; 0 = the domain's poll
-    interval): once the agent has had no packet for 100 ms it sleeps up to
-    this long between looks at its doorbell, so an idle agent costs almost no
-    CPU; a host push wakes it at once as ever, a doorbell rung by a device's
-    plain store (no wake-up) is seen within ``idle_poll`` instead of the
-    domain's poll interval (once a device has pushed into the queue, the
-    agent keeps the domain's poll interval for good).
+    ``fixed_spin=True`` (cpu, npu) spins ``spin`` before every park instead of
+    adapting the spin to how often packets come.  ``idle_poll`` (cpu, npu and
+    ``native="exe"``; seconds, default 0.02; 0 = the domain's poll interval): once
+    the agent has had no packet for 100 ms it sleeps up to this long between looks
+    at its doorbell, so an idle agent costs almost no CPU; a host push wakes it at
+    once as ever, a doorbell rung by a device's plain store (no wake-up) is seen
+    within ``idle_poll`` instead of the domain's poll interval (once a device has
+    pushed into the queue, the agent keeps the domain's poll interval for good).
+    An option a kind does not take is a TypeError.
+
     ``native="exe"`` (cpu and npu agents) starts the ``hostless-agent``
     executable (:func:`executable_path`): the same loop with no Python
     interpreter at all, serving built-in kernels only (a packet needing Python,
     a user kernel or a stage function, fails alone with ERROR and a record
     saying so); ``user_kernels`` are refused.  Its handle works as any other
-    (``stop``, ``kill``, ``id`` as the owner of its fences).
+    (``stop``, ``kill``, ``id`` as the owner of its fences).  ``native=True`` is
+    accepted for cpu and npu agents (it is what they run anyway); ``native=False``
+    is refused: the Python cpu/npu loop is gone.
 
     ``user_kernels`` maps names to ``"module:function"`` kernels (taking
     ``(buffers, scalars)``) the agent imports; their ids are in
@@ -320,6 +348,11 @@ def spawn(
     graph compiled on the dead agent raises :class:`hostless.graph.GraphInvalidated` until
     compiled again.  (A "gpucp" agent's host process fails them by the same rule before its
     resident kernel starts.)
+
+    ``timeout`` (seconds) bounds the start: an agent that has not said it serves
+    (its participant id on its stdout) within it is killed and
+    :class:`AgentStartTimeout` (a TimeoutError) is raised; one that exits first gives
+    a HostlessError with its error output.
 
     Who decides what code runs: only the spawner.  User kernels come on the
     agent's command line; stage functions through a private load channel
@@ -337,72 +370,23 @@ def spawn(
     make the agent load code; filter the warning where the sharing is
     intended, keep ``mode=0o600`` otherwise).
     """
-    if kind not in ("cpu", "npu", "cuda", "gpucp"):
-        raise ValueError(f"unknown agent kind {kind!r} (cpu, npu, cuda, gpucp)")
-    device = int(opts.pop("device", 0))
-    spin = float(opts.pop("spin", 50e-6))
-    if not 0 <= spin <= 3600:  # nan and inf too (hostless.shm.check_spin's rule)
-        raise ValueError(f"spin must be seconds in 0..3600, got {spin!r}")
-    wait_timeout = opts.pop("wait_timeout", 60.0)
-    if wait_timeout is not None:
-        wait_timeout = float(wait_timeout)
-        if not 0 <= wait_timeout < float("inf"):
-            raise ValueError(f"wait_timeout must be finite seconds >= 0 (None: none), got {wait_timeout!r}")
-    follow_timeout = float(opts.pop("follow_timeout", 10.0))
-    if not 0 <= follow_timeout < float("inf"):
-        raise ValueError(f"follow_timeout must be finite seconds >= 0, got {follow_timeout!r}")
-    native_opt = opts.pop("native", False)
-    if native_opt not in (False, True, "exe"):
-        raise ValueError(f"native must be False, True or 'exe', not {native_opt!r}")
-    native: bool | str = native_opt
-    fixed_spin = bool(opts.pop("fixed_spin", False))
-    idle_poll = float(opts.pop("idle_poll", 0.02))
-    if not 0 <= idle_poll < float("inf"):
-        raise ValueError(f"idle_poll must be finite seconds >= 0, got {idle_poll!r}")
-    sms = int(opts.pop("sms", 8))
-    isolation = str(opts.pop("isolation", "auto"))
-    if kind == "gpucp" and sms < 1:
-        raise ValueError("sms must be >= 1")
-    if isolation not in ("auto", "green", "grid"):
-        raise ValueError(f"isolation must be 'auto', 'green' or 'grid', not {isolation!r}")
-    if opts:
-        raise TypeError(f"unknown options {sorted(opts)}")
-    if native and kind not in ("cpu", "npu"):
-        raise ValueError(f"native agents serve cpu and npu queues (not {kind} ones)")
-    if native == "exe" and user_kernels:
-        raise ValueError("hostless-agent (native='exe') runs built-in kernels only: no user_kernels")
-    if kind == "gpucp" and user_kernels:
-        raise ValueError("the GPU command processor runs its built-in device kernels only: no user_kernels")
-    if kind in ("cuda", "gpucp"):
-        from ..cuda import available
-
-        why = available()
-        if why is not None:
-            from ..cuda import CudaUnavailable
-
-            raise CudaUnavailable(f"cannot start a cuda agent: {why}")
+    spec = spec_for(kind, opts.pop("native", None))
+    settings = spec.settings(opts)
+    spec.check(user_kernels)
     if dom.name is None:
         raise ValueError("agents open the domain by name: create it with a name")
     q = queue if queue is not None else dom.queue(capacity)
-    if native == "exe":
-        cmd = _exe_command(dom.name, q, kind, spin, wait_timeout, follow_timeout, label, idle_poll)
-    else:
-        cmd = _worker_command(
-            dom.name, q, kind, spin, wait_timeout, follow_timeout, label, bool(native), device,
-            fixed_spin, idle_poll,
-        )
-        if kind == "gpucp":
-            cmd += ["--sms", str(sms), "--isolation", isolation]
+    cmd = spec.command(dom.name, q.handle, settings, label)
     ids: dict[str, int] = {}
-    for i, (name, spec) in enumerate(sorted((user_kernels or {}).items())):
+    for i, (name, what) in enumerate(sorted((user_kernels or {}).items())):
         ids[name] = USER_KERNEL_BASE + i
-        cmd += ["--user", f"{USER_KERNEL_BASE + i}={spec}"]
-    if (kind == "cpu" and native != "exe") or user_kernels:
+        cmd += ["--user", f"{USER_KERNEL_BASE + i}={what}"]
+    if spec.stage_functions or user_kernels:
         _warn_if_writable(dom, kind, stacklevel=3)
     mine: socket.socket | None = None
     theirs: socket.socket | None = None
     pass_fds: tuple[int, ...] = ()
-    if kind == "cpu" and native != "exe":  # the private load channel (hostless.agents.control)
+    if spec.stage_functions:  # the private load channel (hostless.agents.control)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # both close-on-exec
         cmd += ["--control", str(theirs.fileno())]
         pass_fds = (theirs.fileno(),)
@@ -419,13 +403,17 @@ def spawn(
             theirs.close()  # the child holds the only other end
     assert proc.stdout is not None and proc.stderr is not None
     tail = _forward_stderr(proc.stderr)
-    deadline = time.monotonic() + timeout
-    line = ""
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line or proc.poll() is not None:
-            break
-    if not line.strip():
+    try:
+        lines = _read_lines(proc, 2 if spec.reports_capabilities else 1, time.monotonic() + timeout)
+    except TimeoutError:
+        proc.kill()
+        proc.wait()
+        if mine is not None:
+            mine.close()
+        raise AgentStartTimeout(
+            f"{kind} agent (pid {proc.pid}) did not start within {timeout} s: killed"
+        ) from None
+    if not lines or not lines[0].strip():
         proc.kill()
         proc.wait()
         if mine is not None:
@@ -436,17 +424,42 @@ def spawn(
             f"{kind} agent failed to start (exit code {proc.returncode})"
             + (f"; its error output:\n{said}" if said else "")
         )
-    a = Agent(dom, kind, q, proc, int(line), mine)
-    a.native = native
+    a = Agent(dom, spec, q, proc, int(lines[0]), mine)
     a.user_kernels = ids
-    a.device = f"cuda:{device}" if kind in ("cuda", "gpucp") else "cpu"
-    if native is True or kind == "gpucp":  # what a native loop runs natively; how a gpucp runs
-        caps = proc.stdout.readline()
+    a.device = spec.device_of(settings.device)
+    if len(lines) > 1:  # what a native loop runs natively; how a gpucp runs
         try:
-            a.capabilities = dict(json.loads(caps))
+            a.capabilities = dict(json.loads(lines[1]))
         except ValueError:
             pass
     return a
+
+
+def _read_lines(proc: subprocess.Popen[str], n: int, deadline: float) -> list[str]:
+    """The first ``n`` lines the child writes on its stdout (fewer when it closes it first),
+    read without blocking past ``deadline`` (``time.monotonic()``): TimeoutError then."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()  # read raw: the text wrapper is never read from
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    buf = b""
+    lines: list[str] = []
+    while len(lines) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        if not poller.poll(max(1, int(left * 1000) + 1)):
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:  # end of file: the child exited or closed its stdout
+            break
+        buf += chunk
+        while len(lines) < n and b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            lines.append(line.decode(errors="replace"))
+    if len(lines) < n and buf:
+        lines.append(buf.decode(errors="replace"))
+    return lines
 
 
 def _warn_if_writable(dom: Domain, kind: str, stacklevel: int) -> None:
@@ -473,80 +486,3 @@ def _warn_if_writable(dom: Domain, kind: str, stacklevel: int) -> None:
             ),
             stacklevel=stacklevel,
         )
-
-
-def _exe_command(
-    name: str,
-    q: Queue,
-    kind: str,
-    spin: float,
-    wait_timeout: float | None,
-    follow_timeout: float,
-    label: str | None,
-    idle_poll: float,
-) -> list[str]:
-    """The command line of a hostless-agent serving ``q`` of domain ``name`` (times in ns)."""
-    from .native import blas_path
-
-    blas = blas_path()
-    return [
-        executable_path(),
-        "--domain",
-        name,
-        "--queue-handle",
-        hex(q.handle),
-        "--kind",
-        kind,
-        "--parent",
-        str(os.getpid()),
-        "--label",
-        (label or f"{kind}-agent-exe").encode()[:31].decode(errors="ignore"),
-        "--spin-ns",
-        str(int(spin * 1e9)),
-        "--wait-timeout-ns",
-        str(-1 if wait_timeout is None else int(wait_timeout * 1e9)),
-        "--follow-timeout-ns",
-        str(int(follow_timeout * 1e9)),
-        "--idle-poll-ns",
-        str(int(idle_poll * 1e9)),
-        *(["--blas", blas] if blas else []),
-    ]
-
-
-def _worker_command(
-    name: str,
-    q: Queue,
-    kind: str,
-    spin: float,
-    wait_timeout: float | None,
-    follow_timeout: float,
-    label: str | None,
-    native: bool,
-    device: int,
-    fixed_spin: bool,
-    idle_poll: float,
-) -> list[str]:
-    """The command line of a Python agent process (:mod:`hostless.agents.worker`)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "hostless.agents.worker",
-        name,
-        hex(q.handle),
-        kind,
-        "--parent",
-        str(os.getpid()),
-    ]
-    if label:
-        cmd += ["--label", label]
-    cmd += ["--spin", repr(spin)]
-    cmd += ["--wait-timeout", repr(-1.0 if wait_timeout is None else wait_timeout)]
-    cmd += ["--follow-timeout", repr(follow_timeout)]
-    if native:
-        cmd += ["--native"]
-        if fixed_spin:
-            cmd += ["--fixed-spin"]
-        cmd += ["--idle-poll", repr(idle_poll)]
-    if kind in ("cuda", "gpucp"):
-        cmd += ["--device", str(device)]
-    return cmd

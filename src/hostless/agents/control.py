@@ -12,7 +12,7 @@ name, the spawner's ``sys.path`` entries, the script file of a ``__main__``
 function, scalars, the kernel id) and reads the agent's reply (the id, or the
 agent's error with its traceback) with its timeout enforced.  The agent serves
 the channel in a thread (:func:`serve`); the function becomes a kernel id its
-loop dispatches (the Python loop and the native loop alike).  A LOAD_KERNEL
+loop dispatches (:class:`hostless.agents.native.NativeCallbacks`).  A LOAD_KERNEL
 packet pushed into the agent's queue, by anyone, is refused
 (:data:`LOAD_REFUSED`): nothing is imported.
 

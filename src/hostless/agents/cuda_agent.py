@@ -1,6 +1,7 @@
 """The cuda agent's loop: each packet becomes stream work on one GPU.
 
-It follows the rule of :mod:`hostless.agents.loop` for bad packets, checking
+It follows the engine's rule for bad packets (the contract of ``hle_agent_run``
+in ``core/hostless_engine.h``; :mod:`hostless.agents.loop`), checking
 everything before it enqueues any stream wait (so it never synchronizes
 behind a wait that may never complete); its waits and follow-up pushes then
 run on the GPU (:class:`hostless.cuda.CudaPeer`).  A follow-up packet is
@@ -20,6 +21,7 @@ from ..kernels import Kernel
 from ..queue import Queue
 from ..status import Status
 from ..wire import FO_PACKET, BadPacket, Packet, PacketType, follow_offset
+from .kinds import FLAG_STAGE_COPY
 from .loop import _EV_END, _EV_START, _SIGNALABLE, _WAITABLE, FAIL_BUDGET, AgentLoop, _debug, _kind
 
 __all__ = ["CudaLoop", "FLAG_STAGE_COPY"]
@@ -27,8 +29,6 @@ __all__ = ["CudaLoop", "FLAG_STAGE_COPY"]
 _KIND_TIMELINE = int(C.KIND_TIMELINE)
 _KIND_BUFFER = int(C.KIND_BUFFER)
 _KIND_QUEUE = int(C.KIND_QUEUE)
-
-FLAG_STAGE_COPY = 1  # packet flag: stage the inputs through device memory (copy mode)
 
 
 class CudaLoop(AgentLoop):

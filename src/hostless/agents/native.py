@@ -1,24 +1,23 @@
-"""The native agent: :class:`~hostless.agents.loop.AgentLoop`'s rule, run by the engine in C.
+"""The cpu and npu agents' command processor: the engine's loop in C, and its Python callbacks.
 
 :func:`run_native` hands the agent's queue to ``Core.agent_run`` (the engine's
 ``hle_agent_run``, ``core/agent.c``), which serves it with the GIL released:
 pop (an adaptive spin, then a bounded futex sleep), check, wait on the inputs,
-run, signal, push the follow-ups, trace START / END, exactly as the Python
-loop does (the rule in :mod:`hostless.agents.loop`).  cpu and npu agents:
+run, signal, push the follow-ups, trace START / END, by the rule stated once
+as the engine's contract (``core/hostless_engine.h``).  cpu and npu agents:
 
 * KERNEL packets whose id maps to a built-in kernel (cpu: the ids of
-  ``CPU_KERNELS``; npu: the CU indices of ``NPU_CUS``, as the Python npu agent
-  reads a KERNEL packet's id) run in C (``core/kernels.c``: float32, copy of
+  ``CPU_KERNELS``; npu: the CU indices of ``NPU_CUS``, a KERNEL packet's id
+  read as a CU index) run in C (``core/kernels.c``: float32, copy of
   any dtype, int8_gemm, GEMM through a dlopen'ed OpenBLAS) with no Python;
 * ERT packets are decoded and run in C (START_CU, START_NPU, CMD_CHAIN,
-  states written back as :class:`~hostless.agents.npu.ErtProcessor` does),
-  each CU by its C kernel;
+  states written back into the command's header word), each CU by its C kernel;
 * anything else (user kernels, stage functions loaded through the spawner's
   private channel (:mod:`~hostless.agents.control`),
   dtypes or broadcasts the C kernels do not take, GEMM without a BLAS) runs in
   Python through :meth:`NativeCallbacks.kernel` / :meth:`NativeCallbacks.cu`,
-  with the GIL held only for that call, through the same :class:`AgentLoop`
-  tables (so error records and ``load_function`` keep working).
+  with the GIL held only for that call, on :class:`NativeCallbacks`' kernel
+  table (so error records and ``load_function`` work).
 
 GEMM's BLAS: the ``scipy-openblas32`` wheel (``pip install 'hostless[blas]'``)
 when installed, loaded by path at agent start (the engine has no link-time
@@ -39,12 +38,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _core, kernels, stagefn
+from .. import _core, kernels, records, stagefn
 from .._abi import C
-from ..kernels import CPU_KERNELS
+from ..kernels import CPU_KERNELS, FUNCTION_KERNEL_BASE, NPU_CUS, Kernel
 from ..status import Status
 from ..wire import BadPacket, Packet, PacketType
-from .loop import AgentLoop
+from .loop import ObjectCache, decode_kernel
 
 __all__ = ["NativeCallbacks", "run_native", "c_kernel_mask", "kernel_table", "blas_path", "capabilities"]
 
@@ -96,94 +95,134 @@ def capabilities(kind: str) -> dict[str, Any]:
     }
 
 
-def kernel_table(loop: AgentLoop) -> tuple[int, bytes]:
-    """(present, kernel_map) of ``loop``'s kernels for the engine: bit ``i`` of present set when
+def kernel_table(cb: NativeCallbacks) -> tuple[int, bytes]:
+    """(present, kernel_map) of ``cb``'s kernels for the engine: bit ``i`` of present set when
     id / CU ``i`` (< 32) exists; byte ``i`` of the map the C kernel that runs it (0: Python).
     A user kernel that replaced a built-in one runs in Python."""
     present, cmap = 0, bytearray(MAX_CUS)
-    for kid, fn in loop.kernels.items():
+    for kid, fn in cb.kernels.items():
         if 0 <= kid < MAX_CUS:
             present |= 1 << kid
             cmap[kid] = _C_KERNELS.get(fn, 0)
     return present, bytes(cmap)
 
 
-def c_kernel_mask(loop: AgentLoop) -> int:
+def c_kernel_mask(cb: NativeCallbacks) -> int:
     """Bit ``i`` set: built-in kernel id ``i`` may run in C (not replaced by a user kernel)."""
     mask = 0
     for kid, fn in CPU_KERNELS.values():
-        if loop.kernels.get(kid) is fn and kid < 32:
+        if cb.kernels.get(kid) is fn and kid < 32:
             mask |= 1 << kid
     return mask
 
 
 class NativeCallbacks:
-    """What the native loop calls back into Python for (with the GIL held)."""
+    """The Python side of a cpu or npu agent, what the C loop calls back (with the GIL held):
+    the kernel table (``kind``'s built-in kernels, then ``user`` kernels by id, then the
+    stage functions the spawner loads), the objects a Python kernel's packet names, and
+    the failure records of the packets it fails."""
 
-    def __init__(self, loop: AgentLoop) -> None:
-        self.loop = loop
+    def __init__(self, dom: Any, kind: str, user: dict[int, Kernel]) -> None:
+        self.dom, self.kind = dom, kind
+        table = NPU_CUS if kind == "npu" else CPU_KERNELS
+        self.kernels: dict[int, Any] = {kid: fn for kid, fn in table.values()}
+        self.kernels.update(user)
+        self.cache = ObjectCache(dom)
+        self.records = records.Recorder(dom)  # why packets failed (hostless.records)
+
+    def load_function(self, req: dict[str, Any]) -> int:
+        """Import the stage function a request of the spawner describes
+        (:func:`hostless.stagefn.describe` plus ``id``) and register it under that id;
+        returns the id.  Called only for requests that came through the spawner's
+        private channel (:mod:`hostless.agents.control`), never for a queue's packet.
+        Raises what the import raises, ValueError for a malformed request."""
+        if self.kind != "cpu":
+            raise ValueError(f"{self.kind} agents do not run Python stage functions")
+        kid = req.get("id")
+        if not isinstance(kid, int) or isinstance(kid, bool) or kid < FUNCTION_KERNEL_BASE:
+            raise ValueError(f"stage function id {kid!r} is not an int >= {FUNCTION_KERNEL_BASE}")
+        module, qualname = req.get("module"), req.get("qualname")
+        if not isinstance(module, str) or not isinstance(qualname, str):
+            raise ValueError("a load request names a module and a qualified name (strings)")
+        scalars = req.get("scalars", [])
+        if not isinstance(scalars, list):
+            raise ValueError("a load request's scalars are a list")
+        what = f"stage function {module}:{qualname}"
+        self.kernels[kid] = stagefn.bind(stagefn.load(req), scalars, what)
+        return kid
 
     def kernel(self, idx: int, raw: bytes) -> int:
-        """Run packet ``idx``'s kernel (or ERT command) in Python; returns its status.
-        Never raises: a failure is recorded for the packet's signal and returns ERROR."""
-        loop = self.loop
+        """Run packet ``idx``'s kernel (a KERNEL packet the C table does not run) in Python;
+        returns its status.  Never raises: a failure is recorded for the packet's signal and
+        returns ERROR.  A LOAD_KERNEL packet is refused here (nothing is imported)."""
         pkt = Packet.decode(raw)
         try:
-            if pkt.type == PacketType.ERT:
-                loop.run_ert(pkt)
-            else:
-                loop.run_kernel(pkt)
+            if pkt.type != PacketType.KERNEL:
+                raise BadPacket(f"packet type {pkt.type} has no Python kernel")
+            fn, bufs, scalars, _follow = decode_kernel(self.kernels, self.cache, pkt)
+            view = self.cache.view
+            fn([view(h) for h in bufs], scalars)
             status = Status.SUCCESS
         except Exception as e:  # a bad packet fails alone, with the why recorded for its signal
-            loop.records.write(pkt.signal, stagefn.format_error(e))
+            self.records.write(pkt.signal, stagefn.format_error(e))
             status = Status.ERROR
-        loop.cache.clear()  # hold nothing between packets (the Python loop empties it when idle)
+        self.cache.clear()  # hold nothing between packets
         return int(status)
 
     def cu(self, cu: int, bufs: Sequence[int], scalars: Sequence[int], signal: int) -> int:
         """Run CU ``cu`` of an ERT command (one the C table does not run, or dtypes its
         C kernel does not take) in Python; returns its status.  Never raises: a failure
         is recorded for ``signal`` and returns ERROR."""
-        loop = self.loop
         try:
-            fn = loop.kernels.get(cu)
+            fn = self.kernels.get(cu)
             if fn is None:
                 raise BadPacket(f"no CU {cu} in the loaded xclbin")
-            fn([loop.cache.view(h) for h in bufs], list(scalars))
+            fn([self.cache.view(h) for h in bufs], list(scalars))
             status = Status.SUCCESS
         except Exception as e:
-            loop.records.write(signal, stagefn.format_error(e))
+            self.records.write(signal, stagefn.format_error(e))
             status = Status.ERROR
-        loop.cache.clear()
+        self.cache.clear()
         return int(status)
 
     def record(self, signal: int, why: str) -> None:
         """Keep the why of a packet the C loop failed (:mod:`hostless.records`)."""
-        self.loop.records.write(signal, why)
+        self.records.write(signal, why)
 
 
-def run_native(loop: AgentLoop, fixed_spin: bool = False, idle_poll: float = 0.0) -> dict[str, Any]:
-    """Serve ``loop``'s queue with the native loop until STOP, the spawner's death or a
-    signal handler that raises; returns the engine's counters (packets, failures:
-    packets failed or follow-ups dropped, spins / parks of the doorbell, blas_loaded,
-    blas_why).  ``fixed_spin``: always spin ``loop.spin_ns`` (no adaptation); ``idle_poll``
-    (seconds, 0: the domain's poll interval): the longest doorbell sleep once the agent has
-    been idle 100 ms (a host push wakes it at once; a device's plain-store doorbell is seen
-    within it)."""
-    cb = NativeCallbacks(loop)
-    wto = -1 if loop.wait_timeout is None else int(loop.wait_timeout * 1e9)
-    core = loop.dom._core
-    present, cmap = kernel_table(loop)
+def run_native(
+    cb: NativeCallbacks,
+    queue: int,
+    parent: int,
+    spin: float = 50e-6,
+    wait_timeout: float | None = 60.0,
+    follow_timeout: float = 10.0,
+    fixed_spin: bool = False,
+    idle_poll: float = 0.0,
+) -> dict[str, Any]:
+    """Serve ``queue`` (a handle of ``cb.dom``) with the engine's loop and ``cb``'s kernels
+    until STOP, the death of ``parent`` (the spawner's pid) or a signal handler that raises;
+    returns the engine's counters (packets, failures: packets failed or follow-ups dropped,
+    spins / parks of the doorbell, blas_loaded, blas_why).  ``spin``: the longest doorbell
+    spin (seconds) before a park; ``wait_timeout`` (None: none) bounds a packet's input waits,
+    ``follow_timeout`` its follow-up pushes; ``fixed_spin``: always spin ``spin`` (no
+    adaptation); ``idle_poll`` (seconds, 0: the domain's poll interval): the longest doorbell
+    sleep once the agent has been idle 100 ms (a host push wakes it at once; a device's
+    plain-store doorbell is seen within it).  The engine binds the queue and fails what was
+    queued for a dead consumer it replaced (OWNER_DIED)."""
+    wto = -1 if wait_timeout is None else int(wait_timeout * 1e9)
+    core = cb.dom._core
+    present, cmap = kernel_table(cb)
     out: dict[str, Any] = core.agent_run(
-        loop.queue.handle,
-        int(loop.spin_ns),
+        int(queue),
+        int(max(0.0, spin) * 1e9),
         wto,
-        int(loop.follow_timeout * 1e9),
-        int(loop.parent),
+        int(max(0.0, follow_timeout) * 1e9),
+        int(parent),
         cb.kernel,
         cb.record,
-        c_kernel_mask(loop),
-        _KIND.get(loop.kind, 0),
+        c_kernel_mask(cb),
+        _KIND.get(cb.kind, 0),
         present,
         cmap,
         cb.cu,
@@ -192,5 +231,4 @@ def run_native(loop: AgentLoop, fixed_spin: bool = False, idle_poll: float = 0.0
         int(fixed_spin),
         int(max(0.0, idle_poll) * 1e9),
     )
-    loop.failures += int(out["failures"])
     return out

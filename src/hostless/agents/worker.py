@@ -1,16 +1,18 @@
 """The agent process's entry point: ``python -m hostless.agents.worker``.
 
-:func:`hostless.agents.spawn` starts it.  It joins the domain, binds the
-queue, prints its participant id on stdout (the spawner waits for that
-line; a native agent prints its capabilities as a JSON line after it:
+:func:`hostless.agents.spawn` starts it (the command line is the agent's spec's,
+:mod:`hostless.agents.kinds`).  It joins the domain, binds the queue, prints
+its participant id on stdout (the spawner waits for that line; a cpu or npu
+agent prints its capabilities as a JSON line after it:
 :func:`hostless.agents.native.capabilities`), then runs the loop of its kind:
-:class:`~hostless.agents.loop.AgentLoop` (or, with ``--native``, the engine's
-loop: :mod:`~hostless.agents.native`) for "cpu" and "npu", :class:`~hostless.agents.cuda_agent.CudaLoop` for
-"cuda".  It exits on a STOP packet, on SIGTERM, and when the spawner dies
-(PR_SET_PDEATHSIG plus the loop's parent checks).  User kernels are given as
-``--user ID=module:function``.  A cpu agent gets ``--control FD``: its end of
-the spawner's private load channel (:mod:`hostless.agents.control`), served by
-a thread; stage functions reach the agent only through it.
+the engine's C loop (:func:`hostless.agents.native.run_native`) for "cpu" and
+"npu", :class:`~hostless.agents.cuda_agent.CudaLoop` for "cuda", the resident
+kernel's host side for "gpucp".  It exits on a STOP packet, on SIGTERM, and
+when the spawner dies (PR_SET_PDEATHSIG plus the loop's parent checks).  User
+kernels are given as ``--user ID=module:function``.  A cpu agent gets
+``--control FD``: its end of the spawner's private load channel
+(:mod:`hostless.agents.control`), served by a thread; stage functions reach
+the agent only through it.
 """
 
 from __future__ import annotations
@@ -57,10 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--wait-timeout", type=float, default=60.0, help="bound on a packet's input waits (< 0: none)"
     )
-    ap.add_argument("--native", action="store_true", help="run the native (C) agent loop (cpu and npu)")
-    ap.add_argument("--fixed-spin", action="store_true", help="native: always spin --spin (no adaptive spin)")
+    ap.add_argument("--fixed-spin", action="store_true", help="cpu, npu: always spin --spin")
     ap.add_argument(
-        "--idle-poll", type=float, default=0.0, help="native: longest doorbell sleep once idle (s)"
+        "--idle-poll", type=float, default=0.0, help="cpu, npu: longest doorbell sleep once idle (s)"
     )
     ap.add_argument("--follow-timeout", type=float, default=10.0, help="bound on a packet's follow-up pushes")
     ap.add_argument("--sms", type=int, default=8, help="gpucp: worker SMs (a green context's partition)")
@@ -88,45 +89,70 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     dom = Domain.open(a.domain, label=a.label or f"{a.kind}-agent", kind=a.kind)
     q = dom.import_queue(a.queue)
-    stale_below = q.bind()  # (the native loop reads it from the engine itself)
+    stale_below = q.bind()  # bound before the id is printed (the C loop reads stale_below from the engine)
     if a.kind == "gpucp":
         _discard_stale_on_host(dom, q, a.parent, stale_below)
         return _run_gpucp(dom, q, a.parent, a.device, a.sms, a.isolation)
-    native = a.native and a.kind in ("cpu", "npu")
     sys.stdout.write(f"{dom.participant_id}\n")
-    if native:
+    if a.kind != "cuda":
         from .native import capabilities
 
         sys.stdout.write(json.dumps(capabilities(a.kind)) + "\n")
     sys.stdout.flush()
-    if a.kind == "cuda":
-        from .cuda_agent import CudaLoop
-
-        agent: AgentLoop = CudaLoop(dom, q, user, a.parent, a.device, wait_timeout, follow_timeout)
-    else:
-        agent = AgentLoop(dom, q, a.kind, user, a.parent, wait_timeout, follow_timeout)
-    agent.spin_ns = int(max(0.0, a.spin) * 1e9)
-    agent.stale_below = stale_below
-    if control is not None and a.kind == "cpu":
-        from .control import serve
-
-        threading.Thread(target=serve, args=(control, agent), name="hostless-load", daemon=True).start()
     try:
-        if native:
-            from .native import run_native
+        if a.kind == "cuda":
+            from .cuda_agent import CudaLoop
 
-            run_native(agent, fixed_spin=a.fixed_spin, idle_poll=a.idle_poll)
+            loop = CudaLoop(dom, q, user, a.parent, a.device, wait_timeout, follow_timeout)
+            loop.spin_ns = int(max(0.0, a.spin) * 1e9)
+            loop.stale_below = stale_below
+            try:
+                loop.run()
+            finally:
+                loop.cache.clear()
         else:
-            agent.run()
+            _run_c_loop(dom, q.handle, a, user, control, wait_timeout, follow_timeout)
     finally:
-        agent.cache.clear()
         dom.close()
     return 0
 
 
+def _run_c_loop(
+    dom: Domain,
+    queue: int,
+    a: argparse.Namespace,
+    user: dict[int, Kernel],
+    control: Any,
+    wait_timeout: float | None,
+    follow_timeout: float,
+) -> None:
+    """A cpu or npu agent: the engine's loop with its Python callbacks (and, for a cpu
+    agent, the spawner's load channel served by a thread)."""
+    from .native import NativeCallbacks, run_native
+
+    cb = NativeCallbacks(dom, a.kind, user)
+    if control is not None and a.kind == "cpu":
+        from .control import serve
+
+        threading.Thread(target=serve, args=(control, cb), name="hostless-load", daemon=True).start()
+    try:
+        run_native(
+            cb,
+            queue,
+            a.parent,
+            spin=max(0.0, a.spin),
+            wait_timeout=wait_timeout,
+            follow_timeout=follow_timeout,
+            fixed_spin=a.fixed_spin,
+            idle_poll=a.idle_poll,
+        )
+    finally:
+        cb.cache.clear()
+
+
 def _discard_stale_on_host(dom: Domain, q: Any, parent: int, stale_below: int) -> None:
     """A gpucp agent that took over a dead consumer's queue: fail what was queued for the
-    dead one (every index below ``stale_below``) on the host, by the loop's rule
+    dead one (every index below ``stale_below``) on the host, by the engine's rule
     (:meth:`AgentLoop.discard_stale`), before the resident kernel starts at ``read_index``.
 
     Only cells below ``stale_below`` are popped; those were reserved before the takeover, so
@@ -140,7 +166,7 @@ def _discard_stale_on_host(dom: Domain, q: Any, parent: int, stale_below: int) -
 
     if not stale_below:
         return
-    loop = AgentLoop(dom, q, "cpu", {}, parent, 1.0, 1.0)  # its finish / fail rule only
+    loop = AgentLoop(dom, q, "gpucp", {}, parent, 1.0, 1.0)  # its finish / fail rule only
     deadline = time.monotonic() + 30.0
     while q.info()["read_index"] < stale_below:
         r = q.pop_raw(50_000_000, 0)

@@ -208,6 +208,9 @@ static const struct {
     {"AGENT_CPU", HLE_AGENT_CPU},
     {"AGENT_NPU", HLE_AGENT_NPU},
     {"AGENT_MAX_CUS", HLE_AGENT_MAX_CUS},
+    {"AGENT_HOP_LIMIT", HLE_AGENT_HOP_LIMIT},
+    {"AGENT_FAIL_DEPTH", HLE_AGENT_FAIL_DEPTH},
+    {"AGENT_FAIL_BUDGET", HLE_AGENT_FAIL_BUDGET},
 };
 
 int hlpy_add_abi_constants(PyObject *m) {

@@ -1,9 +1,13 @@
 /*
  * agent.c -- the native agent loop: the consumer of one queue, in C.
  *
- * The same rule as hostless.agents.loop (contract in hostless_engine.h):
- * pop, check, wait on the inputs, run (a C kernel, or the Python callback),
- * signal, push the follow-ups.  A bad packet fails alone with ERROR.  Every
+ * The command processor of every cpu and npu agent, by the rule on bad
+ * packets stated in hostless_engine.h (hle_agent_run's contract, the one
+ * statement of it): pop, check, wait on the inputs, run (a C kernel, or the
+ * Python callback), signal, push the follow-ups.  The pure checks of a
+ * packet's handles, points and input words are hostless_ops.h's
+ * (hl_signal_kind_ok, hl_wait_kind_ok, hl_point_ok, hl_input_status), shared
+ * with the GPU command processor (gpucp.cu).  A bad packet fails alone with ERROR.  Every
  * handle a packet names is imported (kind and generation checked by
  * hle_import) for the packet's duration and released after it; every count
  * of an argument block is checked against the block's size by subtraction
@@ -57,7 +61,7 @@ static void record(struct agent *a, uint64_t sig, const char *why) {
 static int hold(struct agent *a, uint64_t h, uint32_t kind) {
     uint32_t k = HL_HANDLE_KIND(h);
     if (kind == HL_KIND_SYNC) {
-        if (k != HL_KIND_FENCE && k != HL_KIND_MERGED && k != HL_KIND_TIMELINE)
+        if (!hl_wait_kind_ok(h))
             return hle_fail(HL_E_HANDLE, "handle 0x%llx is of kind %u, not a fence or timeline",
                             (unsigned long long)h, k);
         kind = k == HL_KIND_MERGED ? HL_KIND_FENCE : k;
@@ -149,9 +153,8 @@ static int kbuf(struct agent *a, uint64_t h, struct hle_kbuf *b) {
  * the handle is held for the call.  Never fails (a signal that cannot be
  * signaled is left alone). */
 static void finish_signal(struct agent *a, uint64_t h, uint64_t value, uint64_t status) {
-    if (!h) return;
+    if (!h || !hl_signal_kind_ok(h)) return;
     uint32_t k = HL_HANDLE_KIND(h);
-    if (k != HL_KIND_FENCE && k != HL_KIND_TIMELINE) return;
     if (hle_import(a->c, h, k)) return;
     if (k == HL_KIND_TIMELINE) {
         if (status == HL_STATUS_SUCCESS)
@@ -192,18 +195,17 @@ static int check(struct agent *a, const struct hl_packet *p) {
         return hle_fail(HL_E_VALUE, "unknown packet type %u", p->type);
     int r;
     if (p->signal) {
-        uint32_t k = HL_HANDLE_KIND(p->signal);
-        if (k != HL_KIND_FENCE && k != HL_KIND_TIMELINE)
+        if (!hl_signal_kind_ok(p->signal))
             return hle_fail(HL_E_HANDLE, "signal 0x%llx is not a fence or timeline", (unsigned long long)p->signal);
-        if ((r = hold(a, p->signal, k))) return r;
-        if (k == HL_KIND_TIMELINE && p->signal_value > HL_TIMELINE_MAX)
+        if ((r = hold(a, p->signal, HL_HANDLE_KIND(p->signal)))) return r;
+        if (!hl_point_ok(p->signal, p->signal_value))
             return hle_fail(HL_E_VALUE, "timeline signal value 0x%llx is not below 2**62",
                             (unsigned long long)p->signal_value);
     }
     for (int i = 0; i < 2; i++) {
         if (!p->wait[i]) continue;
         if ((r = hold(a, p->wait[i], HL_KIND_SYNC))) return r;
-        if (HL_HANDLE_KIND(p->wait[i]) == HL_KIND_TIMELINE && p->wait_value[i] > HL_TIMELINE_MAX)
+        if (!hl_point_ok(p->wait[i], p->wait_value[i]))
             return hle_fail(HL_E_VALUE, "timeline wait value 0x%llx is not below 2**62",
                             (unsigned long long)p->wait_value[i]);
     }
@@ -240,12 +242,7 @@ static uint64_t wait_inputs(struct agent *a, const struct hl_packet *p) {
                 return HL_STATUS_ERROR;
             }
         }
-        uint64_t s;
-        if (tl)
-            s = (w & HL_TIMELINE_FAILED) ? (w & 0xffffffffull) : HL_STATUS_SUCCESS;
-        else
-            s = w;
-        if (!hl_status_valid(s) || s == HL_STATUS_ACTIVE) s = HL_STATUS_ERROR;
+        uint64_t s = hl_input_status(h, w); /* ERROR for a final word that is no status */
         if (s != HL_STATUS_SUCCESS) return s;
     }
     return HL_STATUS_SUCCESS;

@@ -163,16 +163,74 @@ uint32_t hle_name_seq(hle_ctx *c);
 /* ---- the native agent loop (agent.c, kernels.c) ----
  * hle_agent_run serves one queue as its consumer, in C, until a STOP packet,
  * cfg->should_stop() returning nonzero (asked while idle, every 64 packets
- * and between the slices of an input wait), or the domain closing.  It
- * follows the rule of hostless.agents.loop (a bad packet fails alone with ERROR; a failed input
- * passes its status on without running the work; the follow-ups of a failed
- * packet fail too, at most HLE_AGENT_FAIL_DEPTH deep and HLE_AGENT_FAIL_BUDGET
- * signals; input waits bounded by wait_timeout_ns; follow-up pushes share a
- * deadline of follow_timeout_ns, a push into the own queue never waits and a
- * chain through it is cut after HLE_AGENT_HOP_LIMIT hops).  Every count of an
- * argument block is checked against the block's size by subtraction; every
- * handle is imported with its kind and generation checked; a buffer's
- * metadata must agree with its size.
+ * and between the slices of an input wait), or the domain closing.  It is
+ * the command processor of every cpu and npu agent (hostless.agents.native,
+ * hostless-agent); the cuda agent's loop in Python (hostless.agents.loop)
+ * follows the same rule.
+ *
+ * THE RULE ON BAD PACKETS (every agent's contract; stated here only):
+ * - A bad packet fails alone: it never stops the agent and never wedges it.
+ *   Bad is: an unknown type; a signal handle that is not a fence or timeline
+ *   the agent can import (wrong kind, merged, stale, forged) or a timeline
+ *   signal value above HL_TIMELINE_MAX (2**62 - 1); a wait handle that is not
+ *   a fence, merged fence or timeline the agent can import, or a timeline
+ *   wait value above HL_TIMELINE_MAX; an input that completes with a word that is not a final
+ *   status (ACTIVE, 5, ...); a missing, malformed or wrong-kind argument block
+ *   or buffer handle (every count and offset is checked against the block by
+ *   subtraction before it is read; a buffer's metadata must agree with its
+ *   size); an unknown kernel id or CU; a malformed ERT command buffer (header
+ *   count past the buffer, a cu_mask naming no CU or several, argument counts
+ *   past the payload, a chained command that is itself a CMD_CHAIN, an
+ *   unsupported opcode); a kernel that fails (a C kernel's error, a Python
+ *   kernel that raises); a LOAD_KERNEL packet (code is loaded only through
+ *   the spawner's private channel, hostless.agents.control: the Python
+ *   callback refuses it with a record, and nothing is imported).  Nothing of
+ *   a bad packet runs (a wait that fails does not run the work), and it is
+ *   finished with ERROR (a failed input passes its own failure status on
+ *   instead).  cfg->record is told why (hostless.records keeps it for the
+ *   packet's signal).
+ * - Finishing with a failure: a fence signal gets the status; a timeline
+ *   signal is *failed* with it (sticky: every waiter of every later point
+ *   wakes with the failure), because its point will never be reached.  A
+ *   signal handle that cannot be signaled (wrong kind, stale) is left alone.
+ *   A timeline that is already at or past signal_value when a successful
+ *   packet finishes is left as it is (several producers may race on one
+ *   timeline).  The signals of the follow-up packets that will now never run
+ *   are failed with the same status (recursively, at most
+ *   HLE_AGENT_FAIL_DEPTH levels and HLE_AGENT_FAIL_BUDGET signals per
+ *   packet), so nobody waits for them forever.
+ * - A respawned agent (one that binds the queue of a dead consumer,
+ *   hle_queue_bind) does not run what was queued for the dead one: every
+ *   packet below the write index its bind found (hle_queue_stale_below) fails
+ *   unrun, a STOP included, its signal and its follow-ups' with OWNER_DIED; a
+ *   packet pushed after the takeover runs.
+ * - Input waits are bounded: a packet whose inputs have not completed within
+ *   wait_timeout_ns (< 0: none; spawn's wait_timeout, default 60 s) fails with
+ *   ERROR and a record saying so.  Waits are taken in slices of 50 ms,
+ *   between which should_stop is asked (SIGTERM, the spawner's death).
+ * - Follow-up pushes are bounded: the follow-ups of one packet share a
+ *   deadline of follow_timeout_ns for queues of other consumers; a push into
+ *   the agent's own queue never waits (only this agent frees its cells).  A
+ *   chain of follow-ups through the agent's own queue is cut after
+ *   HLE_AGENT_HOP_LIMIT hops (a packet that re-enqueues itself runs at most
+ *   1 + HLE_AGENT_HOP_LIMIT times).  A follow-up that cannot be pushed (full
+ *   until the deadline, its queue handle of the wrong kind, stale, its
+ *   consumer dead, or past the hop limit) is dropped and its own signal (and
+ *   those of the follow-ups nested in it) fails with ERROR; the packet that
+ *   carried it has already finished with its own status (its work did
+ *   complete).  A cycle through several agents' queues is not cut (a packet
+ *   carries no hop count).
+ * - Trace: START when a packet is taken, END (with its status) when it is
+ *   finished, when the domain has a trace ring.
+ * The pure parts of these checks (the kinds a packet may signal or wait on,
+ * timeline points, the status an input's final word passes on) are
+ * hostless_ops.h's hl_signal_kind_ok, hl_wait_kind_ok, hl_point_ok and
+ * hl_input_status, which the GPU command processor (gpucp.cu) applies too.
+ * The cuda agent makes the same checks before it enqueues any stream wait;
+ * its waits and follow-up pushes then run on the GPU (a stream wait is not
+ * bounded by wait_timeout; a device push into a queue that stays full gives
+ * up after a bounded spin without failing the follow-up's signal).
+ *
  * Kernels: ids (KERNEL packets) and CU indices (ERT commands) below
  * HLE_AGENT_MAX_CUS share one table, as the Python agents' do (an npu agent's
  * KERNEL packet names a CU index): kernel_map[i] is the built-in C kernel

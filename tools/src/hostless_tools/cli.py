@@ -178,7 +178,7 @@ def add_bench(sub: Any) -> None:
     bp = _bench_parser(
         bsub,
         "pipeline",
-        "graphs in the four modes (host/direct x copy/shared) on native and Python agents, per-hop "
+        "graphs in the four modes (host/direct x copy/shared) on the agents' C loop, per-hop "
         "cost, C references, Ray peers (benchmarks/peers/ray_pipelines.py)",
         "a small run (well under a minute)",
         "do not pin the agents to CPUs",
@@ -189,7 +189,7 @@ def add_bench(sub: Any) -> None:
         "--agents",
         default=None,
         metavar="SETS",
-        help="comma-separated agent sets (default: native-poll,native-park,python-poll,python-park; "
+        help="comma-separated agent sets (default: native-poll,native-park; "
         "the first one's figures are the goals')",
     )
     bp.add_argument("--no-ray", action="store_true", help="skip the Ray peers even when ray is importable")

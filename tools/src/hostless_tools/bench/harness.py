@@ -17,8 +17,8 @@ What a benchmark needs before anything is reported, written once:
 * goal checks: :func:`ratio`, :func:`met`, :func:`rate_goal`.
 
 The few places where a benchmark reaches below the public API (the bare C
-core calls, the agent loop run in-process) are here too, and only here:
-:func:`core`, :func:`core_fence_kind`, :func:`is_held`, :func:`agent_loop`.
+core calls) are here too, and only here: :func:`core`, :func:`core_fence_kind`,
+:func:`is_held`.
 """
 
 from __future__ import annotations
@@ -455,14 +455,6 @@ def is_held(obj: Any) -> bool:
     from hostless import lowlevel
 
     return lowlevel.is_held(obj)
-
-
-def agent_loop(dom: Any, queue: Any, kind: str) -> Any:
-    """An agent of ``kind`` on ``queue`` run in this process (its ``execute`` is the per-packet
-    work of the agent's loop): the one place the benchmarks use the agents' internals."""
-    from hostless.agents.loop import AgentLoop
-
-    return AgentLoop(dom, queue, kind, {}, os.getppid())
 
 
 # --------------------------------------------------------------------------- where it ran

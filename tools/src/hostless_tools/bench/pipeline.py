@@ -1,15 +1,14 @@
-"""The pipeline benchmark: graphs in the four modes, native and Python agents, Ray, C references.
+"""The pipeline benchmark: graphs in the four modes on the agents' C loop, Ray, C references.
 
 Everything is measured in ONE run on one machine, with one ``cpu`` agent and
 one ``npu`` agent per agent set (two processes; stages alternate between
 them so that every hop crosses processes).
 
 agent sets (:data:`AGENT_SETS`): ``native-poll`` (the default: the agent loop
-in C, polling its doorbell), ``native-park`` (the same, parked on the futex at
-once when idle), ``python-poll`` and ``python-park`` (the Python agent loop:
-the previous baseline).  A native ``npu`` agent is used when
-``agents.spawn(dom, "npu", native=True)`` works; else the Python npu agent,
-and the result says so (``npu_native``).
+in C, polling its doorbell) and ``native-park`` (the same, parked on the futex
+at once when idle).  The ``python-poll`` and ``python-park`` sets of earlier
+results ran the Python agent loop, which is gone (cpu and npu agents run the
+C loop by default now).
 
 pipelines, each compiled in the four modes (dispatch ``host`` / ``direct``
 times data ``copy`` / ``shared``) and timed frame by frame in interleaved rounds:
@@ -30,7 +29,7 @@ references, in the same run:
     round trips between two processes;
   * host -> agent -> host round trips of a native agent, polling (host
     spinning too) and parked (host sleeping too: two futex wake-ups, as the C
-    futex round trip), and of a parked Python agent;
+    futex round trip);
   * idle CPU: a parked agent's utime + stime (``/proc/<pid>/stat``) over a few
     seconds, with its wake-ups per second;
   * where the time goes: a few hundred traced frames (a second domain with a
@@ -124,7 +123,7 @@ __all__ = [
     "DEFAULT_OUT_DIR",
 ]
 
-AGENT_SETS: tuple[str, ...] = ("native-poll", "native-park", "python-poll", "python-park")
+AGENT_SETS: tuple[str, ...] = ("native-poll", "native-park")
 """``<implementation>-<idle setting>`` of the agent sets; the first is the default."""
 
 PIPELINES: tuple[str, ...] = ("identity", "vision_small", "vision_large", "diamond")
@@ -329,24 +328,16 @@ def _ray_peers(cfg: PipelineBenchConfig, peers: Path | None, say: Progress) -> d
 
 
 def spawn_pair(dom: Any, native: bool, spin: float, label: str) -> tuple[Any, Any, dict[str, Any]]:
-    """A cpu and an npu agent (native or Python loop, ``spin`` seconds of polling when idle).
-
-    A native npu agent is used when ``agents.spawn(dom, "npu", native=True)`` works; else
-    the Python npu agent, and the returned note says why.  Returns (cpu, npu, info)."""
+    """A cpu and an npu agent (the C loop, ``spin`` seconds of polling when idle); ``native``
+    must be True (the Python loop is gone).  Returns (cpu, npu, info)."""
     from hostless import agents
 
-    cpu = agents.spawn(dom, "cpu", native=native, spin=spin, label=f"{label} cpu")
-    info: dict[str, Any] = {"cpu": "native" if native else "python", "npu": "python", "npu_note": None}
+    if not native:
+        raise ValueError("the Python agent loop is gone: cpu and npu agents run the C loop")
+    cpu = agents.spawn(dom, "cpu", spin=spin, label=f"{label} cpu")
+    info: dict[str, Any] = {"cpu": "native", "npu": "native", "npu_note": None}
     try:
-        if native:
-            try:
-                npu = agents.spawn(dom, "npu", native=True, spin=spin, label=f"{label} npu")
-                info["npu"] = "native"
-            except (ValueError, TypeError, OSError, RuntimeError) as e:
-                info["npu_note"] = f"native npu agent unavailable ({type(e).__name__}: {e}): Python npu agent"
-                npu = agents.spawn(dom, "npu", spin=spin, label=f"{label} npu")
-        else:
-            npu = agents.spawn(dom, "npu", spin=spin, label=f"{label} npu")
+        npu = agents.spawn(dom, "npu", spin=spin, label=f"{label} npu")
     except BaseException:
         cpu.stop()
         raise
@@ -469,13 +460,12 @@ def _agent_refs(
     cases = [
         ("native_poll_round_trip", True, cfg.poll_spin, 1.0),
         ("native_park_round_trip", True, 0.0, 0.0),
-        ("python_park_round_trip", False, 0.0, 0.0),
     ]
     # the host and the agent on two different CPUs, as the C ping-pong's two processes (a wake-up
     # on the waker's own CPU costs less than one that crosses CPUs, in a VM above all)
     host_cpu, agent_cpu = pin_cpus(cpus) if cfg.pin else (None, None)
-    for key, native, spin, host_spin in cases:
-        a = agents.spawn(dom, "cpu", native=native, spin=spin, label=key)
+    for key, _native, spin, host_spin in cases:
+        a = agents.spawn(dom, "cpu", spin=spin, label=key)
         try:
             pinned_apart = set_affinity(a.proc.pid, agent_cpu)
             with pinned(host_cpu):
@@ -485,10 +475,10 @@ def _agent_refs(
                 rec.say(f"  {key}: p50 {fmt_ns(r['p50'])}")
         finally:
             _stop(a)
-    idle = [("native_park", True, 0.0), ("native_default", True, 50e-6), ("python_park", False, 0.0)]
+    idle = [("native_park", 0.0), ("native_default", 50e-6)]
     out["idle"] = {}
-    for key, native, spin in idle:
-        a = agents.spawn(dom, "cpu", native=native, spin=spin, label=f"idle {key}")
+    for key, spin in idle:
+        a = agents.spawn(dom, "cpu", spin=spin, label=f"idle {key}")
         try:
             r = rec.attempt(
                 f"idle_{key}", functools.partial(idle_cpu, a.proc.pid, cfg.idle_seconds), f"idle {key}"
@@ -501,7 +491,7 @@ def _agent_refs(
     # the same parked agent in a domain whose sleepers re-read their words every 10 ms, not 1 ms
     pdom, pname = new_domain("pipeidle", heap=16 << 20, participants=8, poll_interval=10e-3)
     try:
-        a = agents.spawn(pdom, "cpu", native=True, spin=0.0, label="idle poll 10 ms")
+        a = agents.spawn(pdom, "cpu", spin=0.0, label="idle poll 10 ms")
         try:
             r = rec.attempt(
                 "idle_native_park_poll10ms",

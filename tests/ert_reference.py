@@ -1,6 +1,9 @@
-"""The emulated NPU's command processor: runs XRT ERT command buffers.
+"""A reference ERT command processor in Python, for the tests of the C one.
 
-The byte layout of a command is :mod:`hostless.ert`'s; this module is the
+The emulated NPU's command processor is the engine's (``core/agent.c``); this
+is the one the Python npu agent loop ran before that loop was removed, kept as
+the tests' reference: the C processor must write back what it writes.  The
+byte layout of a command is :mod:`hostless.ert`'s; this module is the
 processor's side of the protocol: it reports progress in the command's
 header word (NEW -> RUNNING -> COMPLETED, or ERROR), runs START_CU /
 START_NPU on the compute unit its cu_mask names (exactly one), and runs a
@@ -18,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import ert
-from ..wire import BadPacket
+from hostless import ert
+from hostless.wire import BadPacket
 
 __all__ = ["ErtProcessor"]
 
