@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-SOURCES := $(wildcard src/hostless/*.py src/hostless/*/*.py src/hostless/*.c src/hostless/*.h src/hostless/*/*.c src/hostless/*/*.h) pyproject.toml setup.py
+SOURCES := $(wildcard src/hostless/*.py src/hostless/*/*.py src/hostless/*.c src/hostless/*/*.c src/hostless/*/*.h src/hostless/include/hostless/*.h src/hostless/agents/*.cu) pyproject.toml setup.py
 
 .PHONY: demo test lint bench clean venv sanitize lib agent
 
@@ -18,8 +18,10 @@ $(VENV)/.deps: $(VENV)/.created pyproject.toml
 	$(PIP) install -q "scipy-openblas32>=0.3.27"  # the native agents' GEMM (dlopen'ed; optional at run time)
 	touch $@
 
+# the venv's extension has the test hooks (hostless._core.testing): HOSTLESS_TEST_HOOKS=0 leaves them out
+HOSTLESS_TEST_HOOKS ?= 1
 $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
-	$(PIP) install -q --no-build-isolation --no-deps .
+	HOSTLESS_TEST_HOOKS=$(HOSTLESS_TEST_HOOKS) $(PIP) install -q --no-build-isolation --no-deps .
 	touch $@
 
 venv: $(VENV)/.installed
@@ -43,17 +45,18 @@ bench: venv
 
 # `make lib`: the engine alone (src/hostless/core, no Python) as a static
 # library for C programs: link with -Lbuild -lhostless -lpthread -lm -ldl (libm: the agent loop's kernels;
-# libdl: the BLAS it dlopens, part of libc from glibc 2.34) and include
-# core/hostless_engine.h (with -Isrc/hostless -Isrc/hostless/core).
+# libdl: the BLAS it dlopens, part of libc from glibc 2.34) and include <hostless/hostless_engine.h>
+# (with -Isrc/hostless/include, or -I"$$(python -c 'import hostless; print(hostless.get_include())')").
+PUBLIC_INC := src/hostless/include
 ENGINE_SRC := $(wildcard src/hostless/core/*.c)
-ENGINE_HDR := $(wildcard src/hostless/core/*.h) $(wildcard src/hostless/*.h)
+ENGINE_HDR := $(wildcard src/hostless/core/*.h) $(wildcard $(PUBLIC_INC)/hostless/*.h)
 ENGINE_OBJ := $(patsubst src/hostless/core/%.c,build/engine/%.o,$(ENGINE_SRC))
 ENGINE_CFLAGS := -O2 -std=gnu11 -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
-                 -Isrc/hostless -Isrc/hostless/core
+                 -I$(PUBLIC_INC)
 
 build/engine/%.o: src/hostless/core/%.c $(ENGINE_HDR)
 	@mkdir -p build/engine
-	$(CC) $(ENGINE_CFLAGS) -c $< -o $@
+	$(CC) $(ENGINE_CFLAGS) -DHOSTLESS_INTERNAL -c $< -o $@
 
 build/libhostless.a: $(ENGINE_OBJ)
 	rm -f $@

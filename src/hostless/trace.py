@@ -43,29 +43,14 @@ from .domain import Domain
 
 __all__ = ["events", "export", "to_chrome", "span", "instant", "name", "USER_MAGIC"]
 
-USER_MAGIC = 0x484C_0000_0000_0000
-"""High bits of ``a`` in the ``HL_EV_USER`` records this module writes ("HL")."""
-_JOIN, _NAME_KERNEL, _NAME_HANDLE, _SPAN_BEGIN, _SPAN_END, _INSTANT = 1, 2, 3, 4, 5, 6
-_NAME_BYTES = 24
+USER_MAGIC = int(C.TRACE_USER_MAGIC)
+"""High bits of ``a`` in the ``HL_EV_USER`` records (written by the engine's ``hle_trace_user``)."""
+_JOIN, _NAME_KERNEL, _NAME_HANDLE = int(C.TRACE_JOIN), int(C.TRACE_NAME_KERNEL), int(C.TRACE_NAME_HANDLE)
+_SPAN_BEGIN, _SPAN_END, _INSTANT = int(C.TRACE_SPAN_BEGIN), int(C.TRACE_SPAN_END), int(C.TRACE_INSTANT)
+_NAME_BYTES = int(C.TRACE_TEXT_BYTES)
 _EV_USER = int(C.EV_USER)
 _span_ids = itertools.count(1)
 _span_lock = threading.Lock()
-
-
-def _pack(text: str) -> tuple[int, int, int]:
-    raw = text.encode("utf-8")[:_NAME_BYTES]
-    while raw:  # do not cut a multi-byte character in half
-        try:
-            raw.decode("utf-8")
-            break
-        except UnicodeDecodeError:
-            raw = raw[:-1]
-    raw = raw.ljust(_NAME_BYTES, b"\0")
-    return (
-        int.from_bytes(raw[0:8], "little"),
-        int.from_bytes(raw[8:16], "little"),
-        int.from_bytes(raw[16:24], "little"),
-    )
 
 
 def _unpack(c: int, d: int, e: int) -> str:
@@ -76,7 +61,8 @@ def _unpack(c: int, d: int, e: int) -> str:
 def _emit(dom: Domain, kind: int, key: int, text: str) -> None:
     if dom.closed or not dom.trace_enabled():
         return
-    lowlevel.trace_emit(dom, _EV_USER, USER_MAGIC | kind, key & (2**64 - 1), *_pack(text))
+    # one writer of these records: the engine's hle_trace_user (core/records.c)
+    C.trace_user(dom._core, kind, key & (2**64 - 1), text.replace("\0", " "))
 
 
 def _traced_domain(dom: Domain | None) -> Domain | None:
