@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-SOURCES := $(wildcard src/hostless/*.py src/hostless/*/*.py src/hostless/*.c src/hostless/*.h src/hostless/*/*.c src/hostless/*/*.h) pyproject.toml setup.py
+SOURCES := $(wildcard src/hostless/*.py src/hostless/*/*.py src/hostless/*.c src/hostless/*/*.c src/hostless/*/*.h src/hostless/include/hostless/*.h src/hostless/agents/*.cu) pyproject.toml setup.py
 # hostless-tools (tools/): the benchmarks, chaos and fuzz, a distribution of their own
 TOOLS_SOURCES := $(wildcard tools/src/hostless_tools/*.py tools/src/hostless_tools/*/*.py tools/src/hostless_tools/*/*.c) tools/pyproject.toml
 RUFF_PATHS := src tests benchmarks examples tools
@@ -22,11 +22,13 @@ $(VENV)/.deps: $(VENV)/.created pyproject.toml
 	$(PIP) install -q "scipy-openblas32>=0.3.27"  # the native agents' GEMM (dlopen'ed; optional at run time)
 	touch $@
 
+# the venv's extension has the test hooks (hostless._core.testing): HOSTLESS_TEST_HOOKS=0 leaves them out
+HOSTLESS_TEST_HOOKS ?= 1
 # setuptools copies the package into build/lib.* and never removes what left src/: drop the
 # copied files (not the compiled ones, which it rebuilds only when their sources change)
 $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 	find build -path 'build/lib.*' -type f ! -name '*.so' ! -name hostless-agent -delete 2>/dev/null || true
-	$(PIP) install -q --no-build-isolation --no-deps .
+	HOSTLESS_TEST_HOOKS=$(HOSTLESS_TEST_HOOKS) $(PIP) install -q --no-build-isolation --no-deps .
 	touch $@
 
 venv: $(VENV)/.installed
@@ -70,17 +72,18 @@ bench: tools
 
 # `make lib`: the engine alone (src/hostless/core, no Python) as a static
 # library for C programs: link with -Lbuild -lhostless -lpthread -lm -ldl (libm: the agent loop's kernels;
-# libdl: the BLAS it dlopens, part of libc from glibc 2.34) and include
-# core/hostless_engine.h (with -Isrc/hostless -Isrc/hostless/core).
+# libdl: the BLAS it dlopens, part of libc from glibc 2.34) and include <hostless/hostless_engine.h>
+# (with -Isrc/hostless/include, or -I"$$(python -c 'import hostless; print(hostless.get_include())')").
+PUBLIC_INC := src/hostless/include
 ENGINE_SRC := $(wildcard src/hostless/core/*.c)
-ENGINE_HDR := $(wildcard src/hostless/core/*.h) $(wildcard src/hostless/*.h)
+ENGINE_HDR := $(wildcard src/hostless/core/*.h) $(wildcard $(PUBLIC_INC)/hostless/*.h)
 ENGINE_OBJ := $(patsubst src/hostless/core/%.c,build/engine/%.o,$(ENGINE_SRC))
 ENGINE_CFLAGS := -O2 -std=gnu11 -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
-                 -Isrc/hostless -Isrc/hostless/core
+                 -I$(PUBLIC_INC)
 
 build/engine/%.o: src/hostless/core/%.c $(ENGINE_HDR)
 	@mkdir -p build/engine
-	$(CC) $(ENGINE_CFLAGS) -c $< -o $@
+	$(CC) $(ENGINE_CFLAGS) -DHOSTLESS_INTERNAL -c $< -o $@
 
 build/libhostless.a: $(ENGINE_OBJ)
 	rm -f $@

@@ -12,10 +12,19 @@ from setuptools.command.build_ext import build_ext
 # extension as hostless/_bin/hostless-agent (hostless.agents.executable_path()).
 ENGINE = sorted(glob("src/hostless/core/*.c"))
 BINDING = sorted(glob("src/hostless/binding/*.c"))
-HEADERS = [*sorted(glob("src/hostless/hostless*.h")), *sorted(glob("src/hostless/core/*.h")), *sorted(glob("src/hostless/binding/*.h"))]
-INCLUDE = ["src/hostless", "src/hostless/core"]
+# Public headers (ABI and engine API) in src/hostless/include/hostless (installed with the
+# package; hostless.get_include()); internal ones (core/engine.h, binding/binding.h) refuse to
+# compile without HOSTLESS_INTERNAL.
+HEADERS = [*sorted(glob("src/hostless/include/hostless/*.h")), *sorted(glob("src/hostless/core/*.h")),
+           *sorted(glob("src/hostless/binding/*.h"))]  # fmt: skip
+INCLUDE = ["src/hostless/include"]
 CFLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
-          "-Wno-cast-function-type"]  # fmt: skip
+          "-Wno-cast-function-type", "-DHOSTLESS_INTERNAL"]  # fmt: skip
+# HOSTLESS_TEST_HOOKS=1 in the environment builds hostless._core.testing (hooks that make a
+# test's failure happen: heap_lock_forever, device_store, ...) into the extension; `make venv` /
+# `make test` set it.  A plain `pip install` leaves them out of the production build.
+TEST_HOOKS = os.environ.get("HOSTLESS_TEST_HOOKS", "") not in ("", "0")
+EXT_CFLAGS = CFLAGS + (["-DHOSTLESS_TEST_HOOKS"] if TEST_HOOKS else [])
 AGENT_MAIN = "src/hostless/agentexe/main.c"
 
 
@@ -54,7 +63,7 @@ setup(
             depends=HEADERS,
             include_dirs=INCLUDE,
             libraries=["m"],
-            extra_compile_args=CFLAGS,
+            extra_compile_args=EXT_CFLAGS,
         )
     ],
 )

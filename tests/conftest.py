@@ -246,6 +246,14 @@ def wait_until(pred: Callable[[], bool], timeout: float = 5.0, interval: float =
     return pred()
 
 
+TEST_HOOKS = hasattr(hl._core, "testing")
+needs_test_hooks = pytest.mark.skipif(
+    not TEST_HOOKS,
+    reason="needs the test hooks (hostless._core.testing), compiled only into the test build: "
+    "reinstall with HOSTLESS_TEST_HOOKS=1 (make venv and make test do)",
+)
+"""Mark a test that drives a failure through hostless._core.testing (heap_lock_forever, ...)."""
+
 SLACK = 2.0
 """Seconds a unit test adds to any time it bounds (``expected + SLACK``): the machine
 that runs the suite may be a loaded 2-core VM shared with other test runs, where a

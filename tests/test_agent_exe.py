@@ -515,14 +515,15 @@ def test_builds_from_the_engine_library_alone(tmp_path: Path) -> None:
     gcc = shutil.which("gcc")
     if gcc is None or shutil.which("ar") is None:
         pytest.skip("gcc and ar are needed to build libhostless.a")
-    pkg = Path(hl.abi_header_path()).parent
+    pkg = Path(hl.__file__).parent
     flags = ["-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
-             "-Wno-missing-field-initializers", f"-I{pkg}", f"-I{pkg / 'core'}"]  # fmt: skip
+             "-Wno-missing-field-initializers", f"-I{hl.get_include()}"]  # fmt: skip
     objs = []
     for src in sorted((pkg / "core").glob("*.c")):
         obj = tmp_path / (src.stem + ".o")
         r = subprocess.run(
-            [gcc, *flags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True, timeout=120
+            [gcc, *flags, "-DHOSTLESS_INTERNAL", "-c", str(src), "-o", str(obj)],
+            capture_output=True, text=True, timeout=120,
         )
         assert r.returncode == 0, r.stderr
         objs.append(str(obj))

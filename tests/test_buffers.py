@@ -25,6 +25,7 @@ from conftest import (
     child_code,
     finish_child,
     kill_child,
+    needs_test_hooks,
     read_line,
     send_line,
     spawn_child,
@@ -955,6 +956,7 @@ os.kill(os.getpid(), 9)
 """
 
 
+@needs_test_hooks
 @pytest.mark.parametrize("watchdog", [True, False])
 def test_heap_lock_of_dead_holder_is_broken(make_name: object, watchdog: bool) -> None:
     name = make_name()  # type: ignore[operator]

@@ -24,6 +24,8 @@ S = hl.Status
 GCC = shutil.which("gcc")
 GXX = shutil.which("g++")
 HEADER_DIR = os.path.dirname(hl.abi_header_path())
+INCLUDE = hl.get_include()  # C programs: #include <hostless/hostless.h>, <hostless/hostless_engine.h>
+PKG = Path(hl.__file__).parent
 
 # Valid C11 and C++11 (no implicit void* conversions), so the same program is
 # built both ways.
@@ -220,7 +222,7 @@ def test_header_compiles(tmp_path: Path, compiler: str, flags: list[str]) -> Non
 # Python signals, and recovers a dead Python participant.
 
 ENGINE_PROGRAM = r"""
-#include "hostless_engine.h"
+#include <hostless/hostless_engine.h>
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -282,15 +284,15 @@ time.sleep(120)
 
 def build_engine_program(tmp_path: Path) -> Path:
     """libhostless.a from the engine sources alone, then the program linked against it (+ pthread)."""
-    core = Path(HEADER_DIR) / "core"
+    core = PKG / "core"
     sources = sorted(core.glob("*.c"))
     assert sources, f"no engine sources in {core}"
     objs = []
     flags = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
-             "-Wno-missing-field-initializers", f"-I{HEADER_DIR}", f"-I{core}"]  # fmt: skip
+             "-Wno-missing-field-initializers", f"-I{INCLUDE}"]  # fmt: skip
     for src in sources:
         obj = tmp_path / (src.stem + ".o")
-        cmd = [GCC, *flags, "-c", str(src), "-o", str(obj)]
+        cmd = [GCC, *flags, "-DHOSTLESS_INTERNAL", "-c", str(src), "-o", str(obj)]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, f"gcc {src.name} failed:\n{r.stderr}"
         objs.append(str(obj))
@@ -369,3 +371,59 @@ def test_c_engine_participant(domain_name: str, tmp_path: Path) -> None:
             kill_child(proc)
             if doomed is not None:
                 kill_child(doomed)
+
+
+# ---------------------------------------------------------------------------
+# The installed C API: hostless.get_include() is the folder C users pass to -I.
+
+TINY = r"""
+#include <hostless/hostless.h>
+#include <hostless/hostless_engine.h>
+
+#include <stdio.h>
+
+int main(void) {
+    /* an ERT START_CU for CU 2 with one buffer and one scalar, decoded by hostless_ert.h */
+    hl_u32 cmd[8] = {0, 1u << 2, 1, 0x11, 0x22, 7, 0};
+    cmd[0] = (HL_ERT_STATE_NEW << HL_ERT_STATE_SHIFT) | (6u << HL_ERT_COUNT_SHIFT) |
+             (HL_ERT_START_CU << HL_ERT_OPCODE_SHIFT) | (HL_ERT_TYPE_CU << HL_ERT_TYPE_SHIFT);
+    hl_u32 cu = 0;
+    struct hl_ert_args a;
+    int r = hl_ert_check(cmd[0], sizeof cmd);
+    r |= hl_ert_cu_index(cmd[1], &cu);
+    r |= hl_ert_cu_args(cmd + 1, hl_ert_count(cmd[0]), hl_ert_opcode(cmd[0]), &a);
+    printf("%d %u %u %u %llx %llu %d %d\n", r, cu, a.nbuf, a.ns, (unsigned long long)hl_ert_u64(a.bufs),
+           (unsigned long long)hl_ert_u64(a.scalars), hl_ert_check(cmd[0], 12) == HL_ERT_E_COUNT,
+           HL_E_DEVICE_FULL < HL_E_CLOSED && HL_K_GEMM == 5u && HL_NPU_CU_GEMM == 1u);
+    return 0;
+}
+"""
+
+
+def test_get_include_tiny_participant(tmp_path: Path) -> None:
+    """A tiny C program built against ``hostless.get_include()`` alone: the ABI (the ERT decoder,
+    kernel ids) and the engine API's declarations, as an installed package ships them."""
+    if GCC is None:
+        pytest.skip("gcc is needed")
+    inc = Path(INCLUDE)
+    assert (inc / "hostless" / "hostless.h").is_file() and (inc / "hostless" / "hostless_engine.h").is_file()
+    src = tmp_path / "tiny.c"
+    src.write_text(TINY)
+    exe = tmp_path / "tiny"
+    r = subprocess.run([GCC, "-std=c11", "-Wall", "-Wextra", "-Werror", f"-I{inc}", str(src), "-o", str(exe)],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=20).stdout.split()
+    assert out == ["0", "2", "1", "1", "2200000011", "7", "1", "1"]
+
+
+def test_internal_headers_refuse_to_compile(tmp_path: Path) -> None:
+    """core/engine.h is internal: a program that includes it without HOSTLESS_INTERNAL fails with
+    a message naming the public header."""
+    if GCC is None:
+        pytest.skip("gcc is needed")
+    src = tmp_path / "internal.c"
+    src.write_text(f'#include "{PKG / "core" / "engine.h"}"\nint main(void) {{ return 0; }}\n')
+    r = subprocess.run([GCC, "-std=gnu11", f"-I{INCLUDE}", "-c", str(src), "-o", str(tmp_path / "i.o")],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode != 0 and "hostless/hostless_engine.h" in r.stderr

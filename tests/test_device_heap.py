@@ -16,7 +16,16 @@ import numpy as np
 import pytest
 
 import hostless as hl
-from conftest import kill_child, read_line, run_child, spawn_child, unique_name, unlink_quietly, wait_until
+from conftest import (
+    kill_child,
+    needs_test_hooks,
+    read_line,
+    run_child,
+    spawn_child,
+    unique_name,
+    unlink_quietly,
+    wait_until,
+)
 from hostless import lowlevel
 from hostless._abi import DEVHEAP_DTYPE, FENCE_DTYPE, C
 
@@ -309,6 +318,7 @@ def test_sigkilled_participant_device_buffers_reclaimed(domain_name: str) -> Non
         assert dev_used(d, "cuda:2") == 0 and d.heap_stats()["used"] == 0 and d.check() == []
 
 
+@needs_test_hooks
 def test_killed_inside_a_device_allocation(domain_name: str) -> None:
     """A participant killed after taking the metadata block, or after the device extent too,
     before the buffer is published: its ALLOC slot is freed by recovery with both extents."""
@@ -337,6 +347,7 @@ def test_killed_inside_a_device_allocation(domain_name: str) -> None:
             assert d.check() == []
 
 
+@needs_test_hooks
 def test_device_lock_holder_killed(domain_name: str) -> None:
     """A participant SIGKILLed holding a device heap's lock: the next allocator breaks the
     lock and rebuilds that heap's bitmap from the slots (the other heap is untouched)."""

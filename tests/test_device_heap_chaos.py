@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import hostless as hl
-from conftest import send_line, wait_until
+from conftest import needs_test_hooks, send_line, wait_until
 from zygote import ZYGOTE_LOOP, Worker
 from zygote import poll as poll_zygote
 from zygote import start as start_zygote
@@ -121,6 +121,7 @@ def worker(name, hfile, seed, mode):
 )
 
 
+@needs_test_hooks
 def test_device_heap_chaos(domain_name: str, tmp_path: Path) -> None:
     rnd = random.Random(int.from_bytes(os.urandom(4), "little"))
     seed0 = rnd.randrange(1 << 30)

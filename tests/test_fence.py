@@ -15,6 +15,7 @@ from conftest import (
     fence_table,
     ident,
     live_slots,
+    needs_test_hooks,
     new_at,
     notifier_asleep,
     notifier_asleep_async,
@@ -484,6 +485,7 @@ def test_wait_interrupted_by_close_does_not_crash(domain_name: str) -> None:
 # --------------------------------------------------------------------- device stores
 
 
+@needs_test_hooks
 def test_device_store_seen_by_sleeping_waiter(domain_name: str) -> None:
     poll = 0.02
     with hl.Domain.create(domain_name, poll_interval=poll) as d:
@@ -502,6 +504,7 @@ def test_device_store_seen_by_sleeping_waiter(domain_name: str) -> None:
         assert int(fence_table(d)["waiters"][idx]) == 0
 
 
+@needs_test_hooks
 def test_device_store_children_of_merge(domain_name: str) -> None:
     """Children signaled by plain stores (no propagation) still complete a merged fence."""
     with hl.Domain.create(domain_name, poll_interval=0.01, watchdog_interval=0) as d:
@@ -521,6 +524,7 @@ def test_device_store_children_of_merge(domain_name: str) -> None:
         assert d.check() == []
 
 
+@needs_test_hooks
 def test_device_store_seen_by_async_waiter(domain_name: str) -> None:
     with hl.Domain.create(domain_name, poll_interval=0.01) as d:
         f = d.fence()

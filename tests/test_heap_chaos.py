@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import hostless as hl
-from conftest import send_line, wait_until
+from conftest import needs_test_hooks, send_line, wait_until
 from zygote import ZYGOTE_LOOP, Worker
 from zygote import poll as poll_zygote
 from zygote import start as start_zygote
@@ -152,6 +152,7 @@ fill = ns["fill"]
 intact = ns["intact"]
 
 
+@needs_test_hooks
 def test_heap_chaos(domain_name: str, tmp_path: Path) -> None:
     rnd = random.Random(int.from_bytes(os.urandom(4), "little"))
     seed0 = rnd.randrange(1 << 30)

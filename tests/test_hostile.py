@@ -14,7 +14,7 @@ import os
 import pytest
 
 import hostless as hl
-from conftest import run_child
+from conftest import needs_test_hooks, run_child
 
 POKE = """
     import os
@@ -285,6 +285,7 @@ def test_open_refuses_symlinks_and_foreign_owners(domain_name: str) -> None:
             os.chown(f"/dev/shm/{domain_name}", uid, -1)
 
 
+@needs_test_hooks
 def test_invalid_completion_words_are_errors(dom: hl.Domain) -> None:
     """A completion word no conforming participant writes (a fence word of 1
     or 5, a timeline word of 2^63 or a failure with status 5): waits and

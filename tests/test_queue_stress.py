@@ -1,6 +1,6 @@
 """Stress of the ABI's queue push (hostless_queue.h: hl_queue_reserve / hl_queue_publish) in C.
 
-tests/queue_stress.c is built with ``gcc -O2 -pthread -I src/hostless`` and
+tests/queue_stress.c is built with ``gcc -O2 -pthread -I src/hostless/include/hostless`` and
 run: producer threads push numbered packets with every kind of hint (none,
 the index after their last push, stale by 1-4 laps, random at most
 write_index), some pausing between reserve and publish, into a small queue
@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "tests" / "queue_stress.c"
-INC = ROOT / "src" / "hostless"
+INC = ROOT / "src" / "hostless" / "include" / "hostless"
 GCC = shutil.which("gcc")
 
 needs_gcc = pytest.mark.skipif(GCC is None, reason="gcc is not installed: cannot build tests/queue_stress.c")

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hostless as hl
-from conftest import ident, thread_in_futex, wait_until
+from conftest import ident, needs_test_hooks, thread_in_futex, wait_until
 from hostless import ert, lowlevel
 from hostless._abi import C
 
@@ -594,6 +594,7 @@ time.sleep(120)
 """
 
 
+@needs_test_hooks
 def test_producer_killed_while_filling_is_skipped(qdom: hl.Domain) -> None:
     q = qdom.queue(8)
     f = qdom.fence()  # the stuck packet's signal

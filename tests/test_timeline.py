@@ -15,6 +15,7 @@ from conftest import (
     fence_table,
     ident,
     live_slots,
+    needs_test_hooks,
     new_at,
     notifier_asleep,
     notifier_asleep_async,
@@ -186,6 +187,7 @@ def test_failure_wakes_waiters(dom: hl.Domain) -> None:
     assert got == [S.CANCEL]
 
 
+@needs_test_hooks
 def test_value_crossing_32_bits(domain_name: str) -> None:
     """The futex sleeps on the low 32 bits of the word: a step that leaves them
     unchanged (0 -> 2**32) must still wake the waiter (signal or device store)."""
@@ -254,6 +256,7 @@ def test_no_lost_wakeup_when_low_bits_do_not_change(domain_name: str, how: str) 
         assert best < 0.05, f"best wake-up {best * 1e3:.1f} ms: the wake-up was lost (slept the whole poll)"
 
 
+@needs_test_hooks
 def test_device_store_timeline(domain_name: str) -> None:
     with hl.Domain.create(domain_name, poll_interval=0.01) as d:
         t = d.timeline()

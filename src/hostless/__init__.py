@@ -18,7 +18,7 @@ from __future__ import annotations
 # registration: it installs what device buffers' DLPack export and copies run.
 from . import devmem as devmem
 from . import trace as trace  # hl.trace.span / hl.trace.instant
-from ._abi import abi_header_path
+from ._abi import abi_header_path, get_include
 from .buffer import Buffer, PrivateBuffer
 from .domain import Domain, Participant, parse_size
 from .errors import (
@@ -76,5 +76,7 @@ __all__ = [
     "NameTaken",
     "parse_size",
     "abi_header_path",
+    "get_include",
     "trace",
 ]
+

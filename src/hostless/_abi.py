@@ -22,12 +22,22 @@ __all__ = [
     "handle_kind",
     "handle_index",
     "abi_header_path",
+    "get_include",
 ]
 
 
+def get_include() -> str:
+    """The folder of hostless's public C headers, for ``-I``: C programs include
+    ``<hostless/hostless.h>`` (the ABI: a participant that links nothing) or
+    ``<hostless/hostless_engine.h>`` (the engine library's API), as NumPy's
+    ``get_include()`` serves extensions."""
+    return os.path.join(os.path.dirname(__file__), "include")
+
+
 def abi_header_path() -> str:
-    """Path of ``hostless.h``, the ABI header (for C programs and NVRTC)."""
-    return os.path.join(os.path.dirname(__file__), "hostless.h")
+    """Path of ``hostless.h``, the ABI header (for C programs and NVRTC: ``-I`` on its folder
+    finds its parts, ``#include "hostless.h"``)."""
+    return os.path.join(get_include(), "hostless", "hostless.h")
 
 
 def _dtype(fields: list[tuple[str, int, Any]], size: int) -> np.dtype:

@@ -131,7 +131,9 @@ class Domain:
             self._index = int(info["me"])
             self._incarnation = int(info["incarnation"])
             if self._core.trace_enabled():  # the label outlives the participant slot
-                self._core.trace(int(C.EV_USER), *wire.trace_join_record(self.participant_id, label, kind))
+                # one writer of the trace's user records: the engine (hle_trace_user)
+                C.trace_user(self._core, int(C.TRACE_JOIN), self.participant_id & (2**64 - 1),
+                             f"{label} ({kind})".replace("\0", " "))
         except BaseException:
             self._core.leave()  # closes fd
             raise

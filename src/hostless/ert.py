@@ -10,10 +10,13 @@ submit index, error index, three reserved words, then the u64 handles of the
 chained commands.  The state is written back into the header word by the
 command processor (NEW -> RUNNING -> COMPLETED / ERROR).
 
-Every constant here (field positions, opcodes, states, word offsets) is taken
-from the ABI header (``HL_ERT_*`` in ``hostless_layout.h``, through the
-extension's constant table), where the native command processor
-(``core/agent.c``) reads them too: the layout lives in one place.
+This module encodes.  The format and its one decoder live in the ABI header
+``hostless_ert.h`` (``HL_ERT_*`` constants, ``hl_ert_check``,
+``hl_ert_cu_args``, ``hl_ert_chain``, ...), which the native command
+processor (``core/agent.c``) and the GPU's (``agents/gpucp.cu``) use too;
+every decoding function here (:meth:`ErtCommand.decode`, :func:`parse_header`,
+:func:`parse_cu_args`, :func:`chain_handles`, :func:`set_state`) calls it
+through the extension, so a command decodes the same everywhere.
 """
 
 from __future__ import annotations
@@ -118,14 +121,9 @@ def header(state: int, count: int, opcode: int, type_: int = CmdType.CU, custom:
 
 
 def parse_header(word: int) -> tuple[int, int, int, int, int]:
-    """(state, custom, count, opcode, type) of a header word."""
-    return (
-        (word >> _STATE_SHIFT) & _STATE_MASK,
-        (word >> _CUSTOM_SHIFT) & _CUSTOM_MASK,
-        (word >> _COUNT_SHIFT) & _COUNT_MASK,
-        (word >> _OPCODE_SHIFT) & _OPCODE_MASK,
-        (word >> _TYPE_SHIFT) & _TYPE_MASK,
-    )
+    """(state, custom, count, opcode, type) of a header word (hostless_ert.h)."""
+    state, custom, count, opcode, type_ = C.ert_header(word & 0xFFFFFFFF)
+    return int(state), int(custom), int(count), int(opcode), int(type_)
 
 
 def has_cu_mask(opcode: int) -> bool:
@@ -151,18 +149,10 @@ class ErtCommand:
 
     @classmethod
     def decode(cls, raw: bytes | memoryview) -> ErtCommand:
-        """Parse a command; ValueError when ``count`` runs past the buffer."""
-        raw = bytes(raw)
-        if len(raw) < 4:
-            raise ValueError("ERT command shorter than its header")
-        (word,) = struct.unpack_from("<I", raw)
-        state, custom, count, opcode, type_ = parse_header(word)
-        masks = 1 if has_cu_mask(opcode) else 0
-        if count < masks or count > (len(raw) - 4) // 4:  # by subtraction: no overflow
-            raise ValueError(f"ERT command count {count} does not fit a {len(raw)}-byte buffer")
-        words = list(struct.unpack_from(f"<{count}I", raw, 4))
-        cu_mask = words[0] if masks else 0
-        return cls(state, opcode, type_, cu_mask, words[masks:], custom)
+        """Parse a command (hostless_ert.h's ``hl_ert_check``); ValueError when it is shorter
+        than its header or ``count`` runs past the buffer."""
+        state, custom, opcode, type_, cu_mask, payload = C.ert_decode(bytes(raw))
+        return cls(int(state), int(opcode), int(type_), int(cu_mask), [int(w) for w in payload], int(custom))
 
 
 def start_cu(cu_index: int, args: Sequence[int]) -> ErtCommand:
@@ -214,35 +204,17 @@ def cu_args(buffers: Sequence[int], scalars: Sequence[int]) -> list[int]:
 def parse_cu_args(cmd: ErtCommand) -> tuple[list[int], list[int]]:
     """(buffer handles, scalars) of a START_CU / START_NPU command (the inverse of
     :func:`cu_args`); ValueError when its words do not match their counts."""
-    if cmd.opcode == Opcode.START_NPU:
-        if len(cmd.payload) < NPU_FIXED_WORDS:
-            raise ValueError("START_NPU payload shorter than its fixed words")
-        args = cmd.payload[NPU_FIXED_WORDS:]
-    else:
-        args = cmd.payload
-    if not args:
-        raise ValueError("ERT command without arguments")
-    nbuf = args[0]
-    if nbuf > (len(args) - 1) // 2 or (len(args) - 1 - 2 * nbuf) % 2:
-        raise ValueError("ERT argument words do not match the buffer count")
-    hs = [args[1 + 2 * i] | (args[2 + 2 * i] << 32) for i in range(nbuf)]
-    rest = args[1 + 2 * nbuf :]
-    return hs, [rest[2 * i] | (rest[2 * i + 1] << 32) for i in range(len(rest) // 2)]
+    hs, scalars = C.ert_cu_args(int(cmd.opcode), cmd.payload)  # hl_ert_cu_args
+    return [int(h) for h in hs], [int(s) for s in scalars]
 
 
 def chain_handles(cmd: ErtCommand) -> list[int]:
     """The u64 handles of the commands a CMD_CHAIN names; ValueError when its payload is
     shorter than its fixed words or its command count."""
-    base = CHAIN_HEADER_WORDS
-    if len(cmd.payload) < base:
-        raise ValueError("CMD_CHAIN payload shorter than its fixed words")
-    n = cmd.payload[0]
-    if n > (len(cmd.payload) - base) // 2:
-        raise ValueError("CMD_CHAIN payload shorter than its command count")
-    return [cmd.payload[base + 2 * i] | (cmd.payload[base + 1 + 2 * i] << 32) for i in range(n)]
+    return [int(h) for h in C.ert_chain(cmd.payload)]  # hl_ert_chain
 
 
 def set_state(words: Any, state: int) -> None:
     """Write ``state`` into the header word ``words[0]`` of a command (as the command
     processor reports progress), keeping the header's other fields."""
-    words[0] = (int(words[0]) & ~(_STATE_MASK << _STATE_SHIFT)) | (int(state) << _STATE_SHIFT)
+    words[0] = C.ert_with_state(int(words[0]), int(state))  # hl_ert_with_state

@@ -9,6 +9,11 @@ their buffers (gemm, conv2d) refuse more than ``MAX_WORK`` multiply-adds, so
 that a hostile shape cannot hold an agent for hours.
 
 Buffer convention: inputs first, the output last.
+
+Ids, CU indices and limits are the ABI header's (``hostless_kernels.h``,
+through the extension's constant table), which the C kernels
+(``core/kernels.c``) and the GPU command processor (``agents/gpucp.cu``)
+read too.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import struct
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from ._abi import C
 
 __all__ = ["CPU_KERNELS", "NPU_CUS", "kernel_id", "cu_index", "f64", "as_f64", "Kernel", "check_stage"]
 
@@ -33,7 +40,7 @@ def as_f64(word: int) -> float:
     return float(struct.unpack("<d", struct.pack("<Q", word & 0xFFFFFFFFFFFFFFFF))[0])
 
 
-MAX_WORK = 1 << 34
+MAX_WORK = int(C.K_MAX_WORK)
 """Multiply-adds one gemm / conv2d call may do (a 2048^3 GEMM is 2**33)."""
 
 
@@ -144,25 +151,25 @@ def k_int8_gemm(b: Sequence[np.ndarray], s: Sequence[int]) -> None:
 
 
 CPU_KERNELS: dict[str, tuple[int, Kernel]] = {
-    "copy": (1, k_copy),
-    "add": (2, k_add),
-    "scale": (3, k_scale),
-    "relu": (4, k_relu),
-    "gemm": (5, k_gemm),
-    "sum": (6, k_sum),
-    "softmax": (7, k_softmax),
-    "conv2d": (8, k_conv2d),
-    "normalize": (9, k_normalize),
+    "copy": (int(C.CK_COPY), k_copy),
+    "add": (int(C.CK_ADD), k_add),
+    "scale": (int(C.CK_SCALE), k_scale),
+    "relu": (int(C.CK_RELU), k_relu),
+    "gemm": (int(C.CK_GEMM), k_gemm),
+    "sum": (int(C.CK_SUM), k_sum),
+    "softmax": (int(C.CK_SOFTMAX), k_softmax),
+    "conv2d": (int(C.CK_CONV2D), k_conv2d),
+    "normalize": (int(C.CK_NORMALIZE), k_normalize),
 }
 
 # The emulated NPU's "xclbin": compute units by index.
 NPU_CUS: dict[str, tuple[int, Kernel]] = {
-    "int8_gemm": (0, k_int8_gemm),
-    "gemm": (1, k_gemm),
-    "relu": (2, k_relu),
-    "softmax": (3, k_softmax),
-    "conv2d": (4, k_conv2d),
-    "copy": (5, k_copy),
+    "int8_gemm": (int(C.NPU_CU_INT8_GEMM), k_int8_gemm),
+    "gemm": (int(C.NPU_CU_GEMM), k_gemm),
+    "relu": (int(C.NPU_CU_RELU), k_relu),
+    "softmax": (int(C.NPU_CU_SOFTMAX), k_softmax),
+    "conv2d": (int(C.NPU_CU_CONV2D), k_conv2d),
+    "copy": (int(C.NPU_CU_COPY), k_copy),
 }
 
 Shape = tuple[int, ...]
@@ -229,13 +236,13 @@ def check_stage(
         raise ValueError("sum: the output needs at least one element")
 
 
-USER_KERNEL_BASE = 1000
-LOAD_KERNEL = 999
+USER_KERNEL_BASE = int(C.K_USER_BASE)
+LOAD_KERNEL = int(C.K_LOAD)
 """Kernel id that once asked a cpu agent, through its queue, to import a stage
 function.  Refused by every agent now: a packet with it fails alone with ERROR
 and a record, and nothing is imported; stage functions reach an agent only
 through its spawner's private channel (:mod:`hostless.agents.control`)."""
-FUNCTION_KERNEL_BASE = 1 << 20
+FUNCTION_KERNEL_BASE = int(C.K_FUNCTION_BASE)
 """Ids from here on are stage functions loaded after spawn (``Agent.load_function``)."""
 
 

@@ -17,15 +17,18 @@ it a new record takes another record's cell, never one a user's name could use.
 Writing a record never
 raises: without a heap, with a full heap or a full name table, the failure
 keeps its status alone.
+
+Records are written by one implementation, the engine's ``hle_record_write``
+(``core/records.c``; its limits ``HLE_RECORD_KEEP`` and ``HLE_RECORD_MAX`` in
+``hostless_engine.h``), which the native agents and ``hostless-agent`` call
+in C and :class:`Recorder` calls through the extension.
 """
 
 from __future__ import annotations
 
-import collections
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
-
+from ._abi import C
 from .errors import HostlessError
 
 if TYPE_CHECKING:
@@ -34,8 +37,10 @@ if TYPE_CHECKING:
 __all__ = ["Recorder", "read", "name_of", "KEEP", "PREFIX"]
 
 PREFIX = "!error:"
-KEEP = 8
+KEEP = int(C.RECORD_KEEP)
 """Records a writer keeps alive at once."""
+MAX_BYTES = int(C.RECORD_MAX)
+"""Bytes of text a record keeps (UTF-8; longer texts are cut)."""
 
 
 def name_of(handle: int) -> str:
@@ -44,39 +49,23 @@ def name_of(handle: int) -> str:
 
 
 class Recorder:
-    """The records one participant writes (not thread-safe: one per loop)."""
+    """The records one participant writes, through the engine's ``hle_record_write`` (the
+    domain's context keeps the last :data:`KEEP`; not thread-safe: one per loop)."""
 
     def __init__(self, dom: Domain) -> None:
         self.dom = dom
-        self.kept: collections.deque[Any] = collections.deque()
 
     def write(self, handle: int, text: str) -> bool:
         """Record ``text`` as the why of ``handle``'s failure; False when it could not be kept."""
-        if not handle:
+        if not handle or self.dom.closed:
             return False
-        data = text.encode("utf-8", errors="replace") or b"?"
-        try:
-            buf = self.dom.buffer((len(data),), "u1")
-        except (HostlessError, ValueError):
-            return False  # no heap, or a full one: the status stands alone
-        try:
-            buf.numpy()[:] = np.frombuffer(data, np.uint8)
-            self.dom.publish(name_of(handle), buf, replace=True)
-        except (HostlessError, ValueError, TypeError):
-            buf.release()
-            return False
-        self.kept.append(buf)
-        while len(self.kept) > KEEP:
-            self.kept.popleft().release()
-        return True
+        data = text.encode("utf-8", errors="replace")[:MAX_BYTES].decode("utf-8", errors="ignore") or "?"
+        return bool(C.record_write(self.dom._core, handle & (2**64 - 1), data))
 
     def close(self) -> None:
         """Release every record (their names die with them)."""
-        while self.kept:
-            try:
-                self.kept.popleft().release()
-            except HostlessError:
-                pass
+        if not self.dom.closed:
+            C.records_close(self.dom._core)
 
 
 def read(dom: Domain, handle: int) -> str | None:

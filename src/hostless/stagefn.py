@@ -48,10 +48,13 @@ from typing import Any
 
 import numpy as np
 
+from ._abi import C
+
 __all__ = ["describe", "load", "bind", "format_error", "MAX_ERROR_BYTES"]
 
-MAX_ERROR_BYTES = 4000
-"""Longest error record (type, message and traceback, UTF-8) kept for a failed stage."""
+MAX_ERROR_BYTES = int(C.RECORD_MAX)
+"""Longest error record (type, message and traceback, UTF-8) kept for a failed stage
+(``HLE_RECORD_MAX``: the engine writes every record)."""
 
 _MAIN_ALIAS = "__hl_main__"
 

@@ -48,7 +48,6 @@ from .wire import TRACE_NAME_KERNEL as _NAME_KERNEL
 from .wire import TRACE_SPAN_BEGIN as _SPAN_BEGIN
 from .wire import TRACE_SPAN_END as _SPAN_END
 from .wire import USER_MAGIC as USER_MAGIC
-from .wire import pack_text as _pack
 from .wire import unpack_text as _unpack
 
 __all__ = ["events", "export", "to_chrome", "span", "instant", "name", "USER_MAGIC"]
@@ -61,7 +60,8 @@ _span_lock = threading.Lock()
 def _emit(dom: Domain, kind: int, key: int, text: str) -> None:
     if dom.closed or not dom.trace_enabled():
         return
-    lowlevel.trace_emit(dom, _EV_USER, USER_MAGIC | kind, key & (2**64 - 1), *_pack(text))
+    # one writer of these records: the engine's hle_trace_user (core/records.c)
+    C.trace_user(dom._core, kind, key & (2**64 - 1), text.replace("\0", " "))
 
 
 def _traced_domain(dom: Domain | None) -> Domain | None:

@@ -18,7 +18,7 @@ firmware) reads or writes:
   buffers, wait for timeline points), validated once by the engine and run
   per frame in one C call (``hostless._core.FrameProgram``);
 * the trace ring's ``HL_EV_USER`` records that hostless writes (names, spans,
-  a participant's join: :data:`USER_MAGIC`, :func:`pack_text`), read and
+  a participant's join: :data:`USER_MAGIC`, :func:`unpack_text`), read and
   written by :mod:`hostless.trace`, the join written by the domain itself.
 
 A codec does not allocate: :meth:`Kernargs.to_buffer` hands the encoded block
@@ -69,7 +69,6 @@ __all__ = [
     "ert_header",
     "ert_parse_header",
     "USER_MAGIC",
-    "pack_text",
     "unpack_text",
     "trace_join_record",
 ]
@@ -399,39 +398,19 @@ class FrameOps:
 
 
 # ------------------------------------------------------ trace user records
-USER_MAGIC = 0x484C_0000_0000_0000
+USER_MAGIC = int(C.TRACE_USER_MAGIC)
 """High bits of ``a`` in the ``HL_EV_USER`` records hostless writes ("HL"); the low bits are a
-record type (``TRACE_*``), ``b`` a key and ``c``, ``d``, ``e`` up to 24 bytes of UTF-8."""
-TRACE_JOIN, TRACE_NAME_KERNEL, TRACE_NAME_HANDLE = 1, 2, 3
-TRACE_SPAN_BEGIN, TRACE_SPAN_END, TRACE_INSTANT = 4, 5, 6
-TRACE_TEXT_BYTES = 24
-
-
-def pack_text(text: str) -> tuple[int, int, int]:
-    """``text`` as the three u64 words of a record (UTF-8, cut to :data:`TRACE_TEXT_BYTES`
-    bytes without splitting a character, NUL-padded)."""
-    raw = text.encode("utf-8")[:TRACE_TEXT_BYTES]
-    while raw:  # do not cut a multi-byte character in half
-        try:
-            raw.decode("utf-8")
-            break
-        except UnicodeDecodeError:
-            raw = raw[:-1]
-    raw = raw.ljust(TRACE_TEXT_BYTES, b"\0")
-    return (
-        int.from_bytes(raw[0:8], "little"),
-        int.from_bytes(raw[8:16], "little"),
-        int.from_bytes(raw[16:24], "little"),
-    )
+record type (``TRACE_*``), ``b`` a key and ``c``, ``d``, ``e`` up to 24 bytes of UTF-8.  One
+writer: the engine's ``hle_trace_user`` (core/records.c, ``_core.trace_user``); this is the
+reader's side of the format, its values from ``hostless_engine.h``."""
+TRACE_JOIN, TRACE_NAME_KERNEL, TRACE_NAME_HANDLE = int(C.TRACE_JOIN), int(C.TRACE_NAME_KERNEL), int(C.TRACE_NAME_HANDLE)
+TRACE_SPAN_BEGIN, TRACE_SPAN_END, TRACE_INSTANT = (
+    int(C.TRACE_SPAN_BEGIN), int(C.TRACE_SPAN_END), int(C.TRACE_INSTANT)
+)
+TRACE_TEXT_BYTES = int(C.TRACE_TEXT_BYTES)
 
 
 def unpack_text(c: int, d: int, e: int) -> str:
-    """Inverse of :func:`pack_text`."""
+    """The text of a record's ``c``, ``d``, ``e`` words (UTF-8, NUL-padded)."""
     raw = b"".join(x.to_bytes(8, "little") for x in (c, d, e))
     return raw.rstrip(b"\0").decode("utf-8", errors="replace")
-
-
-def trace_join_record(participant_id: int, label: str, kind: str) -> tuple[int, int, int, int, int]:
-    """The ``(a, b, c, d, e)`` of the record a participant writes when it joins: its label
-    outlives its slot in the participant table."""
-    return (USER_MAGIC | TRACE_JOIN, participant_id & (2**64 - 1), *pack_text(f"{label} ({kind})"))

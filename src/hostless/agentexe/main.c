@@ -36,7 +36,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "hostless_engine.h"
+#include "hostless/hostless_engine.h"
 
 #define USAGE                                                                                             \
     "usage: hostless-agent --domain PATH (--queue NAME | --queue-handle H) [--kind cpu|npu] [--label TEXT]\n" \
@@ -125,9 +125,17 @@ static uint64_t needs_python(void *ud, uint64_t idx, const struct hl_packet *p) 
     return HL_STATUS_ERROR;
 }
 
+/* the defaults of the options (ns) */
+#define SPIN_NS 50000ll             /* --spin-ns */
+#define WAIT_TIMEOUT_NS 60000000000ll /* --wait-timeout-ns: an input wait, 60 s */
+#define FOLLOW_TIMEOUT_NS 10000000000ll /* --follow-timeout-ns: a packet's follow-up pushes, 10 s */
+#define IDLE_NAP_NS 20000000ll       /* --idle-nap-ns: 20 ms */
+#define WATCHDOG_NS 20000000ull      /* the watchdog's period, 20 ms */
+#define READY_TIMEOUT_NS 2000000000ll /* waiting for the domain's creator to finish, 2 s */
+
 int main(int argc, char **argv) {
     const char *domain = NULL, *qname = NULL, *qhandle = NULL, *kind = "cpu", *label = "hostless-agent";
-    long long spin = 50000, wto = 60000000000ll, fto = 10000000000ll, parent = 0, idle = 20000000;
+    long long spin = SPIN_NS, wto = WAIT_TIMEOUT_NS, fto = FOLLOW_TIMEOUT_NS, parent = 0, idle = IDLE_NAP_NS;
     const char *blas = NULL;
     int trace = 0;
     for (int i = 1; i < argc; i++) {
@@ -174,7 +182,7 @@ int main(int argc, char **argv) {
     char path[4096];
     snprintf(path, sizeof path, strchr(domain, '/') ? "%s" : "/dev/shm/%s", domain);
     if (!(a.c = hle_ctx_new())) return fail("out of memory", HL_E_NOMEM);
-    int r = hle_open(a.c, path, label, kind, 20000000ull, 2000000000ll);
+    int r = hle_open(a.c, path, label, kind, WATCHDOG_NS, READY_TIMEOUT_NS);
     if (r) {
         int rc = fail("cannot join the domain", r);
         hle_ctx_free(a.c);

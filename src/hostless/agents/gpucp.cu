@@ -88,11 +88,8 @@
  * block is read in the round trip after its parent's job.
  */
 #include "hostless.h"
+#include "hostless_gpucp.h" /* the control block, the job and its cache: shared with the host */
 
-#define HL_CP_THREADS 256
-#define HL_CP_MAX_BUFS 4
-#define HL_CP_ARGS_WORDS 128 /* an argument block of at most 1 KiB */
-#define HL_CP_CACHE 128      /* decoded argument blocks kept (a power of two) */
 #define HL_CP_FW 36          /* follow-up words kept in shared memory (4 follow-ups) */
 #define HL_CP_STOP_POLL 4096
 #define HL_CP_FULL 0xffffffffu
@@ -124,57 +121,11 @@
 #define HL_CP_SIGNAL_CAS128 HL_CP_CAS128
 #endif
 
-/* pinned host memory, mapped: the host's window on the processor */
-struct hl_cp_ctl {
-    hl_u64 stop;       /* host: 1 = leave at the next poll */
-    hl_u64 state;      /* 1 running, 2 left (STOP or stop), 3 attach failed */
-    hl_u64 packets;    /* packets run (taken from the ring or in place) */
-    hl_u64 failed;     /* packets failed */
-    hl_u64 last_error; /* (packets at the time << 16) | reason of the last failure */
-    hl_u64 heartbeat;  /* bumped every HL_CP_STOP_POLL idle polls */
-    hl_u64 inplace;    /* follow-ups run in place (own queue, empty) */
-    hl_u64 handoff_ns; /* summed %globaltimer from a stage's end to the next in-place stage's start */
-    hl_u64 hits;       /* argument blocks found decoded */
-    hl_u64 misses;     /* argument blocks decoded */
-    hl_u64 local;      /* jobs block 0 ran itself */
-    hl_u64 job_ns;     /* summed %globaltimer from a job's start to its end */
-    hl_u64 fence_ns;   /* summed: a job's end to the start of the round trip after it (preparing it) */
-    hl_u64 round_ns;   /* summed: that round trip (the signal's fence and CAS, the next stage's reads) */
-    hl_u64 tail_ns;    /* summed: the round trip's end to the next in-place job's start */
-    hl_u64 post_ns;    /* summed: of it, the signal's settling and the follow-ups (lane 0) */
-    hl_u64 sm_khz;     /* the front end's SM clock (clock64 against %globaltimer) since the last write */
-    hl_u64 pad[7];
-};
-
-enum { R_OK = 0, R_INPUT = 1, R_KERNEL = 2, R_ARGS = 3, R_BUFFER = 4, R_SHAPE = 5, R_DTYPE = 6, R_HANDLE = 7 };
-enum { K_STOP = -1, K_NONE = 0, K_COPY = 1, K_ADD = 2, K_SCALE = 3, K_RELU = 4, K_GEMM = 5, K_SUM = 6,
-       K_SOFTMAX = 7, K_NORMALIZE = 9 };
-
-/* What the blocks that run a job need: plain values, no handles. */
-struct cp_job {
-    int run;  /* K_* */
-    int nbuf;
-    char *data[HL_CP_MAX_BUFS];
-    hl_u64 nbytes[HL_CP_MAX_BUFS];
-    hl_u64 count[HL_CP_MAX_BUFS];
-    double s0, s1;
-    hl_u64 m, k, n; /* gemm (m,k)x(k,n); softmax: m rows of n */
-};
-#define HL_CP_JOB_WORDS (sizeof(struct cp_job) / 8)
-
-/* device memory: the front end's hand-off to the worker blocks */
-struct cp_share {
-    unsigned int go;   /* bumped once per job (the job is written before) */
-    unsigned int done; /* worker blocks finished, cumulative */
-    unsigned int pad[14];
-    struct cp_job job;
-};
-
-/* device memory: a cache entry's words and decoded job */
-struct cp_gent {
-    struct cp_job job;
-    hl_u64 aw[HL_CP_ARGS_WORDS];
-};
+/* the failure reasons (HL_CP_R_*) and kernel ids (HL_K_*, hostless_kernels.h) under short names */
+enum { R_OK = HL_CP_R_OK, R_INPUT = HL_CP_R_INPUT, R_KERNEL = HL_CP_R_KERNEL, R_ARGS = HL_CP_R_ARGS,
+       R_BUFFER = HL_CP_R_BUFFER, R_SHAPE = HL_CP_R_SHAPE, R_DTYPE = HL_CP_R_DTYPE, R_HANDLE = HL_CP_R_HANDLE };
+enum { K_STOP = -1, K_NONE = 0, K_COPY = HL_K_COPY, K_ADD = HL_K_ADD, K_SCALE = HL_K_SCALE, K_RELU = HL_K_RELU,
+       K_GEMM = HL_K_GEMM, K_SUM = HL_K_SUM, K_SOFTMAX = HL_K_SOFTMAX, K_NORMALIZE = HL_K_NORMALIZE };
 
 /* shared memory: a cache entry's directory */
 struct cp_dir {
@@ -640,41 +591,30 @@ __device__ __forceinline__ static int hit_settle(struct cp_front *F, struct cp_g
 /* Write `state` into an ERT command's header word (hdr: the word as read), as a command processor
  * reports progress (a posted store to host memory; the signal's system fence orders it). */
 __device__ static void ert_state(hl_u32 *cmd, hl_u32 hdr, hl_u32 state) {
-    *(volatile hl_u32 *)cmd = (hdr & ~(HL_ERT_STATE_MASK << HL_ERT_STATE_SHIFT)) | (state << HL_ERT_STATE_SHIFT);
+    *(volatile hl_u32 *)cmd = hl_ert_with_state(hdr, state);
 }
 
 /* Lane 0: the START_CU / START_NPU command in F->ew (nbytes read of it) into entry D / G: its CU
- * (*kid), buffers and scalars, checked as the native processor checks them (core/agent.c).  R_OK,
- * R_KERNEL (another opcode: CMD_CHAIN and the rest are not run on the GPU; a cu_mask naming no CU
- * or several) or R_ARGS. */
+ * (*kid), buffers and scalars, decoded by hostless_ert.h as the native processor decodes them
+ * (core/agent.c).  R_OK, R_KERNEL (another opcode: CMD_CHAIN and the rest are not run on the GPU;
+ * a cu_mask naming no CU or several) or R_ARGS. */
 __device__ static int ert_decode(struct cp_front *F, struct cp_dir *D, struct cp_gent *G, hl_u32 nbytes, hl_u32 *kid) {
     const hl_u32 *w = (const hl_u32 *)F->ew;
     const hl_u32 hdr = w[0];
-    const hl_u32 count = (hdr >> HL_ERT_COUNT_SHIFT) & HL_ERT_COUNT_MASK;
-    const hl_u32 op = (hdr >> HL_ERT_OPCODE_SHIFT) & HL_ERT_OPCODE_MASK;
+    const hl_u32 op = hl_ert_opcode(hdr);
     D->ert_hdr = hdr;
     if (op != HL_ERT_START_CU && op != HL_ERT_START_NPU) return R_KERNEL;
-    if (count < 1 || nbytes < 4 || count > (nbytes - 4) / 4) return R_ARGS;
-    const hl_u32 mask = w[1];
-    if (mask == 0 || (mask & (mask - 1))) return R_KERNEL;
-    *kid = (hl_u32)(__ffs((int)mask) - 1);
-    const hl_u32 *args = w + 2;
-    hl_u32 nargs = count - 1;
-    if (op == HL_ERT_START_NPU) {
-        if (nargs < HL_ERT_NPU_FIXED_WORDS) return R_ARGS;
-        args += HL_ERT_NPU_FIXED_WORDS;
-        nargs -= HL_ERT_NPU_FIXED_WORDS;
-    }
-    if (nargs == 0) return R_ARGS;
-    const hl_u32 nb = args[0];
-    if (nb > (nargs - 1) / 2 || (nargs - 1 - 2 * nb) % 2 || nb < 1 || nb > HL_CP_MAX_BUFS) return R_ARGS;
-    const hl_u32 ns = (nargs - 1 - 2 * nb) / 2;
-    for (hl_u32 i = 0; i < nb; i++) D->bh[i] = args[1 + 2 * i] | (hl_u64)args[2 + 2 * i] << 32;
-    const hl_u32 *sc = args + 1 + 2 * nb;
+    if (hl_ert_check(hdr, nbytes)) return R_ARGS;
+    if (hl_ert_cu_index(w[1], kid)) return R_KERNEL;
+    struct hl_ert_args ea;
+    if (hl_ert_cu_args(w + 1, hl_ert_count(hdr), op, &ea)) return R_ARGS;
+    const hl_u32 nb = ea.nbuf, ns = ea.ns;
+    if (nb < 1 || nb > HL_CP_MAX_BUFS) return R_ARGS;
+    for (hl_u32 i = 0; i < nb; i++) D->bh[i] = hl_ert_u64(ea.bufs + 2 * i);
     D->nbuf = nb;
     G->job.nbuf = (int)nb;
-    G->job.s0 = __longlong_as_double((long long)(ns > 0 ? sc[0] | (hl_u64)sc[1] << 32 : 0));
-    G->job.s1 = __longlong_as_double((long long)(ns > 1 ? sc[2] | (hl_u64)sc[3] << 32 : 0));
+    G->job.s0 = __longlong_as_double((long long)(ns > 0 ? hl_ert_u64(ea.scalars) : 0));
+    G->job.s1 = __longlong_as_double((long long)(ns > 1 ? hl_ert_u64(ea.scalars + 2) : 0));
     F->tmp[31] = ns;
     return R_OK;
 }
@@ -1117,9 +1057,9 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
     if (ok) {
         r = rd(&F.v.q->read_index);
         completed = rd(&F.v.q->completed);
-        if (lane == 0) *vol(&ctl->state) = 1;
+        if (lane == 0) *vol(&ctl->state) = HL_CP_STATE_RUNNING;
     } else if (lane == 0) {
-        *vol(&ctl->state) = 3;
+        *vol(&ctl->state) = HL_CP_STATE_ATTACH_FAILED;
     }
     const hl_u64 mask = ok ? F.v.capacity - 1 : 0;
     while (ok) {
@@ -1374,7 +1314,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
             last_val = P->signal_value;
             if (status != HL_STATUS_SUCCESS) {
                 *vol(&ctl->failed) = ++nfail;
-                *vol(&ctl->last_error) = (npk << 16) | reason;
+                *vol(&ctl->last_error) = (npk << HL_CP_LAST_ERROR_SHIFT) | reason;
             }
             int reserved_used = 0, budget = HL_CP_FAIL_BUDGET;
             hl_u64 dl = 0; /* the follow-ups' shared deadline for full queues */
@@ -1447,7 +1387,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
         ljob->run = K_STOP;
         __threadfence();
         atomicAdd(&sh->go, 1u);
-        *vol(&ctl->state) = ok ? 2 : 3;
+        *vol(&ctl->state) = ok ? HL_CP_STATE_LEFT : HL_CP_STATE_ATTACH_FAILED;
     }
     __syncwarp();
     bar_a(); /* the helpers see the stop */

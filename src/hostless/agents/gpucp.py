@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from .. import devmem, lowlevel
+from .._abi import C
 from ..domain import Domain
 from ..errors import HostlessError
 from ..queue import Queue
@@ -72,24 +73,33 @@ CTL_FIELDS = (
     "stop", "state", "packets", "failed", "last_error", "heartbeat", "inplace", "handoff_ns",
     "hits", "misses", "local", "job_ns", "fence_ns", "round_ns", "tail_ns", "post_ns", "sm_khz",
 )
-_CTL_WORDS = 24  # struct hl_cp_ctl
-_CACHE_WORDS = 128 * (18 + 128)  # HL_CP_CACHE x struct cp_gent (the job, the block's words)
-REASONS = {0: "ok", 1: "an input failed", 2: "unknown kernel or packet type", 3: "bad argument block",
-           4: "a buffer handle names no live buffer here", 5: "shapes do not fit", 6: "not float32",
-           7: "a signal or input handle of the wrong kind, stale, or a timeline point past 2**62"}
-_STATE_RUNNING, _STATE_LEFT, _STATE_ATTACH_FAILED = 1, 2, 3
-_THREADS = 256
+# the layout of struct hl_cp_ctl, struct cp_share and struct cp_gent (hostless_gpucp.h, which
+# gpucp.cu includes), from the extension's constant table: no word count written here
+_CTL_WORDS = int(C.CP_CTL_SIZE) // 8
+_CTL_INDEX = {k: int(getattr(C, f"CP_CTL_{k}")) // 8 for k in CTL_FIELDS}
+_SHARE_WORDS = int(C.CP_SHARE_SIZE) // 8
+_CACHE_WORDS = int(C.CP_CACHE) * int(C.CP_GENT_SIZE) // 8  # HL_CP_CACHE x struct cp_gent
+REASONS = {int(C.CP_R_OK): "ok", int(C.CP_R_INPUT): "an input failed",
+           int(C.CP_R_KERNEL): "unknown kernel or packet type", int(C.CP_R_ARGS): "bad argument block",
+           int(C.CP_R_BUFFER): "a buffer handle names no live buffer here",
+           int(C.CP_R_SHAPE): "shapes do not fit", int(C.CP_R_DTYPE): "not float32",
+           int(C.CP_R_HANDLE):
+           "a signal or input handle of the wrong kind, stale, or a timeline point past 2**62"}
+_REASON_MASK = (1 << int(C.CP_LAST_ERROR_SHIFT)) - 1
+_STATE_ATTACH_FAILED = int(C.CP_STATE_ATTACH_FAILED)
+_STOP, _STATE = _CTL_INDEX["stop"], _CTL_INDEX["state"]
+_THREADS = int(C.CP_THREADS)
 
 
 def read_ctl(words: np.ndarray) -> dict[str, int]:
-    """The control block's fields by name (``words``: its 24 u64 words)."""
-    return {k: int(words[i]) for i, k in enumerate(CTL_FIELDS)}
+    """The control block's fields by name (``words``: its u64 words)."""
+    return {k: int(words[i]) for k, i in _CTL_INDEX.items()}
 
 
 def _described(words: np.ndarray) -> dict[str, Any]:
     """read_ctl with ``last_reason``: the last failure's reason spelled out."""
     st: dict[str, Any] = dict(read_ctl(words))
-    st["last_reason"] = REASONS.get(st["last_error"] & 0xFFFF, "?")
+    st["last_reason"] = REASONS.get(st["last_error"] & _REASON_MASK, "?")
     return st
 
 
@@ -174,7 +184,7 @@ class GpuCommandProcessor:
             if h.ordinal == device and h.heap_index < 8:
                 va[h.heap_index] = devmem.backing(dom, h.name).va
         self.dh_va = cp.asarray(va)
-        self.share = cp.zeros(64, dtype=np.uint64)  # struct cp_share (go, done, the job)
+        self.share = cp.zeros(_SHARE_WORDS, dtype=np.uint64)  # struct cp_share (go, done, the job)
         self.cache = cp.zeros(_CACHE_WORDS, dtype=np.uint64)  # decoded argument blocks
         self.cubin = compile_cubin(device)
         total = int(cp.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
@@ -273,11 +283,12 @@ class GpuCommandProcessor:
         finally:
             self._pop()
         deadline = time.monotonic() + 30
-        while int(self.ctl[1]) == 0:
+        while int(self.ctl[_STATE]) == 0:
             if time.monotonic() > deadline or self.done:
-                raise HostlessError(f"the GPU command processor did not start (state {int(self.ctl[1])})")
+                state = int(self.ctl[_STATE])
+                raise HostlessError(f"the GPU command processor did not start (state {state})")
             time.sleep(1e-4)
-        if int(self.ctl[1]) == _STATE_ATTACH_FAILED:
+        if int(self.ctl[_STATE]) == _STATE_ATTACH_FAILED:
             raise HostlessError("the GPU command processor could not attach to the domain or open its queue")
 
     def run(self, poll: float = 0.01) -> None:
@@ -293,7 +304,7 @@ class GpuCommandProcessor:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask the kernel to leave and wait for it (it checks between packets and in waits)."""
-        self.ctl[0] = 1
+        self.ctl[_STOP] = 1
         deadline = time.monotonic() + timeout
         while not self.done and time.monotonic() < deadline:
             time.sleep(1e-3)

@@ -4,8 +4,10 @@
  * so that Python takes the layout from the header and never restates it.
  */
 #include "binding.h"
+#include "hostless/hostless_gpucp.h"
 
 #define OFF(name, type, field) {name, offsetof(struct type, field)}
+#define CTL(field) OFF("CP_CTL_" #field, hl_cp_ctl, field)
 
 static const struct {
     const char *name;
@@ -195,22 +197,66 @@ static const struct {
     {"ERT_CHAIN_SUBMIT_WORD", HL_ERT_CHAIN_SUBMIT_WORD},
     {"ERT_CHAIN_ERROR_WORD", HL_ERT_CHAIN_ERROR_WORD},
     {"ERT_NPU_FIXED_WORDS", HL_ERT_NPU_FIXED_WORDS},
-    {"CK_COPY", HLE_K_COPY},
-    {"CK_ADD", HLE_K_ADD},
-    {"CK_SCALE", HLE_K_SCALE},
-    {"CK_RELU", HLE_K_RELU},
-    {"CK_GEMM", HLE_K_GEMM},
-    {"CK_SUM", HLE_K_SUM},
-    {"CK_SOFTMAX", HLE_K_SOFTMAX},
-    {"CK_CONV2D", HLE_K_CONV2D},
-    {"CK_NORMALIZE", HLE_K_NORMALIZE},
-    {"CK_INT8_GEMM", HLE_K_INT8_GEMM},
+    {"CK_COPY", HL_K_COPY},
+    {"CK_ADD", HL_K_ADD},
+    {"CK_SCALE", HL_K_SCALE},
+    {"CK_RELU", HL_K_RELU},
+    {"CK_GEMM", HL_K_GEMM},
+    {"CK_SUM", HL_K_SUM},
+    {"CK_SOFTMAX", HL_K_SOFTMAX},
+    {"CK_CONV2D", HL_K_CONV2D},
+    {"CK_NORMALIZE", HL_K_NORMALIZE},
+    {"CK_INT8_GEMM", HL_K_INT8_GEMM},
     {"AGENT_CPU", HLE_AGENT_CPU},
     {"AGENT_NPU", HLE_AGENT_NPU},
     {"AGENT_MAX_CUS", HLE_AGENT_MAX_CUS},
     {"AGENT_HOP_LIMIT", HLE_AGENT_HOP_LIMIT},
     {"AGENT_FAIL_DEPTH", HLE_AGENT_FAIL_DEPTH},
     {"AGENT_FAIL_BUDGET", HLE_AGENT_FAIL_BUDGET},
+    /* kernel ids (hostless_kernels.h) */
+    {"K_USER_BASE", HL_K_USER_BASE},
+    {"K_LOAD", HL_K_LOAD},
+    {"K_FUNCTION_BASE", HL_K_FUNCTION_BASE},
+    {"K_MAX_WORK", HL_K_MAX_WORK},
+    {"NPU_CUS", HL_NPU_CUS},
+    {"NPU_CU_INT8_GEMM", HL_NPU_CU_INT8_GEMM},
+    {"NPU_CU_GEMM", HL_NPU_CU_GEMM},
+    {"NPU_CU_RELU", HL_NPU_CU_RELU},
+    {"NPU_CU_SOFTMAX", HL_NPU_CU_SOFTMAX},
+    {"NPU_CU_CONV2D", HL_NPU_CU_CONV2D},
+    {"NPU_CU_COPY", HL_NPU_CU_COPY},
+    /* failure records and named trace records (hostless_engine.h) */
+    {"RECORD_KEEP", HLE_RECORD_KEEP},
+    {"RECORD_MAX", HLE_RECORD_MAX},
+    {"TRACE_USER_MAGIC", HLE_TRACE_USER_MAGIC},
+    {"TRACE_TEXT_BYTES", HLE_TRACE_TEXT_BYTES},
+    {"TRACE_JOIN", HLE_TRACE_JOIN},
+    {"TRACE_NAME_KERNEL", HLE_TRACE_NAME_KERNEL},
+    {"TRACE_NAME_HANDLE", HLE_TRACE_NAME_HANDLE},
+    {"TRACE_SPAN_BEGIN", HLE_TRACE_SPAN_BEGIN},
+    {"TRACE_SPAN_END", HLE_TRACE_SPAN_END},
+    {"TRACE_INSTANT", HLE_TRACE_INSTANT},
+    /* the GPU command processor's shared structures (hostless_gpucp.h) */
+    {"CP_THREADS", HL_CP_THREADS},
+    {"CP_CACHE", HL_CP_CACHE},
+    {"CP_CTL_SIZE", sizeof(struct hl_cp_ctl)},
+    {"CP_SHARE_SIZE", sizeof(struct cp_share)},
+    {"CP_GENT_SIZE", sizeof(struct cp_gent)},
+    {"CP_STATE_RUNNING", HL_CP_STATE_RUNNING},
+    {"CP_STATE_LEFT", HL_CP_STATE_LEFT},
+    {"CP_STATE_ATTACH_FAILED", HL_CP_STATE_ATTACH_FAILED},
+    {"CP_LAST_ERROR_SHIFT", HL_CP_LAST_ERROR_SHIFT},
+    {"CP_R_OK", HL_CP_R_OK},
+    {"CP_R_INPUT", HL_CP_R_INPUT},
+    {"CP_R_KERNEL", HL_CP_R_KERNEL},
+    {"CP_R_ARGS", HL_CP_R_ARGS},
+    {"CP_R_BUFFER", HL_CP_R_BUFFER},
+    {"CP_R_SHAPE", HL_CP_R_SHAPE},
+    {"CP_R_DTYPE", HL_CP_R_DTYPE},
+    {"CP_R_HANDLE", HL_CP_R_HANDLE},
+    CTL(stop), CTL(state), CTL(packets), CTL(failed), CTL(last_error), CTL(heartbeat), CTL(inplace),
+    CTL(handoff_ns), CTL(hits), CTL(misses), CTL(local), CTL(job_ns), CTL(fence_ns), CTL(round_ns),
+    CTL(tail_ns), CTL(post_ns), CTL(sm_khz),
 };
 
 int hlpy_add_abi_constants(PyObject *m) {

@@ -108,7 +108,7 @@ static void pa_record(void *ud, uint64_t sig, const char *why) {
  *           idle_nap_ns=0)
  *   -> dict(packets, failures, blas_loaded, blas_why, spins, parks).  Serves the queue until STOP, the
  * spawner's death, or a signal handler that raised (its exception propagates).
- * kernel_map: up to HLE_AGENT_MAX_CUS bytes (id / CU -> HLE_K_*). */
+ * kernel_map: up to HLE_AGENT_MAX_CUS bytes (id / CU -> HL_K_* (hostless_kernels.h)). */
 PyObject *Core_agent_run(Core *c, PyObject *args) {
     NEED_ATTACHED(c);
     unsigned long long q;

@@ -6,6 +6,11 @@
 #ifndef HOSTLESS_BINDING_H
 #define HOSTLESS_BINDING_H
 
+/* Internal to the extension (compiled with HOSTLESS_INTERNAL); not installed for C users. */
+#ifndef HOSTLESS_INTERNAL
+#error "binding/binding.h is internal to the hostless extension"
+#endif
+
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -15,6 +20,7 @@
 typedef struct {
     PyObject_HEAD
     hle_ctx ctx;
+    struct hle_records records; /* the failure records this context wrote (codecs.c) */
 } Core;
 
 /* hostless._core.Handle: the C base of Fence, Timeline, Buffer and Queue.  It
@@ -97,8 +103,12 @@ PyObject *Core_agent_run(Core *c, PyObject *args);
 PyObject *hlpy_blas_probe(PyObject *self, PyObject *args);
 PyObject *hlpy_agent_table(PyObject *self, PyObject *args);
 
-/* module.c: the testing table (test hooks), a separate module object. */
+/* codecs.c: ERT decoding, failure and trace records (module functions) */
+extern PyMethodDef hlpy_codec_methods[];
+#ifdef HOSTLESS_TEST_HOOKS
+/* module.c: the testing table (test hooks), a separate module object (test build only). */
 PyObject *hlpy_testing_module(void);
+#endif
 
 #define NEED_ATTACHED(c)                                                                          \
     do {                                                                                          \

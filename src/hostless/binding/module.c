@@ -1,7 +1,7 @@
 /*
  * module.c -- the hostless._core module: the types, the module functions,
  * the ABI constants, and hostless._core.testing, a separate table of test
- * hooks that production code never reaches.
+ * hooks compiled only into the test build (HOSTLESS_TEST_HOOKS).
  */
 #include "binding.h"
 
@@ -91,7 +91,10 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* ---- hostless._core.testing: hooks that make a test's failure happen ---- */
+/* ---- hostless._core.testing: hooks that make a test's failure happen ----
+ * Compiled only with HOSTLESS_TEST_HOOKS (setup.py: the environment variable of the same name,
+ * which `make venv` / `make test` set); the production extension has no `testing`. */
+#ifdef HOSTLESS_TEST_HOOKS
 
 static Core *core_arg(PyObject *o) {
     if (!PyObject_TypeCheck(o, &CoreType)) {
@@ -183,6 +186,7 @@ static struct PyModuleDef testingmodule = {PyModuleDef_HEAD_INIT, "hostless._cor
                                            testing_methods};
 
 PyObject *hlpy_testing_module(void) { return PyModule_Create(&testingmodule); }
+#endif /* HOSTLESS_TEST_HOOKS */
 
 static struct PyModuleDef coremodule = {PyModuleDef_HEAD_INIT, "hostless._core", "hostless C core", -1,
                                         module_methods};
@@ -203,9 +207,15 @@ PyMODINIT_FUNC PyInit__core(void) {
     PyModule_AddIntConstant(m, "FOP_PUSH", HLE_FOP_PUSH);
     PyModule_AddIntConstant(m, "FOP_COPY", HLE_FOP_COPY);
     PyModule_AddIntConstant(m, "FOP_WAIT", HLE_FOP_WAIT);
+#ifdef HOSTLESS_TEST_HOOKS
     PyObject *testing = hlpy_testing_module();
-    if (!testing || PyModule_AddObject(m, "testing", testing) < 0 || hlpy_add_abi_constants(m) < 0) {
+    if (!testing || PyModule_AddObject(m, "testing", testing) < 0) {
         Py_XDECREF(testing);
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
+    if (hlpy_add_abi_constants(m) < 0 || PyModule_AddFunctions(m, hlpy_codec_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }

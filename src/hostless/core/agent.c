@@ -39,7 +39,7 @@ struct agent {
     uint64_t hop_idx[AGENT_HOPS];
     uint8_t hop_n[AGENT_HOPS];
     uint64_t stale_below;           /* packets below it were queued for the consumer we replaced */
-    uint8_t map[HLE_AGENT_MAX_CUS]; /* id / CU -> HLE_K_* (0: none in C) */
+    uint8_t map[HLE_AGENT_MAX_CUS]; /* id / CU -> HL_K_* (0: none in C) */
     uint32_t present;               /* bit i: id / CU i exists */
     struct hle_kenv kenv;
     uint64_t py_status;             /* the failure status of the last Python CU */
@@ -289,34 +289,22 @@ static uint32_t ld32(const char *p, uint64_t w) {
 
 static void st32(char *p, uint64_t w, uint32_t v) { memcpy(p + 4 * w, &v, 4); }
 
-static void ert_state(char *p, uint32_t state) {
-    st32(p, 0, (ld32(p, 0) & ~(HL_ERT_STATE_MASK << HL_ERT_STATE_SHIFT)) | (state << HL_ERT_STATE_SHIFT));
-}
+static void ert_state(char *p, uint32_t state) { st32(p, 0, hl_ert_with_state(ld32(p, 0), state)); }
 
-/* START_CU / START_NPU: pl[0..count) is the payload (pl[0] the cu_mask).
+/* START_CU / START_NPU: pl[0..count) is the payload (pl[0] the cu_mask), decoded by hostless_ert.h.
  * HL_OK; < 0 with a message; ERT_RECORDED (the Python CU failed, recorded). */
 static int ert_cu(struct agent *a, const uint32_t *pl, uint32_t count, uint32_t opcode, uint64_t sig) {
-    uint32_t mask = pl[0];
-    if (mask == 0 || (mask & (mask - 1)))
-        return hle_fail(HL_E_VALUE, "BadPacket: cu_mask 0x%x must name exactly one CU", mask);
-    uint32_t cu = (uint32_t)__builtin_ctz(mask);
+    uint32_t cu = 0;
+    if (hl_ert_cu_index(pl[0], &cu))
+        return hle_fail(HL_E_VALUE, "BadPacket: cu_mask 0x%x must name exactly one CU", pl[0]);
     if (!(a->present >> cu & 1)) return hle_fail(HL_E_VALUE, "BadPacket: no CU %u in the loaded xclbin", cu);
-    const uint32_t *args = pl + 1;
-    uint32_t nargs = count - 1; /* count >= 1: checked by the caller */
-    if (opcode == HL_ERT_START_NPU) {
-        if (nargs < HL_ERT_NPU_FIXED_WORDS)
-            return hle_fail(HL_E_VALUE, "ValueError: START_NPU payload shorter than its fixed words");
-        args += HL_ERT_NPU_FIXED_WORDS;
-        nargs -= HL_ERT_NPU_FIXED_WORDS;
-    }
-    if (nargs == 0) return hle_fail(HL_E_VALUE, "ValueError: ERT command without arguments");
-    uint32_t nbuf = args[0];
-    if (nbuf > (nargs - 1) / 2 || (nargs - 1 - 2 * nbuf) % 2)
-        return hle_fail(HL_E_VALUE, "ValueError: ERT argument words do not match the buffer count");
-    uint32_t ns = (nargs - 1 - 2 * nbuf) / 2;
+    struct hl_ert_args ea;
+    int e = hl_ert_cu_args(pl, count, opcode, &ea); /* count >= 1: checked by the caller */
+    if (e) return hle_fail(HL_E_VALUE, "ValueError: %s", hl_ert_why(e));
+    uint32_t nbuf = ea.nbuf, ns = ea.ns;
     uint64_t hs[HL_ERT_COUNT_MASK / 2], sc[HL_ERT_COUNT_MASK / 2];
-    for (uint32_t i = 0; i < nbuf; i++) hs[i] = args[1 + 2 * i] | (uint64_t)args[2 + 2 * i] << 32;
-    for (uint32_t i = 0; i < ns; i++) sc[i] = args[1 + 2 * nbuf + 2 * i] | (uint64_t)args[2 + 2 * nbuf + 2 * i] << 32;
+    for (uint32_t i = 0; i < nbuf; i++) hs[i] = hl_ert_u64(ea.bufs + 2 * i);
+    for (uint32_t i = 0; i < ns; i++) sc[i] = hl_ert_u64(ea.scalars + 2 * i);
     uint32_t ck = a->map[cu];
     if (ck && nbuf <= AGENT_MAX_KBUFS && ns <= AGENT_MAX_KSCALARS) {
         struct hle_kbuf b[AGENT_MAX_KBUFS];
@@ -339,15 +327,13 @@ static int ert_run(struct agent *a, uint64_t h, int chained, uint64_t sig);
 
 /* CMD_CHAIN: pl[0..count) its payload, p its buffer (at least 4 * (1 + count) bytes). */
 static int ert_chain(struct agent *a, char *p, const uint32_t *pl, uint32_t count, uint64_t sig) {
-    if (count < HL_ERT_CHAIN_HEADER_WORDS)
-        return hle_fail(HL_E_VALUE, "ValueError: CMD_CHAIN payload shorter than its fixed words");
-    uint32_t n = pl[0];
-    if (n > (count - HL_ERT_CHAIN_HEADER_WORDS) / 2)
-        return hle_fail(HL_E_VALUE, "ValueError: CMD_CHAIN payload shorter than its command count");
+    uint32_t n = 0;
+    const uint32_t *hw = NULL;
+    int e = hl_ert_chain(pl, count, &n, &hw);
+    if (e) return hle_fail(HL_E_VALUE, "ValueError: %s", hl_ert_why(e));
     for (uint32_t i = 0; i < n; i++) {
         st32(p, HL_ERT_CHAIN_SUBMIT_WORD, i);
-        const uint32_t *w = pl + HL_ERT_CHAIN_HEADER_WORDS + 2 * i;
-        int r = ert_run(a, w[0] | (uint64_t)w[1] << 32, 1, sig);
+        int r = ert_run(a, hl_ert_u64(hw + 2 * i), 1, sig);
         if (r) {
             st32(p, HL_ERT_CHAIN_ERROR_WORD, i);
             return r;
@@ -368,19 +354,17 @@ static int ert_run(struct agent *a, uint64_t h, int chained, uint64_t sig) {
         r = hle_fail(HL_E_HANDLE, "BadPacket: command buffer 0x%llx is not a live buffer", (unsigned long long)h);
         goto out;
     }
-    if (n < 4) {
-        r = hle_fail(HL_E_VALUE, "ValueError: ERT command shorter than its header");
+    uint32_t hdr = n < 4 ? 0 : ld32(p, 0);
+    uint32_t count = hl_ert_count(hdr), opcode = hl_ert_opcode(hdr);
+    int e = hl_ert_check(hdr, n);
+    if (e == HL_ERT_E_SHORT) {
+        r = hle_fail(HL_E_VALUE, "ValueError: %s", hl_ert_why(e));
         goto out;
     }
-    uint64_t lim = n < HL_ERT_MAX_BYTES ? n : HL_ERT_MAX_BYTES;
-    uint32_t hdr = ld32(p, 0);
-    uint32_t count = (hdr >> HL_ERT_COUNT_SHIFT) & HL_ERT_COUNT_MASK;
-    uint32_t opcode = (hdr >> HL_ERT_OPCODE_SHIFT) & HL_ERT_OPCODE_MASK;
-    uint32_t masks = opcode != HL_ERT_CMD_CHAIN;
-    if (count < masks || count > (lim - 4) / 4) {
+    if (e) {
         ert_state(p, HL_ERT_STATE_ERROR);
         r = hle_fail(HL_E_VALUE, "ValueError: ERT command count %u does not fit a %llu-byte buffer", count,
-                     (unsigned long long)lim);
+                     (unsigned long long)(n < HL_ERT_MAX_BYTES ? n : HL_ERT_MAX_BYTES));
         goto out;
     }
     uint32_t pl[HL_ERT_COUNT_MASK];
@@ -514,7 +498,7 @@ void hle_agent_default_table(const struct hle_agent_cfg *cfg, uint32_t *present,
         return;
     }
     for (uint32_t i = 1; i < HLE_AGENT_MAX_CUS; i++)
-        if ((cfg->c_kernels >> i & 1) && hle_agent_has_kernel(i) && i != HLE_K_INT8_GEMM) {
+        if ((cfg->c_kernels >> i & 1) && hle_agent_has_kernel(i) && i != HL_K_INT8_GEMM) {
             map[i] = (uint8_t)i;
             *present |= 1u << i;
         }

@@ -33,6 +33,12 @@
 #ifndef HOSTLESS_CORE_ENGINE_H
 #define HOSTLESS_CORE_ENGINE_H
 
+/* Internal: compiled into the engine and the binding only (they define
+ * HOSTLESS_INTERNAL).  C programs include <hostless/hostless_engine.h>. */
+#ifndef HOSTLESS_INTERNAL
+#error "core/engine.h is internal to the hostless engine: include <hostless/hostless_engine.h> (hostless.get_include())"
+#endif
+
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -42,10 +48,11 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "hostless.h"
-#include "hostless_engine.h"
+#include "hostless/hostless.h"
+#include "hostless/hostless_engine.h"
 
 #define ALIGN_UP(x, a) (((x) + (a)-1) / (a) * (a))
+#define HLE_DYING_WAIT_NS 2000000000ull /* hle_import waits this long for a DYING slot to settle */
 #define HL_KIND_SYNC 255u /* hle_check_handle: any fence, merged fence or timeline */
 #define HAS_BLOCK(k) ((k) == HL_KIND_BUFFER || (k) == HL_KIND_QUEUE)
 #define DEFER_MAX 64
@@ -237,9 +244,11 @@ int hle_timeline_fail(hle_ctx *c, uint64_t h, uint64_t status);
  * fence still reads 0. */
 int hle_word(hle_ctx *c, uint64_t h, uint64_t *out);
 int hle_aux(hle_ctx *c, uint64_t h, uint64_t *out);
+#ifdef HOSTLESS_TEST_HOOKS /* compiled into the test build only (setup.py) */
 /* Store `word` into an object's word as a device would (one plain release
  * store: no wake, no propagation).  A test hook.  HL_OK; HL_E_HANDLE. */
 int hle_device_store(hle_ctx *c, uint64_t h, uint64_t word);
+#endif
 
 /* ---- merged fences (merge.c) ---- */
 /* Tell the merged parents of completed slot idx (any participant may call it). */
@@ -332,9 +341,11 @@ int hle_block_new(hle_ctx *c, uint32_t kind, uint64_t nbytes, const void *meta, 
  * HL_E_DEVICE_FULL (no free run there); the codes of hle_block_new. */
 int hle_device_buffer_new(hle_ctx *c, int dev, uint64_t nbytes, const void *meta, uint64_t *handle,
                           uint64_t *dev_off);
+#ifdef HOSTLESS_TEST_HOOKS /* compiled into the test build only (setup.py) */
 /* Test hook: a device allocation stopped after stage 1 (metadata block) or 2
  * (device extent), its slot left ALLOC.  HL_OK; the codes above. */
 int hle_device_buffer_stuck(hle_ctx *c, int dev, uint64_t nbytes, int stage);
+#endif
 struct hle_heap_stats {
     uint64_t size, used, free, largest_free, free_runs, repairs, allocs, data_offset, granule;
 };
@@ -344,8 +355,10 @@ int hle_pool_stats(hle_ctx *c, int p, struct hle_heap_stats *s);
  * HL_FENCE_SIZE) under its lock.  HL_OK; HL_E_LOCKED; HL_E_RANGE (no such pool). */
 int hle_pool_snapshot(hle_ctx *c, int p, void *bits, void *slots, uint64_t *used);
 uint64_t hle_pool_bitmap_bytes(hle_ctx *c, int p);
+#ifdef HOSTLESS_TEST_HOOKS /* compiled into the test build only (setup.py) */
 /* Test hook: take pool p's lock and never give it back.  HL_OK; HL_E_LOCKED; HL_E_RANGE. */
 int hle_pool_lock_forever(hle_ctx *c, int p);
+#endif
 
 /* ---- waits (wait.c) ---- */
 /* One blocking wait, written once: poll() is called every iteration (1:
@@ -422,9 +435,11 @@ int hle_queue_pop(hle_ctx *c, uint64_t h, int64_t timeout_ns, int64_t spin_ns, u
  * participant index, or HL_PRODUCER_DEVICE). */
 int hle_queue_pop_nap(hle_ctx *c, uint64_t h, int64_t timeout_ns, int64_t spin_ns, uint64_t nap_ns, uint64_t *idx,
                       struct hl_packet *out, uint32_t *producer);
+#ifdef HOSTLESS_TEST_HOOKS /* compiled into the test build only (setup.py) */
 /* Test hook: reserve a cell, write only its signal handle and stop (a
  * producer killed while filling).  HL_OK with *w; HL_E_QUEUE_FULL. */
 int hle_queue_reserve_stuck(hle_ctx *c, uint64_t h, uint64_t sig, uint64_t *w);
+#endif
 
 /* ---- trace ring (trace.c) ---- */
 void hle_trace_emit_at(hle_ctx *c, uint64_t ts, uint32_t type, uint64_t a, uint64_t b, uint64_t cc, uint64_t d,

@@ -403,6 +403,7 @@ int hle_device_buffer_new(hle_ctx *c, int dev, uint64_t nbytes, const void *meta
                           uint64_t *dev_off) {
     return hle_device_buffer_new_(c, dev, nbytes, meta, handle, dev_off, 0);
 }
+#ifdef HOSTLESS_TEST_HOOKS /* compiled into the test build only (setup.py) */
 
 /* Test hook: stop a device allocation after `stage` (1: the metadata block,
  * 2: the device extent) with its slot left ALLOC, as a participant killed
@@ -411,6 +412,7 @@ int hle_device_buffer_stuck(hle_ctx *c, int dev, uint64_t nbytes, int stage) {
     uint64_t h, off;
     return hle_device_buffer_new_(c, dev, nbytes, NULL, &h, &off, stage);
 }
+#endif
 
 static int hle_device_buffer_new_(hle_ctx *c, int dev, uint64_t nbytes, const void *meta, uint64_t *handle,
                                   uint64_t *dev_off, int stop) {
@@ -513,6 +515,7 @@ int hle_pool_snapshot(hle_ctx *c, int pi, void *bits, void *slots, uint64_t *use
     if (!locked) return hle_pool_lock_error(c, &p);
     return HL_OK;
 }
+#ifdef HOSTLESS_TEST_HOOKS /* compiled into the test build only (setup.py) */
 
 int hle_pool_lock_forever(hle_ctx *c, int pi) {
     struct hle_pool p;
@@ -520,3 +523,4 @@ int hle_pool_lock_forever(hle_ctx *c, int pi) {
     if (!hle_pool_lock_for(c, &p, HEAP_LOCK_WAIT_NS)) return hle_pool_lock_error(c, &p);
     return HL_OK;
 }
+#endif

@@ -20,22 +20,22 @@
 
 #include "engine.h"
 
-#define K_COPY HLE_K_COPY
-#define K_ADD HLE_K_ADD
-#define K_SCALE HLE_K_SCALE
-#define K_RELU HLE_K_RELU
-#define K_GEMM HLE_K_GEMM
-#define K_SUM HLE_K_SUM
-#define K_SOFTMAX HLE_K_SOFTMAX
-#define K_CONV2D HLE_K_CONV2D
-#define K_NORMALIZE HLE_K_NORMALIZE
-#define K_INT8_GEMM HLE_K_INT8_GEMM
-#define MAX_WORK (1ull << 34) /* hostless.kernels.MAX_WORK */
+#define K_COPY HL_K_COPY /* the ids: hostless_kernels.h */
+#define K_ADD HL_K_ADD
+#define K_SCALE HL_K_SCALE
+#define K_RELU HL_K_RELU
+#define K_GEMM HL_K_GEMM
+#define K_SUM HL_K_SUM
+#define K_SOFTMAX HL_K_SOFTMAX
+#define K_CONV2D HL_K_CONV2D
+#define K_NORMALIZE HL_K_NORMALIZE
+#define K_INT8_GEMM HL_K_INT8_GEMM
+#define MAX_WORK HL_K_MAX_WORK
 
-int hle_agent_has_kernel(uint32_t kernel) { return kernel >= K_COPY && kernel <= K_INT8_GEMM; }
+int hle_agent_has_kernel(uint32_t kernel) { return kernel >= HL_K_FIRST && kernel <= HL_K_LAST; }
 
 void hle_agent_npu_cus(struct hle_agent_cfg *cfg) {
-    static const uint8_t cus[] = {K_INT8_GEMM, K_GEMM, K_RELU, K_SOFTMAX, K_CONV2D, K_COPY};
+    static const uint8_t cus[HL_NPU_CUS] = HL_NPU_CU_KERNELS;
     memset(cfg->kernel_map, 0, sizeof cfg->kernel_map);
     cfg->present = 0;
     for (unsigned i = 0; i < sizeof cus; i++) {

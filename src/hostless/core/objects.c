@@ -240,7 +240,7 @@ int hle_import(hle_ctx *c, uint64_t h, uint32_t want_kind) {
         /* DYING: its last holder is releasing it; wait for LIVE (revert) or
          * FREE, bounded, without the GIL */
         if (!t0) t0 = now_ns();
-        if (now_ns() - t0 > 2000000000ull) goto stale;
+        if (now_ns() - t0 > HLE_DYING_WAIT_NS) goto stale;
         void *tok = hle_unlock(c);
         sched_yield();
         hle_relock(c, tok);
@@ -337,6 +337,7 @@ int hle_aux(hle_ctx *c, uint64_t h, uint64_t *out) {
     *out = ld(&slot(c, (uint32_t)idx)->aux);
     return HL_OK;
 }
+#ifdef HOSTLESS_TEST_HOOKS /* compiled into the test build only (setup.py) */
 
 int hle_device_store(hle_ctx *c, uint64_t h, uint64_t v) {
     int64_t idx = hle_check_handle(c, h, 0, 1);
@@ -344,3 +345,4 @@ int hle_device_store(hle_ctx *c, uint64_t h, uint64_t v) {
     __atomic_store_n(&slot(c, (uint32_t)idx)->word, v, __ATOMIC_RELEASE);
     return HL_OK;
 }
+#endif

@@ -180,7 +180,7 @@ struct pop_wait {
 
 static int cell_ready(uint64_t cl, uint64_t r) {
     uint32_t s = HL_CELL_STATE(cl);
-    return HL_CELL_SEQ(cl) == (r & 0xffffffffffffULL) && (s == HL_CELL_READY || s == HL_CELL_SKIP);
+    return HL_CELL_SEQ(cl) == (r & HL_CELL_SEQ_MASK) && (s == HL_CELL_READY || s == HL_CELL_SKIP);
 }
 
 /* Take the cell at the read index when it is READY (1) or SKIP (consumed, 0). */
@@ -246,6 +246,7 @@ int hle_queue_pop_nap(hle_ctx *c, uint64_t h, int64_t timeout, int64_t spin, uin
     if (producer) *producer = x.producer;
     return r;
 }
+#ifdef HOSTLESS_TEST_HOOKS /* compiled into the test build only (setup.py) */
 
 int hle_queue_reserve_stuck(hle_ctx *c, uint64_t h, uint64_t sig, uint64_t *out) {
     struct hl_qview v;
@@ -256,7 +257,7 @@ int hle_queue_reserve_stuck(hle_ctx *c, uint64_t h, uint64_t sig, uint64_t *out)
     uint64_t mask = v.capacity - 1;
     for (;;) {
         uint64_t w = ld(&q->write_index), cl = ld(&cells[w & mask]);
-        if (HL_CELL_STATE(cl) == HL_CELL_FREE && HL_CELL_SEQ(cl) == (w & 0xffffffffffffULL)) {
+        if (HL_CELL_STATE(cl) == HL_CELL_FREE && HL_CELL_SEQ(cl) == (w & HL_CELL_SEQ_MASK)) {
             if (cas(&cells[w & mask], &cl, HL_CELL(w, (uint32_t)c->me, HL_CELL_RESERVED))) {
                 uint64_t ww = w;
                 cas(&q->write_index, &ww, w + 1);
@@ -269,3 +270,4 @@ int hle_queue_reserve_stuck(hle_ctx *c, uint64_t h, uint64_t sig, uint64_t *out)
         }
     }
 }
+#endif

@@ -9,8 +9,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define TRACE_USER_MAGIC 0x484C000000000000ull /* hostless.trace.USER_MAGIC ("HL") */
-
 int hle_buffer_new(hle_ctx *c, uint64_t nbytes, const char *dtype, uint32_t itemsize, uint32_t ndim,
                    const uint64_t *shape, uint64_t *handle, void **data) {
     int r = hle_need_attached(c);
@@ -71,9 +69,9 @@ void hle_records_close(hle_ctx *c, struct hle_records *rec) {
 
 void hle_trace_user(hle_ctx *c, uint32_t type, uint64_t key, const char *text) {
     if (!c->trace || c->me < 0) return;
-    uint64_t w[3] = {0, 0, 0};
+    uint64_t w[HLE_TRACE_TEXT_BYTES / 8] = {0, 0, 0};
     size_t len = text ? strlen(text) : 0, n = len < sizeof w ? len : sizeof w;
     while (n > 0 && n < len && ((unsigned char)text[n] & 0xc0) == 0x80) n--; /* whole UTF-8 characters */
     memcpy(w, text, n);
-    hle_trace_emit(c, HL_EV_USER, TRACE_USER_MAGIC | type, key, w[0], w[1], w[2]);
+    hle_trace_emit(c, HL_EV_USER, HLE_TRACE_USER_MAGIC | type, key, w[0], w[1], w[2]);
 }

@@ -302,7 +302,7 @@ def _parse_struct(src: str, cname: str, defs: dict[str, int], cache: dict[str, S
 
 def header_path() -> Path:
     """The ``hostless.h`` installed with the extension (the one it was compiled from)."""
-    return Path(C.__file__).with_name("hostless.h")
+    return Path(C.__file__).parent / "include" / "hostless" / "hostless.h"
 
 
 def header_text(path: str | os.PathLike[str]) -> str:

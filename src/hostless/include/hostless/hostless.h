@@ -39,5 +39,7 @@
 #include "hostless_atomic.h"
 #include "hostless_ops.h"
 #include "hostless_queue.h"
+#include "hostless_ert.h"
+#include "hostless_kernels.h"
 
 #endif /* HOSTLESS_H */

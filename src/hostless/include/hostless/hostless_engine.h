@@ -33,21 +33,7 @@
 extern "C" {
 #endif
 
-/* engine-only error codes (hostless.h owns -1..-31) */
-#define HL_E_CLOSED -32      /* the context is not attached, or leave() is in progress */
-#define HL_E_OOM -33         /* the shared heap cannot satisfy the allocation (or there is no heap) */
-#define HL_E_TIMEOUT -34     /* a wait reached its timeout: not a failure of the object */
-#define HL_E_INTR -35        /* the interrupt hook stopped a blocking wait (Python: a signal handler raised) */
-#define HL_E_QUEUE_FULL -36  /* a queue stayed full for the whole timeout */
-#define HL_E_INVALID -37     /* the operation does not apply (merged fence signaled, queue not bound, ...) */
-#define HL_E_TABLE_FULL -38  /* the fence or participant table has no free slot */
-#define HL_E_LOCKED -39      /* the shared heap lock is kept by a live participant for too long */
-#define HL_E_OS -40          /* a system call failed: hle_errno() has its errno */
-#define HL_E_NOMEM -41       /* local (process) memory is exhausted */
-#define HL_E_RANGE -42       /* an index argument is out of range */
-#define HL_E_EXISTS -43      /* a name is published already (for another object) */
-#define HL_E_NOT_FOUND -44   /* no live object has that name */
-#define HL_E_DEVICE_FULL -45 /* a device heap cannot satisfy the allocation */
+/* the error codes (HL_E_CLOSED, HL_E_OOM, ... and the ABI's) are in hostless_errors.h */
 
 typedef struct hle_ctx hle_ctx;
 
@@ -234,9 +220,9 @@ uint32_t hle_name_seq(hle_ctx *c);
  * Kernels: ids (KERNEL packets) and CU indices (ERT commands) below
  * HLE_AGENT_MAX_CUS share one table, as the Python agents' do (an npu agent's
  * KERNEL packet names a CU index): kernel_map[i] is the built-in C kernel
- * (HLE_K_*) of id / CU i, 0 for none; `present` bit i says id / CU i exists
+ * (HL_K_*) of id / CU i, 0 for none; `present` bit i says id / CU i exists
  * at all (a C or a Python kernel).  A table left all zero is filled from
- * `kind`: HLE_AGENT_CPU maps id i to HLE_K_i for each bit i of c_kernels;
+ * `kind`: HLE_AGENT_CPU maps id i to HL_K_i for each bit i of c_kernels;
  * HLE_AGENT_NPU loads the emulated NPU's xclbin (hle_agent_npu_cus).
  * KERNEL packets whose id maps to a C kernel run with no callback; any other
  * KERNEL goes to cfg->python_kernel (NULL: it fails with ERROR).  ERT packets
@@ -248,7 +234,7 @@ uint32_t hle_name_seq(hle_ctx *c);
  * words that do not match their counts, a chained command out of its payload
  * or itself a CMD_CHAIN, an unsupported opcode) fails its packet with ERROR,
  * its state ERROR.
- * GEMM (HLE_K_GEMM, f32) runs through a CBLAS sgemm dlopen'ed at agent start
+ * GEMM (HL_K_GEMM, f32) runs through a CBLAS sgemm dlopen'ed at agent start
  * from cfg->blas_path (OpenBLAS: `scipy_cblas_sgemm` of the scipy-openblas32
  * wheel, or a plain `cblas_sgemm`); without it GEMM is not a C kernel and
  * goes to the Python callback (cfg->blas_loaded says which, cfg->blas_why why).
@@ -278,17 +264,7 @@ uint32_t hle_name_seq(hle_ctx *c);
 #define HLE_AGENT_IDLE_AFTER_NS 100000000ll /* 100 ms without a packet: idle (idle_nap_ns) */
 #define HLE_AGENT_CPU 0u
 #define HLE_AGENT_NPU 1u
-/* built-in C kernels (HLE_K_1..9 are also hostless.kernels.CPU_KERNELS' ids) */
-#define HLE_K_COPY 1u
-#define HLE_K_ADD 2u
-#define HLE_K_SCALE 3u
-#define HLE_K_RELU 4u
-#define HLE_K_GEMM 5u
-#define HLE_K_SUM 6u
-#define HLE_K_SOFTMAX 7u
-#define HLE_K_CONV2D 8u
-#define HLE_K_NORMALIZE 9u
-#define HLE_K_INT8_GEMM 10u /* npu CU 0 only (no cpu kernel id) */
+/* the built-in C kernels' ids (HL_K_*) and the NPU's CU table are in hostless_kernels.h */
 struct hl_packet;
 struct hle_agent_cfg {
     int64_t spin_ns;           /* doorbell spin before parking on the futex (the adaptive bound) */
@@ -305,7 +281,7 @@ struct hle_agent_cfg {
     /* ---- since the native NPU (issue 11) ---- */
     uint32_t kind;              /* HLE_AGENT_CPU / HLE_AGENT_NPU: the default kernel table */
     uint32_t present;           /* bit i: id / CU i exists (0 with an empty table: derived from it) */
-    uint8_t kernel_map[HLE_AGENT_MAX_CUS]; /* id / CU i -> HLE_K_*, 0: none in C */
+    uint8_t kernel_map[HLE_AGENT_MAX_CUS]; /* id / CU i -> HL_K_*, 0: none in C */
     /* Run CU `cu` of an ERT command on buffers bufs[nbuf] and scalars[ns]
      * (the CUs the C table does not run); the packet's signal is given for
      * the failure record.  Returns HL_STATUS_SUCCESS or a failure status. */
@@ -321,7 +297,7 @@ struct hle_agent_cfg {
 };
 int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg);
 
-/* The C kernel table: 1 when `kernel` is a built-in C kernel (HLE_K_*). */
+/* The C kernel table: 1 when `kernel` is a built-in C kernel (HL_K_*). */
 int hle_agent_has_kernel(uint32_t kernel);
 /* The emulated NPU's xclbin (hostless.kernels.NPU_CUS): sets present and
  * kernel_map of cfg (CU 0 int8_gemm, 1 gemm, 2 relu, 3 softmax, 4 conv2d, 5 copy). */
@@ -456,12 +432,22 @@ struct hle_records {
 int hle_record_write(hle_ctx *c, struct hle_records *rec, uint64_t handle, const char *text);
 void hle_records_close(hle_ctx *c, struct hle_records *rec);
 
-/* A named trace record (hostless.trace's convention: HL_EV_USER with
- * a = "HL" magic | type, b = key, c..e = the first 24 bytes of text, cut at a
- * character boundary).  type 1 (HLE_TRACE_JOIN, key = participant id, text =
- * "label (kind)") names this participant's track after it left.  Nothing
+/* A named trace record (the one writer of hostless.trace's records: HL_EV_USER
+ * with a = HLE_TRACE_USER_MAGIC | type, b = key, c..e = the first
+ * HLE_TRACE_TEXT_BYTES bytes of text, cut at a character boundary).  Types:
+ * HLE_TRACE_JOIN (key = participant id, text = "label (kind)": names this
+ * participant's track after it left), HLE_TRACE_NAME_KERNEL (key = kernel
+ * id), HLE_TRACE_NAME_HANDLE (key = a fence, timeline or queue),
+ * HLE_TRACE_SPAN_BEGIN / _END (key = span id), HLE_TRACE_INSTANT.  Nothing
  * when the domain has no trace ring. */
+#define HLE_TRACE_USER_MAGIC 0x484C000000000000ull /* "HL" in the high bytes of a */
+#define HLE_TRACE_TEXT_BYTES 24u
 #define HLE_TRACE_JOIN 1u
+#define HLE_TRACE_NAME_KERNEL 2u
+#define HLE_TRACE_NAME_HANDLE 3u
+#define HLE_TRACE_SPAN_BEGIN 4u
+#define HLE_TRACE_SPAN_END 5u
+#define HLE_TRACE_INSTANT 6u
 void hle_trace_user(hle_ctx *c, uint32_t type, uint64_t key, const char *text);
 
 /* Our participant index (-1 when detached) and our owner code. */

@@ -468,6 +468,7 @@ struct hl_buffer_meta {
 #define HL_CELL_SKIP 3u
 #define HL_CELL(seq, producer, state) (((hl_u64)(seq) << 16) | ((hl_u64)((producer) & 0xffu) << 8) | (hl_u64)(state))
 #define HL_CELL_SEQ(c) ((c) >> 16)
+#define HL_CELL_SEQ_MASK 0xffffffffffffULL /* a cell keeps the low 48 bits of its index */
 #define HL_CELL_PRODUCER(c) ((hl_u32)(((c) >> 8) & 0xffu))
 #define HL_CELL_STATE(c) ((hl_u32)((c) & 0xffu))
 #define HL_PRODUCER_DEVICE 255u /* a device no participant answers for */
@@ -538,65 +539,8 @@ struct hl_follow {
     struct hl_packet packet;
 };
 
-/* XRT ERT command buffers (the `args` buffer of an HL_PKT_ERT packet; the
- * emulated NPU's command-submission format, bit-exact with XRT's ert.h).
- * Header word (u32): state[3:0] | custom[11:4] | count[22:12] (payload words)
- * | opcode[27:23] | type[31:28].  START_CU / START_NPU: header, cu_mask, then
- * count - 1 words (START_NPU: instruction address u64, its size u32, property
- * count u32, then the kernel arguments).  hostless's CU arguments: buffer
- * count, u64 buffer handles, u64 scalars (each u64 as two little-endian
- * words).  CMD_CHAIN (ert_cmd_chain_data) has no cu_mask: command count,
- * submit index, error index, 3 reserved words, then u64 command handles.
- * The command processor writes the state back into the header word
- * (NEW -> RUNNING -> COMPLETED / ERROR) and, for a chain, the submit index
- * before each command and the index of the one that failed. */
-#define HL_ERT_STATE_SHIFT 0
-#define HL_ERT_STATE_MASK 0xfu
-#define HL_ERT_CUSTOM_SHIFT 4
-#define HL_ERT_CUSTOM_MASK 0xffu
-#define HL_ERT_COUNT_SHIFT 12
-#define HL_ERT_COUNT_MASK 0x7ffu
-#define HL_ERT_OPCODE_SHIFT 23
-#define HL_ERT_OPCODE_MASK 0x1fu
-#define HL_ERT_TYPE_SHIFT 28
-#define HL_ERT_TYPE_MASK 0xfu
-#define HL_ERT_MAX_BYTES (4u + 4u * HL_ERT_COUNT_MASK) /* the longest command */
-/* opcodes */
-#define HL_ERT_START_CU 0u
-#define HL_ERT_CONFIGURE 2u
-#define HL_ERT_EXIT 3u
-#define HL_ERT_ABORT 4u
-#define HL_ERT_EXEC_WRITE 5u
-#define HL_ERT_CU_STAT 6u
-#define HL_ERT_START_COPYBO 7u
-#define HL_ERT_START_DPU 18u
-#define HL_ERT_CMD_CHAIN 19u
-#define HL_ERT_START_NPU 20u
-#define HL_ERT_START_NPU_PREEMPT 21u
-/* command types */
-#define HL_ERT_TYPE_DEFAULT 0u
-#define HL_ERT_TYPE_KDS_LOCAL 1u
-#define HL_ERT_TYPE_CTRL 2u
-#define HL_ERT_TYPE_CU 3u
-#define HL_ERT_TYPE_SCU 4u
-/* states */
-#define HL_ERT_STATE_INVALID 0u
-#define HL_ERT_STATE_NEW 1u
-#define HL_ERT_STATE_QUEUED 2u
-#define HL_ERT_STATE_RUNNING 3u
-#define HL_ERT_STATE_COMPLETED 4u
-#define HL_ERT_STATE_ERROR 5u
-#define HL_ERT_STATE_ABORT 6u
-#define HL_ERT_STATE_SUBMITTED 7u
-#define HL_ERT_STATE_TIMEOUT 8u
-#define HL_ERT_STATE_NORESPONSE 9u
-#define HL_ERT_STATE_SKERROR 10u
-#define HL_ERT_STATE_SKCRASHED 11u
-/* word offsets */
-#define HL_ERT_CHAIN_HEADER_WORDS 6u /* chain payload words before its handles */
-#define HL_ERT_CHAIN_SUBMIT_WORD 2u  /* word (header = 0) the submit index is written to */
-#define HL_ERT_CHAIN_ERROR_WORD 3u   /* word the index of the failed command is written to */
-#define HL_ERT_NPU_FIXED_WORDS 4u    /* START_NPU payload words before the kernel arguments */
+/* XRT ERT command buffers (the `args` buffer of an HL_PKT_ERT packet): their
+ * format and decoder are in hostless_ert.h. */
 
 /* ------------------------------------------------------------------------
  * Trace ring (trace_offset, trace_size): struct hl_trace then events.  A

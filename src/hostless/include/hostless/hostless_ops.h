@@ -24,21 +24,9 @@
 
 #include "hostless_layout.h"
 #include "hostless_atomic.h"
+#include "hostless_errors.h"
 
-/* ---- return codes of the inline operations (0 or negative) ----
- * HL_E_KIND is reserved: no operation returns it.  A handle of the wrong kind
- * (a timeline handle given to hl_fence_signal, say) is HL_E_HANDLE, like any
- * handle that names no live object of the expected kind in this domain: the
- * kind is part of the handle, so a wrong-kind handle is one that names no
- * such object.  The value -4 stays reserved so that no later code reuses it. */
-#define HL_OK 0
-#define HL_E_CORRUPT -1     /* header, table or queue does not match this ABI */
-#define HL_E_HANDLE -2      /* stale, forged, foreign or wrong-kind handle */
-#define HL_E_ALREADY -3     /* fence already signaled */
-#define HL_E_KIND -4        /* reserved: never returned (see above) */
-#define HL_E_VALUE -5       /* bad status or timeline value */
-#define HL_E_FAILED -6      /* timeline already failed */
-/* HL_E_FULL (-7), the queue's, is in hostless_queue.h */
+/* return codes: HL_OK and every HL_E_* are in hostless_errors.h */
 
 /* ---- validation: call once after mapping `size` bytes at `base` ----
  *

@@ -22,7 +22,7 @@ struct hl_qview {
     hl_u64 capacity; /* a power of two */
 };
 
-#define HL_E_FULL -7 /* the queue has no free cell (nothing is overwritten) */
+/* HL_E_FULL (-7: no free cell, nothing overwritten) is in hostless_errors.h */
 
 /* hl_queue_open(d, handle, *v)
  *   Validates the queue behind a queue handle and fills the private view *v:
@@ -120,7 +120,7 @@ HL_INLINE int hl_queue_open(const struct hl_dom *d, hl_u64 handle, struct hl_qvi
 
 HL_INLINE int hl_queue_reserve(const struct hl_qview *v, hl_u32 producer, hl_u64 hint, hl_u64 *w_out) {
     struct hl_queue *q = v->q;
-    hl_u64 *cells = v->cells, w, c, mask = v->capacity - 1, seq48 = 0xffffffffffffULL;
+    hl_u64 *cells = v->cells, w, c, mask = v->capacity - 1, seq48 = HL_CELL_SEQ_MASK;
     int rounds;
     if (hint != HL_QUEUE_NO_HINT) {
         hl_u64 e = HL_CELL(hint, 0, HL_CELL_FREE);
@@ -181,7 +181,7 @@ HL_INLINE void hl_queue_publish(const struct hl_qview *v, hl_u64 w, const struct
 
 HL_INLINE int hl_queue_skip_reserved(const struct hl_qview *v, hl_u64 k, hl_u64 cl, hl_u32 producer) {
     hl_u64 wi = hl_load64(&v->q->write_index), e = cl;
-    if ((wi & 0xffffffffffffULL) == HL_CELL_SEQ(cl)) hl_cas64(&v->q->write_index, &wi, wi + 1);
+    if ((wi & HL_CELL_SEQ_MASK) == HL_CELL_SEQ(cl)) hl_cas64(&v->q->write_index, &wi, wi + 1);
     return hl_cas64(&v->cells[k], &e, HL_CELL(HL_CELL_SEQ(cl), producer, HL_CELL_SKIP));
 }
 
