@@ -1,4 +1,5 @@
-"""Explicit-state model checker of the command-queue protocol (``src/hostless/hostless_queue.h``).
+"""Explicit-state model checker of the command-queue protocol
+(``src/hostless/include/hostless/hostless_queue.h``).
 
 Pure Python, standard library only.  ``python tests/queue_model.py`` explores
 every scenario against every variant and prints the state counts and, for each

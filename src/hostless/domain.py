@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import _core, inspection, names, shm, wire
+from . import _core, inspection, names, shm
 from ._abi import HEADER_DTYPE, C, owner_code
 from .buffer import Buffer, ShapeLike, bytes_buffer, normalize_layout, pack_meta, pep3118, unpack_meta
 from .errors import (

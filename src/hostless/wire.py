@@ -70,7 +70,6 @@ __all__ = [
     "ert_parse_header",
     "USER_MAGIC",
     "unpack_text",
-    "trace_join_record",
 ]
 
 
@@ -403,7 +402,9 @@ USER_MAGIC = int(C.TRACE_USER_MAGIC)
 record type (``TRACE_*``), ``b`` a key and ``c``, ``d``, ``e`` up to 24 bytes of UTF-8.  One
 writer: the engine's ``hle_trace_user`` (core/records.c, ``_core.trace_user``); this is the
 reader's side of the format, its values from ``hostless_engine.h``."""
-TRACE_JOIN, TRACE_NAME_KERNEL, TRACE_NAME_HANDLE = int(C.TRACE_JOIN), int(C.TRACE_NAME_KERNEL), int(C.TRACE_NAME_HANDLE)
+TRACE_JOIN, TRACE_NAME_KERNEL, TRACE_NAME_HANDLE = (
+    int(C.TRACE_JOIN), int(C.TRACE_NAME_KERNEL), int(C.TRACE_NAME_HANDLE)
+)
 TRACE_SPAN_BEGIN, TRACE_SPAN_END, TRACE_INSTANT = (
     int(C.TRACE_SPAN_BEGIN), int(C.TRACE_SPAN_END), int(C.TRACE_INSTANT)
 )

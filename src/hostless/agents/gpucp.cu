@@ -57,7 +57,7 @@
  * the input's status or ERROR, runs nothing, pushes no follow-up and fails
  * the follow-ups' signals instead (and those nested in their blocks,
  * HL_CP_FAIL_DEPTH deep, HL_CP_FAIL_BUDGET signals), so downstream waiters
- * are released.  The CPU agents' bad-packet rule (agents/loop.py, core/agent.c),
+ * are released.  The CPU agents' bad-packet rule (hle_agent_run's contract in include/hostless/hostless_engine.h, core/agent.c),
  * with the checks shared through hostless_ops.h: before anything waits or
  * runs, the signal must be a live fence or timeline (kind, and generation
  * against its slot's ctl from the side reads) with a point below 2**62, each

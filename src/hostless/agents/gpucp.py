@@ -35,7 +35,8 @@ start), argument blocks found decoded (hits) and decoded (misses), jobs run
 by the front-end block itself (local), and the summed nanoseconds of jobs.
 :func:`stats` reads it from the spawner.
 
-Hostile packets: the CPU agents' rule (:mod:`hostless.agents.loop`), checked before anything
+Hostile packets: the CPU agents' rule (``hle_agent_run``'s contract in
+``include/hostless/hostless_engine.h``), checked before anything
 waits or runs (gpucp.cu's header comment says how): a bad signal, input or argument block fails
 the packet alone with ERROR and the follow-ups' signals (nested ones too); follow-ups into a
 full queue wait 1 s at most (never for the processor's own queue); chains through its own queue
