@@ -208,3 +208,15 @@ def test_float_options_refuse_nan_and_inf(bad: float) -> None:
     finally:
         d.close()
         hl.Domain.unlink(f"hlfloat-{os.getpid()}")
+
+
+def test_table_cells_are_text_not_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    """A label such as ``[red]x`` or ``hostless[bench]`` (text read from a domain, or an install
+    hint) prints as written: rich markup in a cell is never interpreted."""
+    pytest.importorskip("rich")
+    from hostless.tables import print_table
+
+    print_table("[bold]t", ["[h]"], [["pip install 'hostless[bench]'"], ["[red]label[/red]"]])
+    out = capsys.readouterr().out
+    assert "[bold]t" in out and "[h]" in out
+    assert "hostless[bench]" in out and "[red]label[/red]" in out

@@ -37,17 +37,21 @@ def print_table(
 ) -> None:
     """Print a table to stdout: a rich table when rich is importable, plain text otherwise.
 
-    ``plain=True`` or the environment variable ``HOSTLESS_NO_RICH`` forces plain text.
+    ``plain=True`` or the environment variable ``HOSTLESS_NO_RICH`` forces plain text.  Cells
+    are printed as written (rich markup in them is not interpreted).
     """
     if not plain and _use_rich():
         from rich.console import Console
         from rich.table import Table as RichTable
+        from rich.text import Text
 
-        t = RichTable(title=title, title_justify="left")
+        # cells are text, never markup: a label or name read from a domain is untrusted, and
+        # "hostless[bench]" must print as written
+        t = RichTable(title=Text(title), title_justify="left")
         for h in headers:
-            t.add_column(h)
+            t.add_column(Text(h))
         for r in rows:
-            t.add_row(*r)
+            t.add_row(*(Text(str(c)) for c in r))
         Console(width=None if sys.stdout.isatty() else 150).print(t)
         return
     print(title)
