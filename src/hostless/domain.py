@@ -39,7 +39,7 @@ _core.set_status(Status, {int(m): m for m in Status})
 
 from .fence import Fence  # noqa: E402
 from .queue import Queue  # noqa: E402
-from .timeline import Timeline  # noqa: E402
+from .timeline import Point, Timeline  # noqa: E402
 
 __all__ = ["Domain", "Participant", "SHM_DIR"]
 
@@ -64,6 +64,18 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _Inner(list):  # type: ignore[type-arg]
+    """What a composite made by ``Domain.merge`` keeps (in ``Fence._inner``, released
+    with it): its inner nodes and child references, and ``leaves``, its children
+    as given (fences and points), which a later merge flattens."""
+
+    __slots__ = ("leaves",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.leaves: list[Fence | Point] = []
 
 
 class Domain:
@@ -473,43 +485,87 @@ class Domain:
         f: Fence = self._core.adopt(Fence, self, _handle(handle), _KIND_FENCE)
         return f
 
-    def merge(self, fences: Iterable[Fence]) -> Fence:
-        """A composite fence that completes when every child has.
+    def merge(self, children: Iterable[Fence | Point]) -> Fence:
+        """A composite fence that completes when every child has: fences (merged
+        ones included) and timeline points (``t.point(v)``), in any mix.
 
         Its status is SUCCESS when all children succeeded, otherwise the first
-        failure status propagated.  It cannot be signaled directly.  More than
-        32 children build a tree of composites.  A fence can belong to at most
-        two composites.
+        failure propagated (a timeline's failure is its points' failure).  It
+        cannot be signaled directly.  As with sync_file, children are
+        flattened: a composite made here contributes its own children, points
+        of one timeline keep the latest, a fence given twice counts once.  A
+        fence may be in any number of merges: its first two are linked to it,
+        each further one (and each point) takes one slot of the fence table
+        (a watch node, docs/abi.md 5a), so DomainFull is the bound.  More than
+        32 children build a tree of composites.  The composite holds a
+        reference to each child until it is released.
         """
         self._check_open()
-        fs = list(fences)
-        if not fs:
-            raise ValueError("merge() needs at least one fence")
-        for f in fs:
-            if not isinstance(f, Fence):
-                raise TypeError(f"merge() takes Fence objects, got {type(f).__name__}")
-            if f._dom is not self:
-                raise InvalidHandle("merge() of a fence that belongs to another domain object")
-            f._check_held()
+        items = list(children)
+        if not items:
+            raise ValueError("merge() needs at least one fence or timeline point")
+        fences: dict[int, Fence] = {}
+        points: dict[int, Point] = {}
+
+        def add(c: object) -> None:
+            if isinstance(c, Point):
+                t = c.timeline
+                if t._dom is not self:
+                    raise InvalidHandle("merge() of a point on a timeline of another domain object")
+                t._check_held()
+                old = points.get(t.handle)
+                if old is None or old.value < c.value:
+                    points[t.handle] = c
+            elif isinstance(c, Fence):
+                if c._dom is not self:
+                    raise InvalidHandle("merge() of a fence that belongs to another domain object")
+                c._check_held()
+                leaves = getattr(c._inner, "leaves", None)
+                if leaves is not None:
+                    for leaf in leaves:
+                        add(leaf)
+                else:
+                    fences.setdefault(c.handle, c)
+            elif isinstance(c, Timeline):
+                raise TypeError("merge() takes fences and timeline points: use timeline.point(value)")
+            else:
+                raise TypeError(f"merge() takes Fence objects and timeline points, got {type(c).__name__}")
+
+        for c in items:
+            add(c)
         n = int(C.MERGE_MAX_CHILDREN)
-        inner: list[Fence] = []
+        inner = _Inner()
         try:
-            while len(fs) > n:
+            # the composite's own references to its children
+            for f in fences.values():
+                inner.leaves.append(self.import_fence(f.handle))
+            for p in points.values():
+                inner.leaves.append(Point(self.import_timeline(p.timeline.handle), p.value))
+            kids: list[tuple[int, int]] = [(f.handle, 0) for f in fences.values()]
+            kids += [(p.timeline.handle, p.value) for p in points.values()]
+            while True:
                 nxt = []
-                for i in range(0, len(fs), n):
-                    chunk = fs[i : i + n]
-                    node = self._core.wrap(Fence, self, self._core.merge([f.handle for f in chunk]))
+                for i in range(0, len(kids), n):
+                    h, watches = self._core.merge_points(kids[i : i + n])
+                    node = self._core.wrap(Fence, self, h)
+                    for w in watches:
+                        inner.append(self._core.wrap(Fence, self, w))
                     inner.append(node)
-                    nxt.append(node)
-                fs = nxt
-            root: Fence = self._core.wrap(Fence, self, self._core.merge([f.handle for f in fs]))
+                    nxt.append((h, 0))
+                if len(nxt) == 1:
+                    break
+                kids = nxt
+            root: Fence = inner.pop()
         except BaseException:
             for node in inner:
                 node.release()
+            for leaf in inner.leaves:
+                (leaf.timeline if isinstance(leaf, Point) else leaf).release()
             raise
-        # The inner nodes of a large merge belong to the root object: they are
-        # released with it (a node released before it completes is CANCELed,
-        # as every fence is).
+        # Inner nodes (tree nodes, watch nodes) and the child references belong
+        # to the root object: they are released with it (a node released before
+        # it completes is CANCELed, as every fence is).
+        inner.extend(leaf.timeline if isinstance(leaf, Point) else leaf for leaf in inner.leaves)
         root._inner = inner
         return root
 

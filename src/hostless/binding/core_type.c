@@ -88,6 +88,33 @@ static PyObject *Core_merge(Core *c, PyObject *arg) {
     return PyLong_FromUnsignedLongLong(ph);
 }
 
+/* merge_points([(handle, value)]) -> (handle of a new merged fence, [watch node handles]);
+ * value is a timeline child's point, ignored for fences */
+static PyObject *Core_merge_points(Core *c, PyObject *arg) {
+    NEED_ATTACHED(c);
+    PyObject *seq = PySequence_Fast(arg, "merge_points expects a sequence of (handle, value)");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    uint64_t hs[HL_MERGE_MAX_CHILDREN], vs[HL_MERGE_MAX_CHILDREN];
+    if (n >= 1 && n <= HL_MERGE_MAX_CHILDREN) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "KK", &hs[i], &vs[i])) {
+                Py_DECREF(seq);
+                return NULL;
+            }
+        }
+    }
+    Py_DECREF(seq);
+    uint64_t ph, ws[HL_MERGE_MAX_CHILDREN];
+    int nw = 0;
+    int r = hle_merge_points(&c->ctx, hs, vs, n > 1000000 ? 1000000 : (int)n, &ph, ws, &nw);
+    if (r) return hlpy_raise(r);
+    PyObject *lst = PyList_New(nw);
+    if (!lst) return NULL;
+    for (int i = 0; i < nw; i++) PyList_SET_ITEM(lst, i, PyLong_FromUnsignedLongLong(ws[i]));
+    return Py_BuildValue("(KN)", (unsigned long long)ph, lst);
+}
+
 static PyObject *Core_release(Core *c, PyObject *arg) {
     uint64_t h;
     NEED_ATTACHED(c);
@@ -568,6 +595,7 @@ static PyMethodDef Core_methods[] = {
     {"abandon", (PyCFunction)Core_abandon, METH_NOARGS, NULL},
     {"create", (PyCFunction)Core_create, METH_VARARGS, NULL},
     {"merge", (PyCFunction)Core_merge, METH_O, NULL},
+    {"merge_points", (PyCFunction)Core_merge_points, METH_O, NULL},
     {"release", (PyCFunction)Core_release, METH_O, NULL},
     {"signal", FAST(Core_signal), NULL},
     {"word", (PyCFunction)Core_word, METH_O, NULL},
