@@ -450,7 +450,9 @@ class Domain:
         return f
 
     # ------------------------------------------------------------------ names
-    def publish(self, name: str, obj: Fence | Timeline | Buffer | Queue, *, replace: bool = False) -> None:
+    def publish(
+        self, name: str, obj: Fence | Timeline | Point | Buffer | Queue, *, replace: bool = False
+    ) -> None:
         """Publish ``obj`` as ``name`` in the domain's name table, for other processes'
         :meth:`lookup`.  The entry holds no reference: it lives while the object does.
         NameTaken when another live object has the name (``replace=True`` rebinds it),
