@@ -500,7 +500,9 @@ class Domain:
         each further one (and each point) takes one slot of the fence table
         (a watch node, docs/abi.md 5a), so DomainFull is the bound.  More than
         32 children build a tree of composites.  The composite holds a
-        reference to each child until it is released.
+        reference to each timeline of its points until it is released; a fence
+        child whose last reference is released while ACTIVE is CANCELed, and
+        so is the composite.
         """
         self._check_open()
         items = list(children)
@@ -523,7 +525,7 @@ class Domain:
                     raise InvalidHandle("merge() of a fence that belongs to another domain object")
                 c._check_held()
                 leaves = getattr(c._inner, "leaves", None)
-                if leaves is not None:
+                if leaves is not None and all(leaf._held for leaf in leaves if isinstance(leaf, Fence)):
                     for leaf in leaves:
                         add(leaf)
                 else:
@@ -538,9 +540,10 @@ class Domain:
         n = int(C.MERGE_MAX_CHILDREN)
         inner = _Inner()
         try:
-            # the composite's own references to its children
-            for f in fences.values():
-                inner.leaves.append(self.import_fence(f.handle))
+            # fence children are not referenced (releasing the last reference
+            # of an ACTIVE one CANCELs it, and so the composite, as before);
+            # timelines are, so that a point is not lost with the caller's object
+            inner.leaves.extend(fences.values())
             for p in points.values():
                 inner.leaves.append(Point(self.import_timeline(p.timeline.handle), p.value))
             kids: list[tuple[int, int]] = [(f.handle, 0) for f in fences.values()]
@@ -562,12 +565,13 @@ class Domain:
             for node in inner:
                 node.release()
             for leaf in inner.leaves:
-                (leaf.timeline if isinstance(leaf, Point) else leaf).release()
+                if isinstance(leaf, Point):
+                    leaf.timeline.release()
             raise
         # Inner nodes (tree nodes, watch nodes) and the child references belong
         # to the root object: they are released with it (a node released before
         # it completes is CANCELed, as every fence is).
-        inner.extend(leaf.timeline if isinstance(leaf, Point) else leaf for leaf in inner.leaves)
+        inner.extend(leaf.timeline for leaf in inner.leaves if isinstance(leaf, Point))
         root._inner = inner
         return root
 
