@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from .fence import Fence
 from .status import Status, fence_status
@@ -26,9 +26,17 @@ from .timeline import Point, _decode
 if TYPE_CHECKING:
     from .domain import Domain
 
-__all__ = ["Completed", "Waitable", "packet_waits", "wait_all", "wait_all_async", "wait_any", "wait_any_async"]
+__all__ = [
+    "Completed",
+    "Waitable",
+    "packet_waits",
+    "wait_all",
+    "wait_all_async",
+    "wait_any",
+    "wait_any_async",
+]
 
-Waitable = Union[Fence, Point]
+Waitable = Fence | Point
 """What the multi-object waits and ``Domain.merge`` take: a fence or a timeline point."""
 
 _BATCH = 127  # one futex_waitv takes 128 words; one is the private kick word
@@ -62,7 +70,9 @@ def _target(obj: object) -> tuple[Domain, int, int]:
     from .timeline import Timeline
 
     if isinstance(obj, Timeline):
-        raise TypeError("a Timeline is not waitable by itself: wait on one of its points, timeline.point(value)")
+        raise TypeError(
+            "a Timeline is not waitable by itself: wait on one of its points, timeline.point(value)"
+        )
     raise TypeError(f"expected a Fence or a timeline Point (timeline.point(v)), got {type(obj).__name__}")
 
 
@@ -175,7 +185,7 @@ async def wait_all_async(objs: Iterable[Waitable], timeout: float | None = None)
         done, pending = await asyncio.wait(tasks, timeout=timeout)
         if pending:
             raise TimeoutError(f"{len(done)} of {len(items)} objects completed within {timeout} s")
-        return [Completed(i, o, t.result()) for i, (o, t) in enumerate(zip(items, tasks))]
+        return [Completed(i, o, t.result()) for i, (o, t) in enumerate(zip(items, tasks, strict=True))]
     finally:
         for t in tasks:
             if not t.done():
