@@ -73,7 +73,8 @@ def main() -> None:
     }
     res["wait_any_8_over_single"] = res["wait_any_8_us"] / res["point_wait_us"]
     dom.close()
-    out = {"machine": platform.node(), "cpus": os.cpu_count(), "note": "loaded 2-core machine, one process", **res}
+    note = "loaded 2-core machine, one process"
+    out = {"machine": platform.node(), "cpus": os.cpu_count(), "note": note, **res}
     os.makedirs("benchmarks/results", exist_ok=True)
     with open("benchmarks/results/fence_algebra_micro.json", "w") as fh:
         json.dump(out, fh, indent=2)
