@@ -140,14 +140,17 @@ void hle_watchers_add(hle_ctx *c, uint64_t h, int delta) {
     if (HL_CTL_KIND(ctl) != kind || (HL_CTL_GEN(ctl) & 0xffffffu) != gen) return;
     if (kind == HL_KIND_FENCE && ld(&f->aux)) return; /* a watch node: its err is a threshold */
     uint64_t v = ld(w);
+    /* what the field holds before a first watcher: a timeline's parents[0] is
+     * 0, a fence's err is gen << 32 (hle_alloc_begin) */
+    uint64_t fresh = kind == HL_KIND_TIMELINE ? 0 : (uint64_t)gen << 32;
     for (;;) {
         uint32_t n;
-        if (HL_WATCHERS_GEN(v) == gen)
+        if (HL_WATCHERS_IS(v, gen))
             n = HL_WATCHERS_COUNT(v);
-        else if (delta > 0 && v == 0)
-            n = 0; /* a timeline's first watcher; the caller holds it (rule (a)) */
+        else if (delta > 0 && v == fresh)
+            n = 0; /* a first watcher; the caller holds the object (rule (a)) */
         else
-            return; /* another object's count: never touched (rule (c)) */
+            return; /* another object's field: never touched (rule (c)) */
         if (delta < 0 && n == 0) return;
         if (cas(w, &v, HL_WATCHERS(gen, (uint32_t)((int64_t)n + delta)))) return;
     }
@@ -157,7 +160,7 @@ void hle_watch_eval(hle_ctx *c, uint32_t idx) {
     struct hl_fence *w = slot(c, idx);
     uint64_t c1 = ld(&w->ctl);
     if (HL_CTL_STATE(c1) != HL_SLOT_LIVE || HL_CTL_KIND(c1) != HL_KIND_FENCE) return;
-    uint64_t h = ld(&w->aux), thr = ld(&w->err), word = ld(&w->word);
+    uint64_t h = ld(&w->aux), thr = HL_WATCH_THRESHOLD(ld(&w->err)), word = ld(&w->word);
     if (ld(&w->ctl) != c1 || !h) return; /* another object now, or a plain fence */
     if (word == 0) {
         int64_t t = HL_HANDLE_INDEX(h);
@@ -222,6 +225,7 @@ static uint64_t new_watch(hle_ctx *c, uint64_t target, uint64_t thr, uint32_t po
     /* published before counted: a signaller that misses the count advanced
      * the word before our evaluation below reads it */
     hle_watchers_add(c, target, +1);
+    st(&w->err, thr | HL_WATCH_COUNTED); /* we hold the node (rule (a)) */
     hle_watch_eval(c, (uint32_t)idx);
     return h;
 }

@@ -66,8 +66,10 @@ void hle_finalize(hle_ctx *c, uint32_t idx, uint64_t dying) {
             hle_propagate(c, idx, 0);
             if (k == HL_KIND_FENCE) {
                 uint64_t target = ld(&f->aux);
-                if (target)
-                    hle_watchers_add(c, target, -1); /* a watch node leaves its target's count */
+                if (target) {
+                    /* a watch node leaves its target's count, if its creator counted it */
+                    if (ld(&f->err) & HL_WATCH_COUNTED) hle_watchers_add(c, target, -1);
+                }
                 else if (HL_WATCHERS_COUNT(ld(&f->err)))
                     hle_watch_scan(c, idx); /* its watch nodes: CANCEL (or its status) now */
             }
