@@ -155,7 +155,7 @@ def main() -> int:
     with open(base + ".md", "w") as fh:
         fh.write(f"# fence algebra: old (main) vs new, one run, {a.rounds} interleaved rounds\n\n")
         fh.write(
-            f"Machine: {machine}.  Figures in us (2proc: p50 of `hostless bench fences --quick` per round;\n"
+            f"Machine: {machine}.  2proc rows in ns (p50 of `hostless bench fences --quick` per round),\n"
         )
         fh.write("others in us (best of 5 batches in one process); median over rounds [p10-p90].\n\n")
         fh.write("| figure | old | new | new/old |\n|---|---|---|---|\n")
