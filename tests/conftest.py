@@ -17,7 +17,7 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -244,3 +244,94 @@ def wait_until(pred: Callable[[], bool], timeout: float = 5.0, interval: float =
             return True
         time.sleep(interval)
     return pred()
+
+
+SLACK = 2.0
+"""Seconds a unit test adds to any time it bounds (``expected + SLACK``): the machine
+that runs the suite may be a loaded 2-core VM shared with other test runs, where a
+thread can wait for a core for a good fraction of a second.  A bound tighter than
+this is a speed figure, and speed figures belong to benchmarks/."""
+
+
+def waiter_count(d: hl.Domain, obj: Any) -> int:
+    """The waiter-count word of a fence, merged fence or timeline (``obj`` or its handle):
+    ``struct hl_fence.waiters``, the host threads that are in (or about to enter, or just
+    leaving) a FUTEX_WAIT on it.  Read in place (one 32-bit word, no copy of the table)."""
+    from hostless import lowlevel
+
+    off = lowlevel.completion_word_offset(d, obj) - int(C.F_WORD) + int(C.F_WAITERS)
+    return int(np.frombuffer(d.raw(), dtype="<u4", count=1, offset=off)[0])
+
+
+def thread_in_futex(pid: int, tid: int) -> bool:
+    """Whether thread ``tid`` of process ``pid`` is asleep in a futex wait: state S in
+    ``/proc/<pid>/task/<tid>/stat`` and, where the kernel shows it, a ``futex_*`` wait
+    channel (``wchan``; "0" or unreadable when hidden, then the state alone counts)."""
+    base = f"/proc/{pid}/task/{tid}"
+    try:
+        with open(f"{base}/stat") as f:
+            raw = f.read()
+    except OSError:
+        return False
+    if raw[raw.rindex(")") + 2 :].split()[0] != "S":
+        return False
+    try:
+        with open(f"{base}/wchan") as f:
+            chan = f.read().strip()
+    except OSError:
+        return True
+    return chan in ("", "0") or chan.startswith("futex")
+
+
+def wait_asleep(
+    d: hl.Domain, obj: Any, n: int = 1, threads: Sequence[tuple[int, int]] = (), timeout: float = 20.0
+) -> None:
+    """Return once ``n`` host threads are asleep on ``obj`` (a fence, merged fence or
+    timeline, or its handle), so that what the caller does next (a signal, a store, a
+    kill) meets sleeping waiters and tests the wake-from-sleep path, however loaded the
+    machine.  Asleep: the waiter-count word (:func:`waiter_count`, which a waiter raises
+    right before FUTEX_WAIT and lowers after it) reads at least ``n`` and, in the same
+    look, every thread of ``threads`` (``(pid, tid)`` of the waiters, where known) is in
+    a futex wait (:func:`thread_in_futex`).  Fails the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        count = waiter_count(d, obj)
+        if count >= n and all(thread_in_futex(p, t) for p, t in threads):
+            return
+        if time.monotonic() > deadline:
+            states = {t: thread_in_futex(p, t) for p, t in threads}
+            raise AssertionError(f"waiters never all asleep: count {count} (want {n}), in futex {states}")
+        time.sleep(0.001)
+
+
+def ident(th: threading.Thread) -> tuple[int, int]:
+    """``(pid, tid)`` of a started thread of this process (for :func:`wait_asleep`)."""
+    assert th.native_id is not None, "start the thread first"
+    return os.getpid(), th.native_id
+
+
+def notifier_ident(d: hl.Domain) -> tuple[int, int]:
+    """``(pid, tid)`` of the domain's notifier thread (it runs awaits and done-callbacks)."""
+    return ident(d.notifier()._thread)
+
+
+def notifier_asleep(d: hl.Domain, objs: Sequence[Any], timeout: float = 20.0) -> None:
+    """:func:`wait_asleep` for the domain's notifier thread: returns once it is in a
+    futex wait with at least one of ``objs`` counting a waiter (it sleeps on up to 127
+    words at once, rotating through more)."""
+    th = notifier_ident(d)
+    deadline = time.monotonic() + timeout
+    while not (any(waiter_count(d, o) for o in objs) and thread_in_futex(*th)):
+        assert time.monotonic() < deadline, "the notifier never slept on these objects"
+        time.sleep(0.001)
+
+
+async def notifier_asleep_async(d: hl.Domain, objs: Sequence[Any], timeout: float = 20.0) -> None:
+    """:func:`notifier_asleep` from a coroutine (polls without blocking the event loop)."""
+    import asyncio
+
+    th = notifier_ident(d)
+    deadline = time.monotonic() + timeout
+    while not (any(waiter_count(d, o) for o in objs) and thread_in_futex(*th)):
+        assert time.monotonic() < deadline, "the notifier never slept on these objects"
+        await asyncio.sleep(0.001)

@@ -117,6 +117,10 @@ acts on the next object in the slot (recovery-stale-write), and a fence owned
 by a dead participant left ACTIVE forever when the recovery skips a slot that
 is only transiently DYING while an importer takes a reference
 (recovery-vs-import).  NEW: nothing.
+
+The counterexamples as data: ``Violation.steps`` (one ``Step`` per trace line),
+``api_events`` (the trace at API granularity) and ``linearizations`` (the API-level
+orders it allows); tests/test_protocol_replay.py replays OLD's against the C engine.
 """
 
 from __future__ import annotations
@@ -2333,11 +2337,24 @@ def frame_summary(fn: str, L: Loc) -> str:
 # the explorer
 
 
+class Step(NamedTuple):
+    """One transition of a trace, as data: the process that took it, the index in its program
+    of the API operation the step belongs to (None: a death, or the return at the end of the
+    program), and whether the step is the process's death."""
+
+    proc: str
+    op: int | None
+    killed: bool
+
+
 @dataclass
 class Violation:
     kind: str
     message: str
     trace: list[str]
+    steps: list[Step] = field(default_factory=list)
+    """The trace as data (one Step per line of ``trace``): what tests/test_protocol_replay.py
+    replays against the C engine."""
 
 
 @dataclass
@@ -2415,7 +2432,7 @@ def explore(
             tr = trace_to(model, parent, vst)
             if last is not None:
                 tr.append(model.label(vst, *last))
-            res.violations[kind] = Violation(kind, msg, tr)
+            res.violations[kind] = Violation(kind, msg, tr, steps_to(model, parent, vst, last))
         pending.clear()
         if stop_on and all(k in res.violations for k in stop_on):
             res.complete = False
@@ -2437,6 +2454,124 @@ def trace_to(model: Model, parent: dict[State, tuple[State, int, bool] | None], 
         cur = parent[cur[0]]
     path.reverse()
     return [model.label(prev, pi, killed) for prev, pi, killed in path]
+
+
+def step_of(model: Model, nxt: State, pi: int, killed: bool) -> Step:
+    """The Step of the transition of process pi that led to state nxt."""
+    name = model.procs[pi].name
+    if killed:
+        return Step(name, None, True)
+    stack = nxt[1][pi].stack
+    if not stack:
+        return Step(name, None, False)  # the program's end
+    # main's "op" is the index of the next operation to start: the step belongs to the one
+    # before it (an operation in progress, or one that just ended inside main)
+    return Step(name, int(dict(stack[0].locals)["op"]) - 1, False)
+
+
+def steps_to(
+    model: Model,
+    parent: dict[State, tuple[State, int, bool] | None],
+    st: State,
+    last: tuple[int, bool] | None = None,
+) -> list[Step]:
+    """The path to st (and the transition ``last`` out of it, if any) as Steps."""
+    chain: list[tuple[State, int, bool, State]] = []
+    nxt, cur = st, parent[st]
+    while cur is not None:
+        chain.append((cur[0], cur[1], cur[2], nxt))
+        nxt, cur = cur[0], parent[cur[0]]
+    chain.reverse()
+    out = [step_of(model, n, pi, killed) for _p, pi, killed, n in chain]
+    if last is not None:
+        pi, killed = last
+        if killed:
+            n = model.kill(st, pi)
+        else:
+            r = model.step(st, pi)
+            assert r is not None
+            n = r[0]
+        out.append(step_of(model, n, pi, killed))
+    return out
+
+
+class ApiEvent(NamedTuple):
+    """One API operation of a counterexample (or a death), placed at API granularity."""
+
+    proc: str
+    op: int | None  # index in the process's program; None: the process is killed
+    begin: int  # index of its first step in the trace (len(trace) for what the trace never reached)
+    end: int  # index of its last step
+    spans: tuple[tuple[str, int | None], ...]  # other processes' events that ended inside it
+
+
+GHOST_OPS = frozenset({"mark", "await", "await_dead"})
+"""Operations that are the model's ordering devices, not API calls."""
+
+
+def api_events(scn: Scenario, steps: list[Step]) -> list[ApiEvent]:
+    """A counterexample at API granularity: every API operation (and death) of the trace,
+    ordered by the step at which it ends (its last shared access), then the operations the
+    trace never reached, one after the other, per process in program order (they get the
+    positions len(steps), len(steps) + 1, ...).  ``spans`` names the operations of other
+    processes that the trace runs inside this one (an interleaving at instruction level that
+    an API-level replay cannot force)."""
+    first: dict[tuple[str, int | None], int] = {}
+    last: dict[tuple[str, int | None], int] = {}
+    for n, s in enumerate(steps):
+        if s.op is None and not s.killed:
+            continue
+        key = (s.proc, s.op)
+        first.setdefault(key, n)
+        last[key] = n
+    events = []
+    for key, end in last.items():
+        begin = first[key]
+        spans = tuple(k for k, e in last.items() if k[0] != key[0] and begin < e < end)
+        events.append(ApiEvent(key[0], key[1], begin, end, spans))
+    events.sort(key=lambda e: e.end)
+    n = len(steps)
+    for p in scn.procs:
+        if any(e.proc == p.name and e.op is None for e in events):
+            continue  # killed: it does nothing more
+        done = [e.op for e in events if e.proc == p.name and e.op is not None]
+        for k in range(max(done, default=-1) + 1, len(p.program)):
+            if p.program[k][0] not in GHOST_OPS:
+                events.append(ApiEvent(p.name, k, n, n, ()))
+                n += 1
+    return [e for e in events if e.op is None or scn_op(scn, e)[0] not in GHOST_OPS]
+
+
+def linearizations(events: list[ApiEvent], limit: int = 1000) -> list[list[ApiEvent]]:
+    """Every order of the events in which each takes effect at one instant between its first
+    and its last step (a linear extension of "a before b when a ends before b begins"): the
+    API-level orders that the counterexample's interleaving allows.  At most ``limit``."""
+    n = len(events)
+    out: list[list[ApiEvent]] = []
+    before = [{j for j in range(n) if events[j].end < events[i].begin} for i in range(n)]
+
+    def extend(order: list[int], done: set[int]) -> None:
+        if len(out) >= limit:
+            return
+        if len(order) == n:
+            out.append([events[i] for i in order])
+            return
+        for i in range(n):
+            if i not in done and before[i] <= done:
+                done.add(i)
+                order.append(i)
+                extend(order, done)
+                order.pop()
+                done.discard(i)
+
+    extend([], set())
+    return out
+
+
+def scn_op(scn: Scenario, e: ApiEvent) -> tuple[Any, ...]:
+    """The program operation of an event."""
+    assert e.op is not None
+    return next(p for p in scn.procs if p.name == e.proc).program[e.op]
 
 
 # ---------------------------------------------------------------------------

@@ -33,6 +33,7 @@ import pytest
 
 import hostless as hl
 from _native_spawn import native_agents
+from conftest import wait_asleep
 from hostless import agents, ert, trace
 from hostless._abi import C
 from hostless.graph import Graph, StageFailed
@@ -391,7 +392,7 @@ def test_bad_cpu_packets_fail_with_error_and_the_agent_goes_on(env: Env) -> None
         env.cpu.queue.push(
             hl.Packet(kernel=gemm, args=ka2.handle, signal=f.handle, wait=(tl.handle, 0), wait_value=(5, 0))
         )
-        time.sleep(0.05)
+        wait_asleep(env.dom, tl)  # the agent asleep on the point: the signal must wake it
         assert f.status is S.ACTIVE
         tl.signal(5)
         assert f.wait(10) is S.SUCCESS

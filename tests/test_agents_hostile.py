@@ -609,7 +609,7 @@ def _(e: Env) -> None:
     dead.kill()
     e.dom.reap()
     e.keep(dead.queue)
-    for _ in range(2):  # (a push into a dead consumer's queue is fine while it has room: a respawn runs it)
+    for _ in range(2):  # (a dead consumer's queue takes a push while it has room: a respawn fails it unrun)
         dead.queue.push(hl.Packet(type=hl.PacketType.BARRIER), timeout=0)
     bad_follow_queue(e, dead.queue.handle)
 
@@ -663,15 +663,19 @@ def _(e: Env) -> None:
     f = e.fence(a)
     p, _out = relu_packet(e, f.handle, [fol], **wait_on(gate.handle))
     a.queue.push(p, timeout=ANSWER)
-    time.sleep(0.05)  # the agent took it and waits for the gate
+    # fill the queue behind it: CAP barriers fit once the agent has taken the relu packet
+    # (observable: its cell frees), and none more while the agent waits for the gate
     n = 0
-    try:
-        while True:  # fill the queue behind it
+    deadline = time.monotonic() + ANSWER
+    while n < CAP and time.monotonic() < deadline:
+        try:
             a.queue.push(hl.Packet(type=hl.PacketType.BARRIER), timeout=0)
             n += 1
-    except hl.QueueFull:
-        pass
-    assert n >= CAP - 1
+        except hl.QueueFull:
+            time.sleep(0.001)
+    assert n == CAP
+    with pytest.raises(hl.QueueFull):
+        a.queue.push(hl.Packet(type=hl.PacketType.BARRIER), timeout=0)
     gate.signal()
     assert f.wait(ANSWER) is S.SUCCESS
     assert g.wait(ANSWER) is S.ERROR  # the follow-up could not be pushed: nobody else frees a cell

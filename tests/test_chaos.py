@@ -27,6 +27,8 @@ import pytest
 import hostless as hl
 from conftest import assert_all_free, wait_until
 
+pytestmark = pytest.mark.slow  # deselect with: pytest -m "not slow"
+
 S = hl.Status
 WORKER = str(Path(__file__).with_name("chaos_worker.py"))
 KILLS = 200

@@ -9,7 +9,19 @@ import time
 import pytest
 
 import hostless as hl
-from conftest import assert_all_free, fence_table, live_slots, new_at, run_child, slot_index
+from conftest import (
+    SLACK,
+    assert_all_free,
+    fence_table,
+    ident,
+    live_slots,
+    new_at,
+    notifier_asleep,
+    notifier_asleep_async,
+    run_child,
+    slot_index,
+    wait_asleep,
+)
 from hostless._abi import C
 
 S = hl.Status
@@ -134,14 +146,15 @@ def test_wait_wakes_on_signal_from_thread(dom: hl.Domain, peer: hl.Domain) -> No
     f = dom.fence()
     g = peer.import_fence(f.handle)
     got: list[object] = []
-    th = threading.Thread(target=lambda: got.append(g.wait(5, spin=0)))
+    th = threading.Thread(target=lambda: got.append(g.wait(30, spin=0)))
     th.start()
-    time.sleep(0.05)
+    wait_asleep(dom, f, 1, [ident(th)])  # the signal must wake a sleeper, not meet a spinner
     t0 = time.monotonic()
     f.signal(S(77))
-    th.join(5)
+    th.join(30)
     assert got == [S(77)]
-    assert time.monotonic() - t0 < 1
+    # woken by the signal, not by the wait's own 30 s timeout (bound: SLACK, the suite's slack)
+    assert time.monotonic() - t0 < SLACK
 
 
 def test_many_threads_wait_one_fence(dom: hl.Domain) -> None:
@@ -150,7 +163,7 @@ def test_many_threads_wait_one_fence(dom: hl.Domain) -> None:
     ths = [threading.Thread(target=lambda: got.append(f.wait(5))) for _ in range(8)]
     for th in ths:
         th.start()
-    time.sleep(0.05)
+    wait_asleep(dom, f, 8, [ident(th) for th in ths])  # all eight asleep: one signal wakes them all
     f.signal(S.ERROR)
     for th in ths:
         th.join(5)
@@ -444,14 +457,21 @@ def test_wait_interrupted_by_close_does_not_crash(domain_name: str) -> None:
         res = []
         def waiter():
             try:
-                res.append(g.wait(3))
+                res.append(g.wait(30))
             except BaseException as e:
                 res.append(e)
         th = threading.Thread(target=waiter)
         th.start()
-        time.sleep(0.2)
+        # close once the waiter is asleep on the word (its waiter count, struct hl_fence.waiters)
+        import numpy as np
+        from hostless import lowlevel
+        from hostless._abi import C
+        off = lowlevel.completion_word_offset(owner, f) - int(C.F_WORD) + int(C.F_WAITERS)
+        deadline = time.monotonic() + 20
+        while np.frombuffer(owner.raw(), "<u4", 1, off)[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
         d.close()
-        th.join(10)
+        th.join(30)
         print(type(res[0]).__name__ if res else "hung", flush=True)
         owner.close()
     """
@@ -472,16 +492,13 @@ def test_device_store_seen_by_sleeping_waiter(domain_name: str) -> None:
         th = threading.Thread(target=lambda: got.append((f.wait(5, spin=0), time.monotonic())))
         th.start()
         idx = slot_index(f.handle)
-        deadline = time.monotonic() + 2
-        while int(fence_table(d)["waiters"][idx]) == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert int(fence_table(d)["waiters"][idx]) >= 1, "the waiter never went to sleep"
-        time.sleep(0.05)
+        wait_asleep(d, f, 1, [ident(th)])
         t_store = time.monotonic()
         hl._core.testing.device_store(d._core, f.handle, int(S.ERROR))  # one store, no FUTEX_WAKE
         th.join(5)
         assert got and got[0][0] is S.ERROR
-        assert got[0][1] - t_store < poll + 0.25, f"seen after {got[0][1] - t_store:.3f} s"
+        # seen at the end of a bounded sleep, not at the wait's own 5 s timeout (SLACK: the suite's)
+        assert got[0][1] - t_store < poll + SLACK, f"seen after {got[0][1] - t_store:.3f} s"
         assert int(fence_table(d)["waiters"][idx]) == 0
 
 
@@ -494,7 +511,7 @@ def test_device_store_children_of_merge(domain_name: str) -> None:
         got: list[object] = []
         th = threading.Thread(target=lambda: got.append(outer.wait(5, spin=0)))
         th.start()
-        time.sleep(0.05)
+        wait_asleep(d, outer, 1, [ident(th)])
         hl._core.testing.device_store(d._core, a.handle, int(S.SUCCESS))
         hl._core.testing.device_store(d._core, c.handle, int(S.SUCCESS))
         hl._core.testing.device_store(d._core, b.handle, 200)
@@ -510,7 +527,7 @@ def test_device_store_seen_by_async_waiter(domain_name: str) -> None:
 
         async def main() -> object:
             task = asyncio.ensure_future(f.wait_async(5))
-            await asyncio.sleep(0.1)
+            await notifier_asleep_async(d, [f])  # the store meets the notifier asleep on it
             hl._core.testing.device_store(d._core, f.handle, int(S.SUCCESS))
             return await task
 
@@ -800,7 +817,7 @@ def test_add_done_callback_without_loop(dom: hl.Domain) -> None:
         ev.set()
 
     f.add_done_callback(cb)
-    time.sleep(0.02)
+    notifier_asleep(dom, [f])
     assert not seen
     f.signal(S.ERROR)
     assert ev.wait(2)
@@ -820,8 +837,13 @@ def test_add_done_callback_in_loop(dom: hl.Domain) -> None:
         fut: asyncio.Future[tuple[object, bool]] = loop.create_future()
         me = threading.get_ident()
         f.add_done_callback(lambda x: fut.set_result((x.status, threading.get_ident() == me)))
-        threading.Timer(0.05, f.signal).start()
-        return await asyncio.wait_for(fut, 2)
+
+        def signal_when_asleep() -> None:
+            notifier_asleep(dom, [f])
+            f.signal()
+
+        threading.Thread(target=signal_when_asleep).start()
+        return await asyncio.wait_for(fut, 20)
 
     assert asyncio.run(main()) == (S.SUCCESS, True)
 
@@ -832,7 +854,7 @@ def test_300_concurrent_awaits(domain_name: str) -> None:
 
         async def main() -> list[object]:
             tasks = [asyncio.ensure_future(f.wait_async()) for f in fs]
-            await asyncio.sleep(0.05)
+            await notifier_asleep_async(d, fs)
             assert not any(t.done() for t in tasks)
 
             def signal_all() -> None:
@@ -858,7 +880,7 @@ def test_300_awaits_late_ones_not_starved(domain_name: str) -> None:
 
         async def main() -> int:
             tasks = [asyncio.ensure_future(f.wait_async()) for f in fs]
-            await asyncio.sleep(0.05)
+            await notifier_asleep_async(d, fs)
             for f in fs[200:]:
                 f.signal()
             done, _ = await asyncio.wait(tasks[200:], timeout=3)
@@ -883,7 +905,7 @@ def test_pending_await_completes_when_domain_closes(domain_name: str) -> None:
 
         async def main() -> object:
             task = asyncio.ensure_future(g.wait_async())
-            await asyncio.sleep(0.05)
+            await notifier_asleep_async(d, [g])
             d.close()
             done, _ = await asyncio.wait([task], timeout=2)
             if not done:

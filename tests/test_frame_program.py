@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import hostless as hl
+from conftest import SLACK, thread_in_futex, wait_asleep, waiter_count
 from hostless import _core, agents
 from hostless.errors import InvalidHandle
 from hostless.graph import Graph, StageFailed
@@ -95,11 +96,20 @@ def test_a_watched_failure_ends_a_wait_after_a_slice(dom: hl.Domain) -> None:
         ops = FrameOps()
         ops.wait(waited.handle, [watched.handle])
         prog = build(dom, ops, slice_s=0.02)
-        threading.Timer(0.05, lambda: watched.fail(S.CANCEL)).start()
+        main = (os.getpid(), threading.get_native_id())
+
+        def fail_when_asleep() -> None:  # once this thread sleeps in the program's wait
+            wait_asleep(dom, waited, 1, [main])
+            watched.fail(S.CANCEL)
+
+        th = threading.Thread(target=fail_when_asleep)
+        th.start()
         t0 = time.monotonic()
         stop = prog.run(1, int(10e9))
+        th.join()
         assert stop == (0, "watch", int(_core.TIMELINE_FAILED) | int(S.CANCEL), 0)
-        assert time.monotonic() - t0 < 2
+        # after a 0.02 s slice, not at the 10 s timeout (bound: the suite's slack)
+        assert time.monotonic() - t0 < 0.02 + SLACK
     finally:
         waited.release()
         watched.release()
@@ -258,20 +268,29 @@ def test_a_signal_handler_ends_a_frame_wait(dom: hl.Domain, agent: agents.Agent,
 
         old = signal.signal(signal.SIGUSR1, handler)
         sent: list[float] = []
+        main = (os.getpid(), threading.get_native_id())
+        stop = threading.Event()
 
-        def send() -> None:
-            sent.append(time.monotonic())
-            os.kill(os.getpid(), signal.SIGUSR1)
+        def send() -> None:  # once the main thread sleeps in the frame's wait on a timeline
+            while not stop.is_set():
+                if any(waiter_count(dom, t) for t in cg.timelines) and thread_in_futex(*main):
+                    sent.append(time.monotonic())
+                    os.kill(os.getpid(), signal.SIGUSR1)
+                    return
+                time.sleep(0.001)
 
         os.kill(agent.proc.pid, signal.SIGSTOP)
-        timer = threading.Timer(0.2, send)
+        sender = threading.Thread(target=send)
         try:
-            timer.start()
+            sender.start()
             with pytest.raises(Interrupted):
                 cg.run({"x": x}, timeout=20)
-            assert time.monotonic() - sent[0] < 0.5
+            # within a few ms; without the interrupt hook only at the 20 s timeout (the
+            # suite's slack, SLACK, as the bound)
+            assert time.monotonic() - sent[0] < SLACK
         finally:
-            timer.cancel()
+            stop.set()
+            sender.join()
             os.kill(agent.proc.pid, signal.SIGCONT)
             signal.signal(signal.SIGUSR1, old)
         # the interrupted frame completes what was launched (host: the first stage only,

@@ -31,6 +31,26 @@ def slow_twice(x: np.ndarray) -> np.ndarray:
     return x * 2.0
 
 
+def rendezvous_twice(x: np.ndarray, tag: float) -> np.ndarray:
+    """Meets the other branch's call: arrives (appends a line to a file named by ``tag``), then
+    waits until the other branch of the same frame arrived too; raises after 30 s alone, which
+    only a serial run of the two branches causes (no timing assert: a meeting is observable)."""
+    path = f"/tmp/hl-rendezvous-{int(tag)}"
+    with open(path, "a") as f:
+        f.write("x\n")
+    with open(path) as f:
+        mine = len(f.readlines())
+    need = 2 * ((mine + 1) // 2)
+    deadline = time.monotonic() + 30.0
+    while True:
+        with open(path) as f:
+            if len(f.readlines()) >= need:
+                return x * 2.0
+        if time.monotonic() > deadline:
+            raise RuntimeError("the other branch never ran alongside this one")
+        time.sleep(0.001)
+
+
 def late_scale(x: np.ndarray, factor: float) -> np.ndarray:
     time.sleep(0.03)  # late, so that a join that did not wait for it would read a stale value
     return x * factor
@@ -181,14 +201,24 @@ def two_slow_branches(env: Env) -> Graph:
 
 @pytest.mark.parametrize("dispatch", ["direct", "host"])
 def test_branches_on_two_agents_run_concurrently(env: Env, dispatch: str) -> None:
-    with two_slow_branches(env).compile(dispatch=dispatch, data="shared") as cg:
-        cg.run({"x": X})  # warm
-        t0 = time.monotonic()
-        for k in range(3):
-            np.testing.assert_allclose(cg.run({"x": X + k})["yd"], 4.0 * np.maximum(X + k, 0))
-        per_frame = (time.monotonic() - t0) / 3
-    print(f"{dispatch}: {per_frame * 1e3:.0f} ms per frame (two 200 ms branches)")
-    assert per_frame < 0.34, per_frame  # serial would be >= 0.4 s
+    # b and c each wait, inside their stage, until the other is running: a serial run fails
+    tag = float(int.from_bytes(os.urandom(3), "little"))
+    path = f"/tmp/hl-rendezvous-{int(tag)}"
+    g = (
+        Graph(env.dom)
+        .input("x", (8, 8), "f4")
+        .stage("a", env.cpu1, "relu", ["x"], ("ya", (8, 8), "f4"))
+        .stage("b", env.cpu1, rendezvous_twice, ["ya"], ("yb", (8, 8), "f4"), scalars=[tag])
+        .stage("c", env.cpu2, rendezvous_twice, ["ya"], ("yc", (8, 8), "f4"), scalars=[tag])
+        .stage("d", env.cpu2, "add", ["yb", "yc"], ("yd", (8, 8), "f4"))
+    )
+    try:
+        with g.compile(dispatch=dispatch, data="shared") as cg:
+            for k in range(3):
+                np.testing.assert_allclose(cg.run({"x": X + k})["yd"], 4.0 * np.maximum(X + k, 0))
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
 
 
 @pytest.mark.parametrize("failing", ["b", "c"])  # the waited-on branch, the join's pusher

@@ -11,6 +11,7 @@ is skipped, its fence becomes OWNER_DIED, the consumer goes on).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -29,7 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hostless as hl
-from hostless import ert
+from conftest import ident, thread_in_futex, wait_until
+from hostless import ert, lowlevel
 from hostless._abi import C
 
 U64 = st.integers(min_value=0, max_value=(1 << 64) - 1)
@@ -450,7 +452,12 @@ def test_push_blocks_until_the_consumer_frees_a_cell(qdom: hl.Domain) -> None:
 
         t = threading.Thread(target=producer)
         t.start()
-        time.sleep(0.1)
+        # the producer asleep: counted in struct hl_queue.space_waiters (the u32 after
+        # read_index, offset 136) and its thread in a futex wait; the pop must wake it
+        space_waiters = ctypes.c_uint32.from_address(
+            lowlevel.queue_view(qdom, q).queue + int(C.Q_READ_INDEX) + 8
+        )
+        assert wait_until(lambda: space_waiters.value >= 1 and thread_in_futex(*ident(t)), 20)
         assert not result, "push into a full queue returned before a cell was freed"
         r = q.pop(timeout=1)
         assert r is not None and r[1].kernel == 1

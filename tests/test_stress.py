@@ -34,6 +34,8 @@ import hostless as hl
 from hostless import chaos
 from hostless._abi import FENCE_DTYPE, C, owner_code
 
+pytestmark = pytest.mark.slow  # deselect with: pytest -m "not slow"
+
 S = hl.Status
 
 

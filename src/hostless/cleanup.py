@@ -69,6 +69,41 @@ def _lock_range(fd: int, cmd: int, ltype: int) -> tuple[int, int]:
     return ltype_out, pid
 
 
+_PART_FLAGS = int(C.P_PID) + 4  # hl_participant.flags
+_PART_FLAG_PIDLIVE = 1
+
+
+def _lockless_participant(fd: int, head: bytes, size: int) -> int:
+    """The pid of a running participant that joined without its liveness lock (a
+    reader's read locks kept it off: ``HL_PART_FLAG_PIDLIVE``, docs/abi.md section 8), or 0.
+    Errs on "running": a recycled pid keeps a stale domain until that process ends."""
+
+    def u(off: int, n: int, buf: bytes = head) -> int:
+        return int.from_bytes(buf[off : off + n], "little")
+
+    cap = min(u(int(C.H_PARTICIPANT_CAPACITY), 4), int(C.MAX_PARTICIPANTS))
+    base, psize = u(int(C.H_PARTICIPANTS_OFFSET), 8), int(C.PARTICIPANT_SIZE)
+    if base + cap * psize > size:
+        return 0
+    table = os.pread(fd, cap * psize, base)
+    for i in range(cap):
+        p = i * psize
+        state = u(p + int(C.P_CTL), 8, table) & 0xFF
+        if state not in (int(C.PART_ALIVE), int(C.PART_RECOVERING)):
+            continue
+        pid = u(p + int(C.P_PID), 4, table)
+        if not u(p + _PART_FLAGS, 4, table) & _PART_FLAG_PIDLIVE or not 0 < pid < 1 << 31:
+            continue
+        try:
+            os.kill(pid, 0)
+        except PermissionError:
+            return pid
+        except OSError:
+            continue
+        return pid
+    return 0
+
+
 def _classify(fd: int, path: str, min_age: float, uninitialised: bool) -> DomainFile:
     st = os.fstat(fd)
     age = max(0.0, time.time() - st.st_ctime)
@@ -94,6 +129,10 @@ def _classify(fd: int, path: str, min_age: float, uninitialised: bool) -> Domain
     ltype, pid = _lock_range(fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK)
     if ltype != fcntl.F_UNLCK:
         return found("live", f"participant lock held (pid {pid})" if pid > 0 else "participant lock held")
+    if magic == int(C.MAGIC):
+        pid = _lockless_participant(fd, head, st.st_size)
+        if pid:
+            return found("live", f"participant pid {pid} runs, joined without its lock (a reader held it)")
     what = "initialised" if magic == int(C.MAGIC) else "never initialised"
     if age < min_age:
         return found("young", f"{what}, no participant, but only {age:.1f} s old")

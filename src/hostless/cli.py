@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import sys
+import unicodedata
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,6 +49,19 @@ def _print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str
     from hostless.bench import print_table
 
     print_table(title, headers, rows, plain=plain)
+
+
+def _safe(text: str, keep_newlines: bool = False) -> str:
+    """``text`` from a domain (labels, kinds, names, records: anyone who may write the
+    domain chose them) fit for a terminal: control and format characters (escape
+    sequences, bidirectional overrides) are shown as Python escapes (``\\x1b``)."""
+    out = []
+    for ch in text:
+        if (keep_newlines and ch == "\n") or unicodedata.category(ch) not in ("Cc", "Cf", "Cs"):
+            out.append(ch)
+        else:
+            out.append(ascii(ch)[1:-1])
+    return "".join(out)
 
 
 def _size(n: int) -> str:
@@ -86,8 +100,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             str(p["id"]),
             str(p["index"]),
             str(p["pid"]),
-            p["label"] + (" (this command)" if p["this_cli"] else ""),
-            p["kind"],
+            _safe(p["label"]) + (" (this command)" if p["this_cli"] else ""),
+            _safe(p["kind"]),
             p["state"],
             p["joined"] or "-",
         ]
@@ -104,7 +118,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             [
                 k,
                 str(counts.get("live", 0)),
-                detail or "-",
+                _safe(detail) or "-",
                 str(counts.get("alloc", 0)),
                 str(counts.get("dying", 0)),
             ]
@@ -115,11 +129,12 @@ def cmd_info(args: argparse.Namespace) -> int:
         print("objects: none")
     _print_heap(info["heap"], args.plain)
     _print_device_heaps(info.get("device_heaps", []), args.plain)
-    nrows = [[n, e["kind"], e["handle"]] for n, e in sorted(info["names"].items())]
+    nrows = [[_safe(n), e["kind"], e["handle"]] for n, e in sorted(info["names"].items())]
     if nrows:
         _print_table("names (Domain.publish / lookup)", ["name", "kind", "handle"], nrows, args.plain)
     for handle, text in sorted(info["errors"].items()):
-        print(f"\nwhy {handle} failed (hostless.records):\n  " + text.rstrip().replace("\n", "\n  "))
+        text = _safe(text.rstrip(), keep_newlines=True)
+        print(f"\nwhy {handle} failed (hostless.records):\n  " + text.replace("\n", "\n  "))
     return 0
 
 
@@ -161,7 +176,7 @@ def _print_device_heaps(heaps: list[dict[str, Any]], plain: bool) -> None:
         return
     rows = [
         [
-            h["name"],
+            _safe(h["name"]),
             _size(h["size"]),
             f"{_size(h['used'])} ({h['used'] / h['size']:.1%})",
             _size(h["largest_free"]),

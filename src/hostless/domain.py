@@ -26,7 +26,7 @@ from .errors import (
 )
 from .inspection import Participant
 from .shm import MAX_REGION as MAX_REGION
-from .shm import SHM_DIR, path_of
+from .shm import SHM_DIR, check_spin, path_of
 from .shm import check_join_args as _check_join_args
 from .shm import parse_size as parse_size
 from .shm import wait_ready as _wait_ready
@@ -64,6 +64,9 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+MAX_QUEUE_CAPACITY = 1 << 20
+"""The most packets a queue holds (capacities are powers of two from 2)."""
 
 
 class _Inner(list):  # type: ignore[type-arg]
@@ -384,10 +387,9 @@ class Domain:
 
     @spin.setter
     def spin(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError("spin must be >= 0")
-        self._spin = float(seconds)
+        seconds = check_spin(seconds)  # before anything is stored: nan, inf, < 0 and > 3600 s refused
         self._core.set_spin(int(seconds * 1e9))
+        self._spin = seconds
 
     def raw(self) -> mmap.mmap:
         """A read-write mmap of the whole domain (for inspection and tools)."""
@@ -677,11 +679,18 @@ class Domain:
 
     # ---------------------------------------------------------------- queues
     def queue(self, capacity: int = 64) -> Queue:
-        """A command queue of ``capacity`` packets (a power of two), allocated from the heap.
+        """A command queue of ``capacity`` packets (a power of two in 2..2^20), allocated from the heap.
 
-        Its consumer binds with ``Queue.bind()``.  OutOfMemory / DomainFull as for buffers.
+        Its consumer binds with ``Queue.bind()``.  TypeError / ValueError for another
+        capacity; OutOfMemory / DomainFull as for buffers.
         """
         self._check_open()
+        if isinstance(capacity, bool) or not isinstance(capacity, int):
+            raise TypeError(f"queue capacity must be an int, got {type(capacity).__name__}")
+        if not 2 <= capacity <= MAX_QUEUE_CAPACITY or capacity & (capacity - 1):
+            raise ValueError(
+                f"queue capacity must be a power of two in 2..2^20 ({MAX_QUEUE_CAPACITY}), got {capacity}"
+            )
         h = self._core.queue_new(capacity)
         q: Queue = self._core.wrap(Queue, self, h)
         return q

@@ -60,17 +60,32 @@ and a frame is done when every sink stage is.
   failure on; the follow-ups that never run have their signals failed), and
   :class:`StageFailed` names the failed stage among the ancestors of the
   failing sink that comes first in topological order.
+* Agents are part of what is compiled: a compiled graph records each agent's
+  participant identity (slot index and incarnation) and the consumer word of
+  its queue.  Every :meth:`CompiledGraph.run` (and every frame of
+  :meth:`CompiledGraph.stream`) reads them in shared memory before it submits
+  and again before it returns outputs (no system call); a frame that fails or
+  times out also checks each agent's liveness lock.  An agent that died, or
+  whose queue was taken over by a respawn (``spawn(queue=old.queue)``),
+  invalidates the graph: its timelines are failed with OWNER_DIED (so the
+  frames in flight fail), and that frame and every later ``run``/``stream``
+  raise :class:`GraphInvalidated` until the graph is compiled again on live
+  agents.  So no frame is ever returned from a graph whose agents changed
+  under it; and a respawned agent never runs the packets queued for the dead
+  one (:meth:`hostless.Queue.bind`), so nothing of an old frame runs against
+  argument blocks the host re-patched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from . import devmem, ert, lowlevel, records, trace
+from ._abi import C
 from .agents import Agent
 from .buffer import Buffer, bytes_buffer
 from .dag import MAX_PACKET_WAITS, Dag
@@ -83,7 +98,7 @@ from .status import Status, timeline_failure
 from .timeline import Timeline
 from .wire import FO_PACKET, PK_WAIT_VALUE, Follow, FrameOps, Kernargs, Packet, PacketType, follow_offset
 
-__all__ = ["Graph", "CompiledGraph", "StageFailed", "Stage"]
+__all__ = ["Graph", "CompiledGraph", "StageFailed", "GraphInvalidated", "Stage", "place_tensors"]
 
 _SLICE_S = 0.05
 """A wait for a stage sleeps in slices this long; after each, the host checks the
@@ -105,6 +120,28 @@ class StageFailed(HostlessError):
             msg += f": {error}"
         super().__init__(msg)
         self.stage, self.status, self.error = stage, status, error
+
+
+class GraphInvalidated(StageFailed):
+    """An agent this compiled graph runs on died or was replaced (respawned on its queue).
+
+    The graph's packets, timelines and argument blocks were built for that
+    agent: the frame that noticed fails and every later ``run``/``stream``
+    raises this, never returning a frame, until the graph is compiled again
+    (``g.compile()`` on live agents, a respawned one included).  A
+    :class:`StageFailed` (``stage`` is the first stage on that agent,
+    ``status`` OWNER_DIED), so code that handles stage failures handles it;
+    ``agent_id`` is the participant id the graph was compiled for."""
+
+    def __init__(self, stage: str, agent_id: int, why: str) -> None:
+        HostlessError.__init__(
+            self,
+            f"stage {stage!r} failed with OWNER_DIED: its agent (participant {agent_id}) {why}; "
+            "this compiled graph is no longer valid and returns no frame: compile it again with g.compile() "
+            "on live agents (a respawned one included)",
+        )
+        self.stage, self.status, self.error = stage, Status.OWNER_DIED, None
+        self.agent_id = agent_id
 
 
 @dataclass
@@ -258,6 +295,98 @@ def _scalar_word(x: float | int) -> int:
     return f64(x) if isinstance(x, float) else int(x) & 0xFFFFFFFFFFFFFFFF
 
 
+class _Ident:
+    """An agent as a compiled graph knows it: the words of its participant slot and of its
+    queue's consumer that must keep what they held at compile time."""
+
+    __slots__ = ("stage", "agent_id", "index", "ctl", "ctl_want", "consumer", "consumer_want")
+
+    CTL_MASK = (0xFFFFFF << 16) | 0xFF  # the incarnation's low 24 bits (what an id carries) and state
+
+    def __init__(
+        self, stage: str, agent_id: int, index: int, ctl: memoryview, ctl_want: int,
+        consumer: memoryview, consumer_want: int,
+    ) -> None:
+        self.stage, self.agent_id, self.index = stage, agent_id, index
+        self.ctl, self.ctl_want, self.consumer, self.consumer_want = ctl, ctl_want, consumer, consumer_want
+
+    def changed(self) -> str | None:
+        """None while the agent is the one compiled for; else what happened (two loads)."""
+        cons = self.consumer[0]
+        if cons != self.consumer_want and cons != 0:
+            return f"was replaced: participant slot {(cons & 0xFF) - 1} consumes its queue now (a respawn)"
+        if self.ctl[0] & self.CTL_MASK != self.ctl_want:
+            return "died or left (its participant slot no longer holds it)"
+        if cons != self.consumer_want:
+            return "died (its recovery unbound its queue)"
+        return None
+
+
+class _Engine(Protocol):
+    """What the placement rule needs of an agent."""
+
+    @property
+    def kind(self) -> str: ...  # "cpu", "npu", "cuda", "gpucp"
+
+    @property
+    def device(self) -> str: ...  # where its engine reads memory: "cpu" or "cuda:N"
+
+
+class _Uses(Protocol):
+    """What the placement rule needs of a stage."""
+
+    @property
+    def agent(self) -> _Engine: ...
+
+    @property
+    def inputs(self) -> Sequence[str]: ...
+
+    @property
+    def output(self) -> str: ...
+
+
+def place_tensors(
+    stages: Sequence[_Uses],
+    inputs: Iterable[str],
+    constants: Iterable[str],
+    data: str,
+    heaps: Collection[str],
+) -> dict[str, str]:
+    """Where each tensor of a graph lives ("cpu" or "cuda:N"); a pure function of the
+    stages' agents (kind, device), what each stage reads and writes, the data mode and
+    the names of the domain's device heaps.
+
+    Copy mode: every edge is staged through host memory.  Shared mode: a tensor goes to
+    GPU N's memory when the stage that writes it and every stage that reads it run on
+    GPU N (the host writes graph inputs and constants, and reads outputs, with explicit
+    copies), and the domain has a heap there; otherwise host memory, which every engine
+    reaches.  Exception: a tensor the host writes or reads every frame (a graph input, a
+    sink's output) that a GPU command processor (gpucp) stage touches stays in host
+    memory: a host-side CUDA copy would wait for the resident kernel's time slice (the
+    contexts of two processes are time-sliced), while the processor reads and writes
+    host memory over the link itself."""
+    ins, consts = list(inputs), list(constants)
+    names = ins + consts + [s.output for s in stages]
+    place = dict.fromkeys(names, "cpu")
+    if data != "shared":
+        return place
+    users: dict[str, set[str]] = {n: set() for n in names}
+    for s in stages:
+        dev = s.agent.device
+        users[s.output].add(dev)
+        for i in s.inputs:
+            users[i].add(dev)
+    read = {i for s in stages for i in s.inputs}
+    per_frame = set(ins) | {s.output for s in stages if s.output not in read}  # inputs, sinks' outputs
+    resident = {n for s in stages if s.agent.kind == "gpucp" for n in [s.output, *s.inputs]}
+    for n, devs in users.items():
+        if len(devs) == 1:
+            (d,) = devs
+            if d != "cpu" and d in heaps and not (n in per_frame and n in resident):
+                place[n] = d
+    return place
+
+
 class _Slot:
     """The buffers and prepared packets of one frame in flight."""
 
@@ -290,6 +419,9 @@ class CompiledGraph:
         self.g, self.dispatch, self.data, self.inflight = g, dispatch, data, inflight
         dom = g.dom
         self.dom = dom
+        # the agents as compiled for, recorded before anything is built for them
+        self._invalid: GraphInvalidated | None = None
+        self._idents = self._identities()
         # Python stage functions: loaded into their agents once, here (ImportError etc. surface now)
         self.kids: dict[int, int] = {
             k: s.agent.load_function(s.kernel, s.scalars)
@@ -327,40 +459,85 @@ class CompiledGraph:
             self._build_programs(sl)
         self._closed = False
 
+    # ------------------------------------------------------------ agents
+    def _identities(self) -> list[_Ident]:
+        """Each agent's participant slot and queue as compiled: the words to re-read per run."""
+        dom, lay = self.dom, lowlevel.layout(self.dom)
+        mv = memoryview(dom._raw_map())
+        base = lowlevel.base_address(dom)
+        out: list[_Ident] = []
+        for a in {id(s.agent): s.agent for s in self.g.stages}.values():
+            idx, inc = a.id & 0xFF, (a.id >> 8) & 0xFFFFFF
+            if not 0 <= idx < lay["participant_capacity"]:
+                raise ValueError(f"agent {a!r} has no participant slot {idx}")
+            stage = next(s.name for s in self.g.stages if s.agent is a)
+            off = lay["participants_offset"] + idx * int(C.PARTICIPANT_SIZE) + int(C.P_CTL)
+            qoff = lowlevel.queue_view(dom, a.queue).queue - base + int(C.Q_CONSUMER)
+            out.append(
+                _Ident(
+                    stage,
+                    a.id,
+                    idx,
+                    mv[off : off + 8].cast("Q"),
+                    (inc << 16) | int(C.PART_ALIVE),
+                    mv[qoff : qoff + 4].cast("I"),
+                    (inc << 8) | (idx + 1),
+                )
+            )
+        return out  # (an agent already gone: the first run raises GraphInvalidated)
+
+    def _check_agents(self, thorough: bool = False) -> None:
+        """GraphInvalidated when an agent died or was replaced since compile time: its
+        participant slot's incarnation and state and its queue's consumer, read in shared
+        memory (``thorough``: its liveness lock too, one system call per agent, for a
+        frame that failed or timed out: a killed agent not yet recovered looks alive)."""
+        if self._invalid is not None:
+            raise self._invalid
+        m = _Ident.CTL_MASK
+        for ident in self._idents:  # the fast path: two loads and compares per agent
+            if ident.consumer[0] != ident.consumer_want or ident.ctl[0] & m != ident.ctl_want:
+                why = ident.changed()
+                if why is not None:
+                    self._invalidate(GraphInvalidated(ident.stage, ident.agent_id, why))
+        if thorough:
+            held = {p[0]: bool(p[9]) for p in self.dom._core.participants()}
+            for ident in self._idents:
+                if not held.get(ident.index, False):
+                    self._invalidate(GraphInvalidated(ident.stage, ident.agent_id, "died"))
+
+    def _invalidate(self, e: GraphInvalidated) -> None:
+        """Remember ``e`` for every later run, fail the graph's timelines (the frames in flight
+        fail: packets still queued on live agents that wait on them fail unrun), raise ``e``."""
+        self._invalid = e
+        for t in self.timelines + list(self.copied.values()):
+            try:
+                if t.failure is None:
+                    t.fail(Status.OWNER_DIED)
+            except HostlessError:
+                pass  # failed meanwhile (its owner's recovery)
+        raise e
+
+    def _exec_checked(self, prog: tuple[Any, list[Any]], value: int, timeout: float | None) -> None:
+        """:meth:`_exec`; a failure or timeout first checks whether an agent died or was
+        replaced (GraphInvalidated, chained to the failure)."""
+        try:
+            self._exec(prog, value, timeout)
+        except (StageFailed, TimeoutError) as e:
+            try:
+                self._check_agents(thorough=True)
+            except GraphInvalidated as gi:
+                raise gi from e
+            raise
+
     # ------------------------------------------------------------ building
     def _shape_of(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         return self.g._shape_of(name)
 
     def _placement(self) -> dict[str, str]:
-        """Where each tensor lives ("cpu" or "cuda:N").  Copy mode: every edge is staged
-        through host memory.  Shared mode: a tensor goes to GPU N's memory when the stage
-        that writes it and every stage that reads it run on GPU N (the host writes graph
-        inputs and constants, and reads outputs, with explicit copies), and the domain has
-        a heap there; otherwise host memory, which every engine reaches."""
+        """Where each tensor lives: :func:`place_tensors` on this graph and the domain's heaps."""
         g = self.g
-        names = list(g.inputs) + list(g.constants) + [s.output for s in g.stages]
-        place = dict.fromkeys(names, "cpu")
-        if self.data != "shared":
-            return place
-        heaps = {h.name for h in lowlevel.device_heaps(self.dom)}
-        users: dict[str, set[str]] = {n: set() for n in names}
-        for s in g.stages:
-            dev = s.agent.device
-            users[s.output].add(dev)
-            for i in s.inputs:
-                users[i].add(dev)
-        # tensors the host writes or reads every frame stay in host memory when a GPU command
-        # processor touches them: a host-side CUDA copy would wait for the resident kernel's
-        # time slice (the contexts of two processes are time-sliced), the processor reads and
-        # writes host memory over the link itself
-        per_frame = set(g.inputs) | {g.stages[k].output for k in self.dag.sinks}
-        resident = {n for s in g.stages if s.agent.kind == "gpucp" for n in [s.output, *s.inputs]}
-        for n, devs in users.items():
-            if len(devs) == 1:
-                (d,) = devs
-                if d != "cpu" and d in heaps and not (n in per_frame and n in resident):
-                    place[n] = d
-        return place
+        heaps = {h.name for h in lowlevel.device_heaps(self.dom)} if self.data == "shared" else set()
+        return place_tensors(g.stages, g.inputs, g.constants, self.data, heaps)
 
     def plan(self) -> str:
         """Where each tensor lives and why, one line per tensor (also what ``print`` shows)."""
@@ -653,10 +830,12 @@ class CompiledGraph:
         The frame's packets are pushed, (host dispatch) its stages waited for and
         copied between, and its sinks waited for by one call into the engine."""
         self._check()
+        self._check_agents()
         self.frame += 1
         sl = self.slots[self.frame % self.inflight]
         self._write_inputs(sl, inputs)
-        self._exec(sl.run, self.frame, timeout)
+        self._exec_checked(sl.run, self.frame, timeout)
+        self._check_agents()  # an agent replaced while the frame ran: no frame from this graph
         return self._read_outputs(sl)
 
     def stream(
@@ -664,19 +843,23 @@ class CompiledGraph:
     ) -> Iterator[dict[str, np.ndarray]]:
         """Run frames with up to ``inflight`` in flight; yields outputs in order."""
         self._check()
+        self._check_agents()
         pending: list[tuple[int, _Slot]] = []
         for inp in frames:
             if len(pending) == self.inflight:
                 v, sl = pending.pop(0)
-                self._exec(sl.wait, v, timeout)
+                self._exec_checked(sl.wait, v, timeout)
+                self._check_agents()
                 yield self._read_outputs(sl)
+            self._check_agents()
             self.frame += 1
             sl = self.slots[self.frame % self.inflight]
             self._write_inputs(sl, inp)
-            self._exec(sl.submit, self.frame, timeout)
+            self._exec_checked(sl.submit, self.frame, timeout)
             pending.append((self.frame, sl))
         for v, sl in pending:
-            self._exec(sl.wait, v, timeout)
+            self._exec_checked(sl.wait, v, timeout)
+            self._check_agents()
             yield self._read_outputs(sl)
 
     def _check(self) -> None:

@@ -230,6 +230,9 @@ typedef uint8_t hl_u8;
 #define HL_PART_FREE 0u
 #define HL_PART_ALIVE 1u
 #define HL_PART_RECOVERING 2u
+/* hl_participant.flags: joined without its liveness lock (a reader's OFD read
+ * lock kept it off): its liveness is its pid and start time (liveness.c). */
+#define HL_PART_FLAG_PIDLIVE 1u
 #define HL_PCTL(inc, rec, state) (((hl_u64)(inc) << 16) | ((hl_u64)((rec) & 0xffu) << 8) | ((hl_u64)(state) & 0xffu))
 #define HL_PCTL_STATE(c) ((hl_u32)((c) & 0xffu))
 #define HL_PCTL_RECOVERER(c) ((hl_u32)(((c) >> 8) & 0xffu))
@@ -313,7 +316,7 @@ struct hl_header {
 struct hl_participant {
     hl_u64 ctl;                   /*   0 HL_PCTL(incarnation, recoverer, state) */
     hl_u32 pid;                   /*   8 OS process id */
-    hl_u32 flags;                 /*  12 reserved */
+    hl_u32 flags;                 /*  12 HL_PART_FLAG_* (written by the participant itself) */
     hl_u64 start_time;            /*  16 process start time (clock ticks since boot, /proc/pid/stat field 22) */
     hl_u64 joined_ns;             /*  24 CLOCK_REALTIME when it joined */
     char label[32];               /*  32 NUL-terminated label */

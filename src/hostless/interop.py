@@ -8,14 +8,18 @@
   process that is not a participant: the fd is a fresh open of the domain file
   (its own open file description, so it never carries this participant's
   liveness lock), and the offset is page aligned for buffers of 64 KiB and up.
-  The fd gives access to the whole domain file: hand it only to trusted peers,
-  or use a memfd buffer for isolation.
+  The fd is read-only unless ``writable=True`` is asked for, and either way it
+  gives access to the whole domain file (a read-only one lets the peer read
+  every table and buffer; a process of the same user can also reopen it
+  writable through /proc): hand it only to trusted peers, or use a memfd
+  buffer for isolation.
 * :func:`send_fds` / :func:`recv_fds` pass descriptors (and a small payload)
   over a Unix socket with SCM_RIGHTS.
 """
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import socket
@@ -57,11 +61,13 @@ class ExternalBuffer(_Views):
         dtype: Any = None,
         *,
         offset: int = 0,
-        readonly: bool = False,
+        readonly: bool | None = None,
         take: bool = False,
     ) -> ExternalBuffer:
         """Map ``shape``/``dtype`` bytes of ``fd`` starting at ``offset`` (any offset).
 
+        ``readonly``: map (and view) read-only; by default (None) read-only
+        exactly when ``fd`` is open read-only (as :func:`export_buffer` gives).
         ``take=True`` transfers ownership of ``fd`` (closed with the buffer);
         otherwise the descriptor is duplicated.  Raises ValueError when the
         region lies beyond the end of the file.
@@ -74,6 +80,8 @@ class ExternalBuffer(_Views):
             raise ValueError(
                 f"region [{offset}, {offset + nbytes}) lies beyond the end of the file ({size} bytes)"
             )
+        if readonly is None:
+            readonly = (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE) == os.O_RDONLY
         own = fd if take else os.dup(fd)
         base = offset - offset % _PAGE
         try:
@@ -144,11 +152,15 @@ def dma_heap_buffer(shape: ShapeLike, dtype: Any = None, *, heap: str = "system"
     return ExternalBuffer.from_fd(fd, shape, dtype, take=True)
 
 
-def export_buffer(buf: Any) -> tuple[int, int, int]:
+def export_buffer(buf: Any, *, writable: bool = False) -> tuple[int, int, int]:
     """(fd, offset, nbytes) of a heap buffer for a process outside the domain.
 
     The caller owns the new fd.  Import it with
-    ``ExternalBuffer.from_fd(fd, buf.shape, buf.dtype, offset=offset)``.
+    ``ExternalBuffer.from_fd(fd, buf.shape, buf.dtype, offset=offset)`` (a
+    read-only view for a read-only fd).  The fd is opened read-only by default:
+    the peer can read the whole domain file but write nothing.  ``writable=True``
+    hands out read-write access to the whole domain file (every table, every
+    buffer): only for a peer you would let join the domain.
     """
     from .buffer import Buffer
 
@@ -159,7 +171,7 @@ def export_buffer(buf: Any) -> tuple[int, int, int]:
     dom = buf._dom
     if dom._closed:
         raise DomainClosed("the buffer's domain is closed")
-    fd = os.open(f"/proc/self/fd/{dom._fd}", os.O_RDWR | os.O_CLOEXEC)
+    fd = os.open(f"/proc/self/fd/{dom._fd}", (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
     return fd, buf.offset, buf.nbytes
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from . import _core, lowlevel
 from ._abi import C, handle_kind
 from .errors import InvalidHandle
+from .shm import check_spin
 from .wire import Follow, Kernargs, Packet, PacketType
 
 __all__ = ["Packet", "Follow", "Kernargs", "Queue", "PacketType"]
@@ -50,21 +51,28 @@ class Queue(_core.Handle):
 
         Blocks while the queue is full; raises QueueFull after ``timeout``
         seconds (``0`` = do not wait), InvalidOperation when the queue is full
-        and its consumer died (a queue with room takes the packet: a respawned
-        agent that binds it will run it), CorruptDomain when the queue's words
+        and its consumer died (a queue with room takes the packet, and the
+        agent respawned on the queue fails it unrun, its signal with
+        OWNER_DIED: see :meth:`bind`), CorruptDomain when the queue's words
         were overwritten.
         """
         raw = packet.encode() if isinstance(packet, Packet) else packet
         return int(self._core.queue_push(self.handle, raw, _timeout_ns(timeout)))
 
-    def bind(self) -> None:
-        """Become the queue's consumer (it has none, or its consumer is dead)."""
-        self._core.queue_bind(self.handle)
+    def bind(self) -> int:
+        """Become the queue's consumer (it has none, or its consumer is dead).
+
+        Returns the index below which the queue's packets were queued for the
+        consumer this one replaces (0 for a queue's first consumer, or one
+        already ours): those must not run, since their consumer died with them
+        and their producers may have reused what they name; fail their signals
+        (and their follow-ups') with OWNER_DIED instead, as the agents do.  A
+        packet reserved after the takeover gets an index at or above it."""
+        return int(self._core.queue_bind(self.handle))
 
     def pop(self, timeout: float | None = None, spin: float = 20e-6) -> tuple[int, Packet] | None:
         """Take the next packet (consumer only): (index, packet), or None after ``timeout``."""
-        if isinstance(spin, bool) or not isinstance(spin, (int, float)) or not spin >= 0:
-            raise ValueError(f"spin must be seconds >= 0, got {spin!r}")
+        spin = check_spin(spin)
         r = self.pop_raw(_timeout_ns(timeout), int(spin * 1e9))
         if r is None:
             return None

@@ -11,7 +11,10 @@ failure reads it with :func:`read` (:class:`~hostless.graph.StageFailed` and
 Records are bounded: at most :data:`~hostless.stagefn.MAX_ERROR_BYTES` of
 text each, and a writer keeps its last :data:`KEEP` records alive (older ones
 are released, and their names die with them), so a stage failing on every
-frame does not fill the heap or the name table.  Writing a record never
+frame does not fill the heap or the name table.  All records together hold
+at most 12 of the name table's 47 cells (the engine's share, core/names.c): past
+it a new record takes another record's cell, never one a user's name could use.
+Writing a record never
 raises: without a heap, with a full heap or a full name table, the failure
 keeps its status alone.
 """

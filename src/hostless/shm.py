@@ -7,6 +7,7 @@ leaves a half-made file behind.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
@@ -55,6 +56,20 @@ def check_join_args(label: object, kind: object, watchdog_interval: object, spin
             raise TypeError(f"{what} must be a number of seconds, got {type(v).__name__}")
         if not 0 <= v <= 3600:
             raise ValueError(f"{what} must be in 0..3600 s (0 disables), got {v!r}")
+
+
+MAX_SPIN = 3600.0
+"""The largest spin, in seconds, any wait or agent takes (as for join arguments)."""
+
+
+def check_spin(value: object, what: str = "spin") -> float:
+    """``value`` as seconds of spinning: a finite number in 0..MAX_SPIN (TypeError /
+    ValueError otherwise, before anything stores it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
+    if not 0 <= value <= MAX_SPIN:  # also refuses nan and inf
+        raise ValueError(f"{what} must be seconds in 0..{MAX_SPIN:g}, got {value!r}")
+    return float(value)
 
 
 MAX_REGION = 1 << 46  # 64 TiB: larger heap/queue/trace sizes are refused, never wrapped
@@ -124,6 +139,10 @@ def replace_stale(path: str) -> None:
             found = remove_if_stale(path)
         except FileNotFoundError:
             return
+        except OSError as e:  # a symbolic link (never followed), another user's file, ...
+            link = e.errno == errno.ELOOP
+            what = "a symbolic link, never followed" if link else f"cannot check it: {e.strerror}"
+            raise FileExistsError(f"{path} exists and was not replaced: {what}") from None
         if found.state in ("removed", "gone"):
             return
         if found.state == "young" and time.monotonic() < deadline:

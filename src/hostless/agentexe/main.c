@@ -29,6 +29,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,7 +144,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(o, "--spin-ns")) { if (!num(v, 0, &spin)) return usage("--spin-ns: not a count of ns >= 0: %s", v); }
         else if (!strcmp(o, "--wait-timeout-ns")) { if (!num(v, -1, &wto)) return usage("--wait-timeout-ns: not ns >= -1 (-1: none): %s", v); }
         else if (!strcmp(o, "--follow-timeout-ns")) { if (!num(v, 0, &fto)) return usage("--follow-timeout-ns: not a count of ns >= 0: %s", v); }
-        else if (!strcmp(o, "--parent")) { if (!num(v, 1, &parent)) return usage("--parent: not a pid: %s", v); }
+        else if (!strcmp(o, "--parent")) { if (!num(v, 1, &parent) || parent > INT_MAX) return usage("--parent: not a pid (1..2147483647): %s", v); }
         else if (!strcmp(o, "--idle-poll-ns")) { if (!num(v, 0, &idle)) return usage("--idle-poll-ns: not a count of ns >= 0: %s", v); }
         else if (!strcmp(o, "--blas")) blas = v;
         else return usage("unknown option %s", o);

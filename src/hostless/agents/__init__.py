@@ -313,7 +313,13 @@ def spawn(
 
     ``user_kernels`` maps names to ``"module:function"`` kernels (taking
     ``(buffers, scalars)``) the agent imports; their ids are in
-    ``agent.user_kernels``.  Passing the ``queue`` of a dead agent respawns it.
+    ``agent.user_kernels``.  Passing the ``queue`` of a dead agent respawns it: the packets
+    queued for the dead agent (below the write index the new one finds when it takes the
+    queue over, :meth:`hostless.Queue.bind`) fail unrun, their signals and their follow-ups'
+    with OWNER_DIED, and a STOP among them is ignored; packets pushed afterwards run.  A
+    graph compiled on the dead agent raises :class:`hostless.graph.GraphInvalidated` until
+    compiled again.  (A "gpucp" agent's host process fails them by the same rule before its
+    resident kernel starts.)
 
     Who decides what code runs: only the spawner.  User kernels come on the
     agent's command line; stage functions through a private load channel
@@ -335,24 +341,24 @@ def spawn(
         raise ValueError(f"unknown agent kind {kind!r} (cpu, npu, cuda, gpucp)")
     device = int(opts.pop("device", 0))
     spin = float(opts.pop("spin", 50e-6))
-    if spin < 0:
-        raise ValueError("spin must be >= 0")
+    if not 0 <= spin <= 3600:  # nan and inf too (hostless.shm.check_spin's rule)
+        raise ValueError(f"spin must be seconds in 0..3600, got {spin!r}")
     wait_timeout = opts.pop("wait_timeout", 60.0)
     if wait_timeout is not None:
         wait_timeout = float(wait_timeout)
-        if not wait_timeout >= 0:
-            raise ValueError("wait_timeout must be >= 0 or None")
+        if not 0 <= wait_timeout < float("inf"):
+            raise ValueError(f"wait_timeout must be finite seconds >= 0 (None: none), got {wait_timeout!r}")
     follow_timeout = float(opts.pop("follow_timeout", 10.0))
-    if not follow_timeout >= 0:
-        raise ValueError("follow_timeout must be >= 0")
+    if not 0 <= follow_timeout < float("inf"):
+        raise ValueError(f"follow_timeout must be finite seconds >= 0, got {follow_timeout!r}")
     native_opt = opts.pop("native", False)
     if native_opt not in (False, True, "exe"):
         raise ValueError(f"native must be False, True or 'exe', not {native_opt!r}")
     native: bool | str = native_opt
     fixed_spin = bool(opts.pop("fixed_spin", False))
     idle_poll = float(opts.pop("idle_poll", 0.02))
-    if not idle_poll >= 0:
-        raise ValueError("idle_poll must be >= 0")
+    if not 0 <= idle_poll < float("inf"):
+        raise ValueError(f"idle_poll must be finite seconds >= 0, got {idle_poll!r}")
     sms = int(opts.pop("sms", 8))
     isolation = str(opts.pop("isolation", "auto"))
     if kind == "gpucp" and sms < 1:

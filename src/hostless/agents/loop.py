@@ -38,6 +38,11 @@ Hostile packets (the rule every agent follows):
   timeline).  The signals of the follow-up packets that will now never run
   are failed with the same status (recursively, at most 16 levels and 256
   signals per packet), so nobody waits for them forever.
+* A respawned agent (``spawn(queue=...)`` of a dead agent's queue) does not
+  run what was queued for the dead one: every packet below the write index
+  its bind found (:meth:`hostless.Queue.bind`) fails unrun, a STOP
+  included, its signal and its follow-ups' with OWNER_DIED; a packet pushed
+  after the takeover runs.
 * Input waits are bounded: a packet whose inputs have not completed within
   ``wait_timeout`` seconds (spawn option, default 60 s; None waits forever)
   fails with ERROR.  Waits are taken in short slices, between which the
@@ -219,6 +224,9 @@ class AgentLoop:
         self.wait_timeout = wait_timeout
         self.follow_timeout = follow_timeout
         self.hops: dict[int, int] = {}  # write index in our own queue -> hops of the follow-up chain
+        self.stale_below = 0
+        """Packets below this index were queued for the dead consumer this agent replaced
+        (what :meth:`Queue.bind` returned): they fail unrun, with OWNER_DIED."""
         self.failures = 0  # packets failed and follow-ups dropped (statistics)
         self.ert = ErtProcessor(self.cache.bytes_view, self.cache.view, self.kernels)
         self.records = records.Recorder(dom)  # why packets failed (hostless.records)
@@ -243,6 +251,10 @@ class AgentLoop:
             idx, raw = r
             pkt = Packet.decode(raw)
             hops = self.hops.pop(idx, 0)
+            if idx < self.stale_below:
+                self.discard_stale(idx, pkt)
+                q.completed()
+                continue
             if pkt.type == PacketType.STOP:
                 self.finish(pkt, Status.SUCCESS, idx)
                 return
@@ -439,6 +451,13 @@ class AgentLoop:
             fp = Packet.decode(raw)
             self.fail_signal(fp.signal, fp.signal_value, status)
             self.fail_downstream(fp, status, budget, depth + 1)
+
+    def discard_stale(self, idx: int, pkt: Packet) -> None:
+        """A packet queued for the dead consumer this agent replaced: nothing of it runs
+        (a STOP included); its signal and its follow-ups' fail with OWNER_DIED."""
+        self.failures += 1
+        self.finish(pkt, Status.OWNER_DIED, idx)
+        self.fail_downstream(pkt, Status.OWNER_DIED, [FAIL_BUDGET])
 
     def fail_signal(self, h: int, value: int, status: Status) -> None:
         """Finish the signal ``h`` (value ``value`` of a timeline) with the failure ``status``."""

@@ -25,7 +25,9 @@ import threading
 from typing import Any
 
 from ..domain import Domain
+from ..errors import HostlessError
 from ..kernels import Kernel, load_user_kernel
+from ..status import Status
 from .loop import AgentLoop
 
 __all__ = ["main"]
@@ -86,8 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     dom = Domain.open(a.domain, label=a.label or f"{a.kind}-agent", kind=a.kind)
     q = dom.import_queue(a.queue)
-    q.bind()
+    stale_below = q.bind()  # (the native loop reads it from the engine itself)
     if a.kind == "gpucp":
+        _discard_stale_on_host(dom, q, a.parent, stale_below)
         return _run_gpucp(dom, q, a.parent, a.device, a.sms, a.isolation)
     native = a.native and a.kind in ("cpu", "npu")
     sys.stdout.write(f"{dom.participant_id}\n")
@@ -103,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         agent = AgentLoop(dom, q, a.kind, user, a.parent, wait_timeout, follow_timeout)
     agent.spin_ns = int(max(0.0, a.spin) * 1e9)
+    agent.stale_below = stale_below
     if control is not None and a.kind == "cpu":
         from .control import serve
 
@@ -118,6 +122,42 @@ def main(argv: list[str] | None = None) -> int:
         agent.cache.clear()
         dom.close()
     return 0
+
+
+def _discard_stale_on_host(dom: Domain, q: Any, parent: int, stale_below: int) -> None:
+    """A gpucp agent that took over a dead consumer's queue: fail what was queued for the
+    dead one (every index below ``stale_below``) on the host, by the loop's rule
+    (:meth:`AgentLoop.discard_stale`), before the resident kernel starts at ``read_index``.
+
+    Only cells below ``stale_below`` are popped; those were reserved before the takeover, so
+    they are published soon or skipped by recovery (their producer died).  The one case
+    where a pop can reach past ``stale_below`` (the last stale cell was skipped for a dead
+    producer inside the pop) fails that packet with ERROR and a record instead of running it
+    on the host: nothing is lost silently."""
+    import time
+
+    from ..wire import Packet
+
+    if not stale_below:
+        return
+    loop = AgentLoop(dom, q, "cpu", {}, parent, 1.0, 1.0)  # its finish / fail rule only
+    deadline = time.monotonic() + 30.0
+    while q.info()["read_index"] < stale_below:
+        r = q.pop_raw(50_000_000, 0)
+        if r is None:
+            if os.getppid() != parent:
+                raise SystemExit(1)
+            if time.monotonic() > deadline:
+                raise HostlessError(f"queue {q.handle:#x}: stale packets below {stale_below} never came")
+            continue
+        idx, raw = r
+        pkt = Packet.decode(raw)
+        if idx < stale_below:
+            loop.discard_stale(idx, pkt)
+        else:
+            loop.records.write(pkt.signal, "gpucp takeover: popped on the host past the stale range; not run")
+            loop.finish(pkt, Status.ERROR, idx)
+        q.completed()
 
 
 def _run_gpucp(dom: Domain, q: Any, parent: int, device: int, sms: int, isolation: str) -> int:

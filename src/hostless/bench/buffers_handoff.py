@@ -7,6 +7,11 @@ heap buffer) and two timelines: ``go`` (producer -> consumer: point ``2r - 1``
 prepare, ``2r`` hand-off ``r``) and ``ack`` (consumer -> producer, owned by
 the consumer so that its death fails it instead of hanging the producer).
 The Pipe modes use the consumer's control connection for their messages.
+
+Like for like (as in :mod:`hostless.bench.fences`): in every timed mode the
+consumer spins, in its timeline wait (a spin budget longer than the wait) or
+on ``Connection.poll()``; only ``zero_copy_plain_wait`` (for information) uses
+the domain's default wait, which sleeps after 50 us.
 """
 
 from __future__ import annotations
@@ -22,13 +27,13 @@ from .harness import Child, drop_domain, is_held, new_domain, spin_for
 __all__ = ["MODES", "PREPARE_DELAY", "Handoff"]
 
 MODES: dict[str, str] = {
-    "zero_copy": "hostless zero-copy (handle + timeline)",
+    "zero_copy": "hostless zero-copy (handle + timeline; consumer spinning)",
     "zero_copy_plain_wait": "hostless zero-copy, default wait, no prepare step",
     "zero_copy_full_fill": "hostless zero-copy, producer wrote every byte",
     "zero_copy_control": "control: 4 KiB zero-copy hand-off after the producer wrote this size",
     "copy": "hostless copy mode (copy_to staging, copy_to out)",
-    "shm_pipe": "multiprocessing.shared_memory + Pipe message",
-    "pickle_pipe": "ndarray pickled over a Pipe",
+    "shm_pipe": "multiprocessing.shared_memory + Pipe message (consumer spinning on poll())",
+    "pickle_pipe": "ndarray pickled over a Pipe (consumer spinning on poll())",
 }
 
 _WAIT_TIMEOUT = 600.0

@@ -14,12 +14,16 @@ hostless figures (process A signals, process B waits and answers, A waits):
 references, measured in the same run:
   * ``c_spin`` / ``c_futex``: ``pingpong.c`` (compiled now with ``gcc -O2``),
     one 32-bit word on one cache line, busy-wait or FUTEX_WAIT/FUTEX_WAKE;
-  * ``pipe``: ``multiprocessing.Pipe``, ``send_bytes`` / ``recv_bytes`` of one byte;
+  * ``pipe``: ``multiprocessing.Pipe``, ``send_bytes`` / ``recv_bytes`` of one byte,
+    both sides blocking in ``recv_bytes`` (in the kernel): the like-for-like peer of
+    hostless's sleep mode;
+  * ``pipe_poll``: the same Pipe, both sides spinning on ``poll()`` before each
+    ``recv_bytes``: the like-for-like peer of hostless's spin mode;
   * ``numpy_spin``: two u64 slots in ``multiprocessing.shared_memory``, each
     process storing into its slot with NumPy and spinning in Python until the
     other's slot changes (no semantics at all: the floor for Python code);
-  * tachyon-ipc 0.5.1 is not re-measured: its p50 (3.4-5.7 us on the 2-core
-    dev machine) comes from shared/measured.md.
+  * peers that are not measured here (tachyon-ipc) are not compared with: a
+    figure measured elsewhere judges nothing about this machine.
 
 throughput: create + signal + release of a fence from Python on one core,
 through the public API and through the bare C core, median of several runs.
@@ -48,7 +52,6 @@ import numpy as np
 from .fences_report import (
     DEFAULT_OUT_DIR,
     LATENCY_FIGURES,
-    TACHYON_P50_NS,
     evaluate_goals,
     print_report,
     report_markdown,
@@ -83,7 +86,6 @@ __all__ = [
     "write_results",
     "print_report",
     "LATENCY_FIGURES",
-    "TACHYON_P50_NS",
     "DEFAULT_OUT_DIR",
 ]
 
@@ -128,6 +130,8 @@ def _peer_main(conn: Connection, kind: str, args: dict[str, Any]) -> None:
         _peer_numpy(conn, args)
     elif kind == "pipe":
         _peer_pipe(conn, args)
+    elif kind == "pipe_poll":
+        _peer_pipe_poll(conn, args)
     else:
         raise ValueError(f"unknown peer kind {kind!r}")
 
@@ -191,6 +195,18 @@ def _peer_pipe(conn: Connection, args: dict[str, Any]) -> None:
     conn.send(("ready", None))
     recv, send = data.recv_bytes, data.send_bytes
     for _ in range(total):
+        send(recv())
+    data.close()
+
+
+def _peer_pipe_poll(conn: Connection, args: dict[str, Any]) -> None:
+    data: Connection = args["data"]
+    total = int(args["total"])
+    conn.send(("ready", None))
+    poll, recv, send = data.poll, data.recv_bytes, data.send_bytes
+    for _ in range(total):
+        while not poll():
+            pass
         send(recv())
     data.close()
 
@@ -315,27 +331,44 @@ def _numpy_pair(cfg: FenceBenchConfig, cpus: tuple[int | None, int | None]) -> n
         shm.unlink()
 
 
-def _pipe_pair(cfg: FenceBenchConfig, cpus: tuple[int | None, int | None]) -> np.ndarray[Any, Any]:
-    """multiprocessing.Pipe round trip of one byte."""
+def _pipe_pair(
+    cfg: FenceBenchConfig, cpus: tuple[int | None, int | None], spin: bool = False
+) -> np.ndarray[Any, Any]:
+    """multiprocessing.Pipe round trip of one byte: both sides block in ``recv_bytes``,
+    or with ``spin`` both spin on ``poll()`` first (no wait in the kernel)."""
     total = cfg.round_trips + cfg.warmup
     ctx = mp.get_context("spawn")
     mine, theirs = ctx.Pipe()
     peer: Child | None = None
     try:
-        peer = _peer("pipe", cpus[1], {"data": theirs, "total": total})
+        peer = _peer("pipe_poll" if spin else "pipe", cpus[1], {"data": theirs, "total": total})
         theirs.close()
         peer.expect("ready")
         samples = [0] * total
         clock = time.perf_counter_ns
-        send, recv = mine.send_bytes, mine.recv_bytes
+        send, recv, poll = mine.send_bytes, mine.recv_bytes, mine.poll
         msg = b"x"
         t0 = clock()
-        for i in range(total):
-            send(msg)
-            recv()
-            t = clock()
-            samples[i] = t - t0
-            t0 = t
+        if spin:
+            alive = peer.proc.is_alive
+            for i in range(total):
+                send(msg)
+                spins = 0
+                while not poll():
+                    spins += 1
+                    if spins & 0xFFFF == 0 and not alive():  # a dead peer ends the spin
+                        raise RuntimeError("benchmark peer died (Pipe, polled)")
+                recv()
+                t = clock()
+                samples[i] = t - t0
+                t0 = t
+        else:
+            for i in range(total):
+                send(msg)
+                recv()
+                t = clock()
+                samples[i] = t - t0
+                t0 = t
         peer.finish()
         return np.asarray(samples[cfg.warmup :], dtype=np.int64)
     finally:
@@ -439,6 +472,7 @@ def run(cfg: FenceBenchConfig | None = None, progress: Progress | None = None) -
                 steps.append((f"{kind}_{mode}", h_step))
         steps.append(("numpy_spin", lambda rc: _numpy_pair(rc, cpus)))
         steps.append(("pipe", lambda rc: _pipe_pair(rc, cpus)))
+        steps.append(("pipe_poll", lambda rc: _pipe_pair(rc, cpus, spin=True)))
 
         groups: dict[str, list[np.ndarray[Any, Any]]] = {key: [] for key, _ in steps}
         for r, share in enumerate(shares):

@@ -430,14 +430,15 @@ static PyObject *Core_queue_new(Core *c, PyObject *arg) {
     return PyLong_FromUnsignedLongLong(h);
 }
 
-/* queue_bind(handle): become the queue's consumer (free, or its consumer is dead) */
+/* queue_bind(handle) -> stale_below: become the queue's consumer (free, or its consumer
+ * is dead); packets below the index returned were queued for the dead one */
 static PyObject *Core_queue_bind(Core *c, PyObject *arg) {
     NEED_ATTACHED(c);
     uint64_t h = PyLong_AsUnsignedLongLong(arg);
     if (PyErr_Occurred()) return NULL;
     int r = hle_queue_bind(&c->ctx, h);
     if (r) return hlpy_raise(r);
-    Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(hle_queue_stale_below(&c->ctx, h));
 }
 
 static int parse_packet(PyObject *o, struct hl_packet *p) {

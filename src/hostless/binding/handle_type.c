@@ -191,8 +191,8 @@ static int parse_spin(Core *c, PyObject *sp, long long *ns) {
     }
     double d = PyFloat_AsDouble(sp);
     if (d == -1.0 && PyErr_Occurred()) return -1;
-    if (d < 0 || d != d) {
-        PyErr_SetString(PyExc_ValueError, "spin must be >= 0");
+    if (!(d >= 0 && d <= 3600)) { /* nan and inf too: hostless.shm.check_spin's rule */
+        PyErr_Format(PyExc_ValueError, "spin must be seconds in 0..3600, got %R", sp);
         return -1;
     }
     *ns = (long long)(d * 1e9);

@@ -34,6 +34,7 @@ struct agent {
     int nheld;
     uint64_t hop_idx[AGENT_HOPS];
     uint8_t hop_n[AGENT_HOPS];
+    uint64_t stale_below;           /* packets below it were queued for the consumer we replaced */
     uint8_t map[HLE_AGENT_MAX_CUS]; /* id / CU -> HLE_K_* (0: none in C) */
     uint32_t present;               /* bit i: id / CU i exists */
     struct hle_kenv kenv;
@@ -493,6 +494,17 @@ static void execute(struct agent *a, uint64_t idx, const struct hl_packet *p, ui
     release_all(a);
 }
 
+/* A packet queued for the dead consumer this agent replaced (hle_queue_stale_below):
+ * nothing of it runs (a STOP included); its signal and its follow-ups' fail with
+ * OWNER_DIED, as if its consumer's recovery had failed them. */
+static void discard_stale(struct agent *a, uint64_t idx, const struct hl_packet *p) {
+    finish(a, p, HL_STATUS_OWNER_DIED, idx);
+    int budget = HLE_AGENT_FAIL_BUDGET;
+    fail_downstream(a, p, HL_STATUS_OWNER_DIED, &budget, 0);
+    a->cfg->failures++;
+    release_all(a);
+}
+
 void hle_agent_default_table(const struct hle_agent_cfg *cfg, uint32_t *present, uint8_t *map) {
     memset(map, 0, HLE_AGENT_MAX_CUS);
     *present = 0;
@@ -560,6 +572,7 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
     cfg->blas_loaded = hle_blas_load(&a->kenv, cfg->blas_path, cfg->blas_threads, cfg->blas_why, sizeof cfg->blas_why);
     if ((r = hle_import(c, queue, HL_KIND_QUEUE))) goto out_free;
     if ((r = hle_queue_bind(c, queue))) goto out;
+    a->stale_below = hle_queue_stale_below(c, queue);
     struct hl_qview v;
     if ((r = hle_queue_view(c, queue, &v))) goto out;
     uint64_t last_packet = now_ns();
@@ -590,6 +603,11 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
         note_wait(a, last_packet - t0);
         if (HL_PRODUCER_IS_DEVICE(producer)) device_seen = 1; /* a device rings by stores: keep poll_ns */
         uint8_t hops = hops_take(a, idx);
+        if (idx < a->stale_below) {
+            discard_stale(a, idx, &p);
+            __atomic_add_fetch(&v.q->completed, 1, __ATOMIC_SEQ_CST);
+            continue;
+        }
         if (p.type == HL_PKT_STOP) {
             finish(a, &p, HL_STATUS_SUCCESS, idx);
             break;

@@ -222,7 +222,12 @@ int hle_attach(hle_ctx *c, int fd, const struct hle_init *init, const char *labe
     c->size = size;
     c->fd = fd;
     c->truncated = 0;
-    hle_guard_add(c); /* from the first read of the mapping on */
+    if (hle_guard_add(c) != HL_OK) { /* from the first read of the mapping on; never unguarded */
+        munmap(c->base, size);
+        c->base = NULL;
+        c->fd = -1;
+        return HL_E_NOMEM; /* hle_guard_add said why */
+    }
     c->h = (struct hl_header *)c->base;
     /* validate once; from here on only the private view c->dv is used */
     if (__atomic_load_n(&c->h->ready, __ATOMIC_ACQUIRE) != 1 || hl_attach(&c->dv, c->base, size) != HL_OK) {
@@ -259,32 +264,41 @@ int hle_attach(hle_ctx *c, int fd, const struct hle_init *init, const char *labe
         hle_unmap(c);
         return hle_fail(HL_E_NOMEM, "out of memory");
     }
-    /* join: lock byte i first, then claim slot i; the lock is our liveness */
+    /* join: lock byte i first, then claim slot i; the lock is our liveness.
+     * Pass 0 takes only slots whose lock it gets; pass 1 (no such slot) also
+     * slots whose byte a reader's read lock keeps us off: we join without the
+     * lock, flagged HL_PART_FLAG_PIDLIVE, and are judged by our pid
+     * (liveness.c); a later reap takes the lock when the reader is gone. */
     pid_t pid = getpid();
     for (int round = 0; round < 2 && c->me < 0; round++) {
-        for (uint32_t i = 0; i < c->pcap; i++) {
-            uint64_t pc = ld(&c->parts[i].ctl);
-            if (HL_PCTL_STATE(pc) != HL_PART_FREE) continue;
-            if (hle_take_lock(fd, (int)i) != 0) continue;
-            uint32_t inc = HL_PCTL_INC(pc) + 1;
-            if (!cas(&c->parts[i].ctl, &pc, HL_PCTL(inc, 0, HL_PART_ALIVE))) {
-                hle_drop_lock(fd, (int)i);
-                continue;
+        for (int pass = 0; pass < 2 && c->me < 0; pass++) {
+            for (uint32_t i = 0; i < c->pcap; i++) {
+                uint64_t pc = ld(&c->parts[i].ctl);
+                if (HL_PCTL_STATE(pc) != HL_PART_FREE) continue;
+                int locked = hle_take_lock(fd, (int)i) == 0;
+                if (!locked && (pass == 0 || hle_lock_state(fd, (int)i) != F_RDLCK)) continue;
+                uint32_t inc = HL_PCTL_INC(pc) + 1;
+                if (!cas(&c->parts[i].ctl, &pc, HL_PCTL(inc, 0, HL_PART_ALIVE))) {
+                    if (locked) hle_drop_lock(fd, (int)i);
+                    continue;
+                }
+                struct hl_participant *p = &c->parts[i];
+                /* pid last: 0 (cleared when the slot was freed) reads as "joining" */
+                __atomic_store_n(&p->start_time, hle_proc_start_time(pid), __ATOMIC_SEQ_CST);
+                __atomic_store_n(&p->flags, locked ? 0u : HL_PART_FLAG_PIDLIVE, __ATOMIC_SEQ_CST);
+                __atomic_store_n(&p->pid, (uint32_t)pid, __ATOMIC_SEQ_CST);
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                p->joined_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+                memset(p->label, 0, sizeof p->label);
+                strncpy(p->label, label, sizeof p->label - 1);
+                memset(p->kind, 0, sizeof p->kind);
+                strncpy(p->kind, kind, sizeof p->kind - 1);
+                c->me = (int)i;
+                c->mybit = 1ull << i;
+                c->inc = inc;
+                break;
             }
-            struct hl_participant *p = &c->parts[i];
-            p->pid = (uint32_t)pid;
-            p->start_time = hle_proc_start_time(pid);
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            p->joined_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-            memset(p->label, 0, sizeof p->label);
-            strncpy(p->label, label, sizeof p->label - 1);
-            memset(p->kind, 0, sizeof p->kind);
-            strncpy(p->kind, kind, sizeof p->kind - 1);
-            c->me = (int)i;
-            c->mybit = 1ull << i;
-            c->inc = inc;
-            break;
         }
         if (c->me < 0 && round == 0) {
             /* full: maybe some participants are dead */

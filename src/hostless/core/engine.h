@@ -70,6 +70,8 @@ struct hle_hooks {
 
 /* The engine context: what a joined (or merely mapped) domain is to this
  * process.  The Python Core object embeds one. */
+#define HLE_BOUND_MAX 8 /* queue bindings remembered per process (hle_queue_stale_below) */
+
 struct hle_ctx {
     char *base;
     size_t size;
@@ -109,6 +111,10 @@ struct hle_ctx {
                                * OFD locks of one open file description do not conflict with each other,
                                * so F_OFD_GETLK cannot show our own recovery to our other threads: this does */
     struct hle_hooks hooks;
+    /* queues this process took over from a dead consumer, with the write index at
+     * that moment: packets below it were queued for the dead one (hle_queue_stale_below) */
+    uint64_t bound_q[HLE_BOUND_MAX], bound_floor[HLE_BOUND_MAX];
+    uint32_t bound_next;
 };
 
 #define BUSY_ENTER(c) __atomic_add_fetch(&(c)->busy, 1, __ATOMIC_SEQ_CST)
@@ -280,8 +286,12 @@ int hle_merge_points(hle_ctx *c, const uint64_t *handles, const uint64_t *values
 int hle_merge(hle_ctx *c, const uint64_t *handles, int n, uint64_t *out);
 
 /* ---- liveness (liveness.c) ---- */
-/* 1 when participant i's liveness lock is held by some process (or unknown). */
+/* 1 when participant i is alive: its liveness write lock is held by some
+ * process (or unknown), or, where a read lock hides the byte or i joined
+ * without its lock, its process still runs.  Read locks never mean alive. */
 int hle_part_lock_held(hle_ctx *c, int i);
+/* F_WRLCK, F_RDLCK or F_UNLCK: what F_OFD_GETLK finds on byte i; -1 unknown. */
+int hle_lock_state(int fd, int i);
 /* part_lock_held, but 1 for ourselves and for the participant we recover. */
 int hle_lock_held(hle_ctx *c, int i);
 /* Take (0 on success) / drop the OFD liveness lock of participant i. */
@@ -479,8 +489,8 @@ int hle_kernel_run(const struct hle_kenv *env, uint32_t kernel, struct hle_kbuf 
 
 /* ---- SIGBUS guard (guard.c) ---- */
 /* Put [lo, hi) under the guard: a truncation seen there marks c truncated. */
-void hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi);
-void hle_guard_add(hle_ctx *c);
+int hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi);
+int hle_guard_add(hle_ctx *c); /* HL_OK, or HL_E_NOMEM: then the mapping must not be used */
 void hle_guard_remove(hle_ctx *c);
 
 #endif /* HOSTLESS_CORE_ENGINE_H */

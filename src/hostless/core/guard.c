@@ -11,27 +11,42 @@
 #include "engine.h"
 
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
-#define GUARD_MAX 256
-static struct {
+/* The table of guarded regions grows (doubling) so that every mapping is
+ * guarded however many domains a process opens: the handler reads it without
+ * a lock, so a full table is replaced by a larger copy published with one
+ * atomic store, and older tables are kept (never freed; they are chained so
+ * that a removal clears a region in every copy).  Their total is under twice
+ * the largest table.  Only when memory for a larger table cannot be had does
+ * adding fail, and the open fails with it: nothing is mapped unguarded. */
+#define GUARD_INITIAL 256
+struct guard_entry {
     uintptr_t lo, hi;
     int *flag;
-} g_guard[GUARD_MAX];
+};
+struct guard_tab {
+    int cap;
+    struct guard_tab *older; /* the table this one replaced */
+    struct guard_entry e[];
+};
+static struct guard_tab *g_tab; /* the current table (read by the handler) */
 static pthread_mutex_t g_guard_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct sigaction g_prev_bus;
 static int g_guard_installed;
 
 static void bus_handler(int sig, siginfo_t *si, void *uc) {
     uintptr_t a = (uintptr_t)si->si_addr;
-    for (int i = 0; i < GUARD_MAX; i++) {
-        uintptr_t lo = __atomic_load_n(&g_guard[i].lo, __ATOMIC_ACQUIRE);
-        uintptr_t hi = __atomic_load_n(&g_guard[i].hi, __ATOMIC_ACQUIRE);
+    struct guard_tab *t = __atomic_load_n(&g_tab, __ATOMIC_ACQUIRE);
+    for (int i = 0; t && i < t->cap; i++) {
+        uintptr_t lo = __atomic_load_n(&t->e[i].lo, __ATOMIC_ACQUIRE);
+        uintptr_t hi = __atomic_load_n(&t->e[i].hi, __ATOMIC_ACQUIRE);
         if (!lo || a < lo || a >= hi) continue;
         void *pg = (void *)(a & ~(uintptr_t)(HL_PAGE - 1));
         if (mmap(pg, HL_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
-            int *flag = __atomic_load_n(&g_guard[i].flag, __ATOMIC_ACQUIRE);
+            int *flag = __atomic_load_n(&t->e[i].flag, __ATOMIC_ACQUIRE);
             if (flag) __atomic_store_n(flag, 1, __ATOMIC_SEQ_CST);
             return; /* the faulting access is retried on the zero page */
         }
@@ -48,7 +63,23 @@ static void bus_handler(int sig, siginfo_t *si, void *uc) {
     signal(SIGBUS, SIG_DFL); /* not ours: the access faults again and ends the process as before */
 }
 
-void hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi) {
+/* Under g_guard_mu: a table with a free entry (a larger copy when full); NULL without memory. */
+static struct guard_tab *room(void) {
+    struct guard_tab *t = g_tab;
+    int n = t ? t->cap : 0;
+    for (int i = 0; i < n; i++)
+        if (!t->e[i].lo) return t;
+    int cap = n ? 2 * n : GUARD_INITIAL;
+    struct guard_tab *nt = calloc(1, sizeof *nt + (size_t)cap * sizeof nt->e[0]);
+    if (!nt) return NULL;
+    nt->cap = cap;
+    nt->older = t;
+    for (int i = 0; i < n; i++) nt->e[i] = t->e[i];
+    __atomic_store_n(&g_tab, nt, __ATOMIC_RELEASE);
+    return nt;
+}
+
+int hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi) {
     pthread_mutex_lock(&g_guard_mu);
     if (!g_guard_installed) {
         struct sigaction sa;
@@ -58,25 +89,29 @@ void hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi) {
         sigemptyset(&sa.sa_mask);
         if (sigaction(SIGBUS, &sa, &g_prev_bus) == 0) g_guard_installed = 1;
     }
-    for (int i = 0; i < GUARD_MAX; i++) {
-        if (g_guard[i].lo) continue;
-        __atomic_store_n(&g_guard[i].flag, &c->truncated, __ATOMIC_RELEASE);
-        __atomic_store_n(&g_guard[i].hi, hi, __ATOMIC_RELEASE);
-        __atomic_store_n(&g_guard[i].lo, lo, __ATOMIC_RELEASE);
+    struct guard_tab *t = room();
+    for (int i = 0; t && i < t->cap; i++) {
+        if (t->e[i].lo) continue;
+        __atomic_store_n(&t->e[i].flag, &c->truncated, __ATOMIC_RELEASE);
+        __atomic_store_n(&t->e[i].hi, hi, __ATOMIC_RELEASE);
+        __atomic_store_n(&t->e[i].lo, lo, __ATOMIC_RELEASE);
         break;
     }
     pthread_mutex_unlock(&g_guard_mu);
+    return t ? HL_OK : hle_fail(HL_E_NOMEM, "out of memory for the SIGBUS guard of another mapping: close a domain");
 }
 
-void hle_guard_add(hle_ctx *c) { hle_guard_add_region(c, (uintptr_t)c->base, (uintptr_t)c->base + c->size); }
+int hle_guard_add(hle_ctx *c) { return hle_guard_add_region(c, (uintptr_t)c->base, (uintptr_t)c->base + c->size); }
 
 void hle_guard_remove(hle_ctx *c) {
     pthread_mutex_lock(&g_guard_mu);
-    for (int i = 0; i < GUARD_MAX; i++) {
-        if (g_guard[i].flag != &c->truncated) continue; /* the core's mapping and the regions it added */
-        __atomic_store_n(&g_guard[i].lo, 0, __ATOMIC_RELEASE);
-        __atomic_store_n(&g_guard[i].hi, 0, __ATOMIC_RELEASE);
-        __atomic_store_n(&g_guard[i].flag, NULL, __ATOMIC_RELEASE);
+    for (struct guard_tab *t = g_tab; t; t = t->older) {
+        for (int i = 0; i < t->cap; i++) {
+            if (t->e[i].flag != &c->truncated) continue; /* the core's mapping and the regions it added */
+            __atomic_store_n(&t->e[i].lo, 0, __ATOMIC_RELEASE);
+            __atomic_store_n(&t->e[i].hi, 0, __ATOMIC_RELEASE);
+            __atomic_store_n(&t->e[i].flag, NULL, __ATOMIC_RELEASE);
+        }
     }
     pthread_mutex_unlock(&g_guard_mu);
 }

@@ -355,8 +355,22 @@ int hle_usable(hle_ctx *c);
 
 /* Become the consumer of queue h (which we hold): free, ours already, or its
  * consumer is dead.  HL_OK; HL_E_HANDLE (not a live queue we hold);
- * HL_E_CORRUPT (its header is garbage); HL_E_INVALID (a live consumer). */
+ * HL_E_CORRUPT (its header is garbage); HL_E_INVALID (a live consumer).
+ * Taking over a queue that had a consumer before (dead now, or unbound by its
+ * recovery) records, privately, the queue's write index read after the
+ * takeover: hle_queue_stale_below returns it. */
 int hle_queue_bind(hle_ctx *c, uint64_t h);
+
+/* The index below which queue h's packets were queued for the consumer we
+ * replaced (0: we were its first consumer, or we never bound it here; the
+ * last HLE_BOUND_MAX takeovers are remembered).  A consumer must not run
+ * those packets: its predecessor died with them, and their producers may
+ * have reused what they name (a graph re-patches its argument blocks).  It
+ * fails them instead: each signal, and those of its follow-ups, with
+ * OWNER_DIED (hle_agent_run does).  A packet reserved after the takeover gets
+ * an index at or above it and runs; one reserved before and published after
+ * fails: a concurrent producer never loses a packet silently. */
+uint64_t hle_queue_stale_below(hle_ctx *c, uint64_t h);
 
 /* Allocate a buffer of nbytes from the shared heap, described for importers
  * by dtype (NumPy's dtype.str, e.g. "<f4", "|u1"), itemsize, ndim and shape

@@ -1,12 +1,26 @@
 /*
- * liveness.c -- who is alive.  A participant's liveness is an OFD lock on
- * byte HL_LOCK_BASE + index of the domain file, taken at join: the kernel
- * drops it when the process dies, so a held lock means alive (or a live
- * recoverer on it) and a free one means dead.  No shared-memory writes here.
+ * liveness.c -- who is alive.  A participant's liveness is an OFD write lock
+ * on byte HL_LOCK_BASE + index of the domain file, taken at join: the kernel
+ * drops it when the process dies, so a held write lock means alive (or a live
+ * recoverer on it) and a free byte means dead.
+ *
+ * Read locks never mean alive.  Anyone who can open the domain for reading
+ * can take OFD read locks on any byte, and a read lock keeps every write
+ * lock off that byte: it can hide a dead participant's free byte, and keep a
+ * joiner or a recoverer from taking the lock.  So when a read lock is found
+ * (F_OFD_GETLK answers F_RDLCK: no write lock can be there), or when the
+ * participant joined without its lock because of one (HL_PART_FLAG_PIDLIVE,
+ * written only by the participant itself, and a reader cannot write), the
+ * answer comes from the process instead: alive when its pid exists with the
+ * start time recorded at join.  A reader can thus slow nothing but the
+ * lock-based answer; it cannot make a dead slot look alive nor keep a joiner
+ * out.  The pid fallback assumes one pid namespace.
  */
 #include "engine.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -34,10 +48,47 @@ static int lock_byte(int fd, int i, int cmd, short type, struct flock *fl) {
     return fcntl(fd, cmd, fl);
 }
 
-int hle_part_lock_held(hle_ctx *c, int i) {
+/* What the kernel says is on byte i: F_WRLCK, F_RDLCK, F_UNLCK, or -1 unknown. */
+int hle_lock_state(int fd, int i) {
     struct flock fl;
-    if (lock_byte(c->fd, i, F_OFD_GETLK, F_WRLCK, &fl) != 0) return 1; /* unknown: assume alive */
-    return fl.l_type != F_UNLCK;
+    if (lock_byte(fd, i, F_OFD_GETLK, F_WRLCK, &fl) != 0) return -1;
+    return fl.l_type;
+}
+
+/* 1 when the process that joined slot i still runs: its pid exists with the
+ * start time it recorded.  pid 0 is a joiner between its claim and its pid
+ * store (fields are cleared before a slot is freed): alive. */
+static int pid_alive(struct hl_participant *p) {
+    uint32_t pid = __atomic_load_n(&p->pid, __ATOMIC_SEQ_CST);
+    if (pid == 0) return 1;
+    if (pid > 0x7fffffffu) return 0;
+    if (kill((pid_t)pid, 0) != 0 && errno != EPERM) return 0;
+    uint64_t st = hle_proc_start_time((int)pid);
+    return st == 0 || st == __atomic_load_n(&p->start_time, __ATOMIC_SEQ_CST); /* 0: /proc unreadable, trust kill */
+}
+
+/* Liveness of i; `depth` bounds the recoverer-of-a-recoverer chain to one step. */
+static int held(hle_ctx *c, int i, int depth) {
+    int t = hle_lock_state(c->fd, i);
+    if (t < 0 || t == F_WRLCK) return 1; /* unknown: assume alive */
+    struct hl_participant *p = &c->parts[i];
+    uint32_t fl = __atomic_load_n(&p->flags, __ATOMIC_SEQ_CST);
+    if (t == F_UNLCK && !(fl & HL_PART_FLAG_PIDLIVE)) return 0;
+    /* a read lock hides the answer, or i joined without its lock */
+    uint64_t pc = ld(&p->ctl);
+    uint32_t s = HL_PCTL_STATE(pc);
+    if (s == HL_PART_ALIVE) return pid_alive(p);
+    if (s != HL_PART_RECOVERING || depth > 0) return 0;
+    /* a lockless recovery: alive while its recoverer is */
+    uint32_t r = HL_PCTL_RECOVERER(pc);
+    if (r >= c->pcap || (int)r == i) return 0;
+    if ((int)r == c->me) return 0; /* ours, left unfinished: reap_mu says we are not on it now */
+    if (HL_PCTL_STATE(ld(&c->parts[r].ctl)) != HL_PART_ALIVE) return 0;
+    return held(c, (int)r, depth + 1);
+}
+
+int hle_part_lock_held(hle_ctx *c, int i) {
+    return held(c, i, 0);
 }
 
 int hle_take_lock(int fd, int i) {

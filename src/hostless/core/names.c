@@ -103,6 +103,14 @@ static void sweep(hle_ctx *c) {
     }
 }
 
+/* Failure records ("!error:<handle>", records.c and hostless.records) share
+ * the table with the user's names but may hold at most HLE_RECORD_NAMES of
+ * its cells: a record past that share takes the cell of another record (the
+ * newest failure's text is the useful one; the evicted record's buffer stays
+ * with its writer, who releases it), never one a user's name could use. */
+#define HLE_RECORD_NAMES 12u
+static int is_record(const char *name, size_t n) { return n >= 7 && !memcmp(name, "!error:", 7); }
+
 int hle_name_publish(hle_ctx *c, const char *name, size_t n, uint64_t handle, int replace, uint64_t *existing) {
     struct hl_names *t;
     struct hl_name *cell = NULL;
@@ -117,6 +125,9 @@ int hle_name_publish(hle_ctx *c, const char *name, size_t n, uint64_t handle, in
     if ((r = lock_names(c, me)) != HL_OK) return r;
     t = table(c);
     sweep(c);
+    int record = is_record(name, n);
+    uint32_t records = 0;
+    struct hl_name *victim = NULL, *same = NULL;
     for (uint32_t i = 0; i < HL_MAX_NAMES; i++) {
         struct hl_name *e = &t->entry[i];
         if (HL_NAME_STATE(ld(&e->ctl)) != HL_NAME_LIVE) {
@@ -124,6 +135,11 @@ int hle_name_publish(hle_ctx *c, const char *name, size_t n, uint64_t handle, in
             continue;
         }
         read_name(e, cur);
+        if (record && is_record(cur, strlen(cur))) {
+            records++;
+            if (!victim) victim = e;
+            if (same_name(cur, name, n)) same = e;
+        }
         if (!same_name(cur, name, n)) continue;
         if (!replace && ld(&e->handle) != handle) {
             if (existing) *existing = ld(&e->handle);
@@ -134,6 +150,7 @@ int hle_name_publish(hle_ctx *c, const char *name, size_t n, uint64_t handle, in
         cell = e; /* rewrite it in place */
         break;
     }
+    if (record && !same && records >= HLE_RECORD_NAMES && victim) cell = victim; /* the records' share is used up */
     if (!cell) {
         unlock_names(c, me);
         return hle_fail(HL_E_TABLE_FULL, "the name table is full (%u live names)", HL_MAX_NAMES);

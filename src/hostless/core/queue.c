@@ -60,8 +60,24 @@ int hle_queue_bind(hle_ctx *c, uint64_t h) {
                             (unsigned long long)h, cur);
         if (__atomic_compare_exchange_n(&q->consumer, &cur, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) break;
     }
-    __atomic_or_fetch(&q->flags, HL_QUEUE_WAS_BOUND, __ATOMIC_SEQ_CST);
+    uint32_t was = __atomic_fetch_or(&q->flags, HL_QUEUE_WAS_BOUND, __ATOMIC_SEQ_CST);
+    /* a takeover (a dead consumer, or one its recovery unbound): what is queued up to
+     * now was queued for it.  Read after the CAS: a reserve that comes later gets an
+     * index at or above this one and runs on us. */
+    uint64_t floor = (cur != 0 || (was & HL_QUEUE_WAS_BOUND)) ? ld(&q->write_index) : 0;
+    uint32_t i, slot = c->bound_next % HLE_BOUND_MAX;
+    for (i = 0; i < HLE_BOUND_MAX; i++)
+        if (c->bound_q[i] == h) slot = i;
+    if (c->bound_q[slot] != h) c->bound_next++;
+    c->bound_q[slot] = h;
+    c->bound_floor[slot] = floor;
     return HL_OK;
+}
+
+uint64_t hle_queue_stale_below(hle_ctx *c, uint64_t h) {
+    for (uint32_t i = 0; i < HLE_BOUND_MAX; i++)
+        if (h && c->bound_q[i] == h) return c->bound_floor[i];
+    return 0;
 }
 
 /* ---- push ---- */

@@ -192,8 +192,11 @@ static int hle_recover_participant_(hle_ctx *c, int d, uint64_t pctl) {
                 return 0;
         }
     }
-    /* the slot's pid/label are left as they are: a joiner overwrites them */
+    /* the slot's label is left as it is: a joiner overwrites it; pid and
+     * flags are cleared so that a joiner's pid 0 reads "joining" (liveness.c) */
     struct hl_participant *p = &c->parts[d];
+    __atomic_store_n(&p->pid, 0u, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&p->flags, 0u, __ATOMIC_SEQ_CST);
     uint64_t e = pctl;
     if (cas(&p->ctl, &e, HL_PCTL(HL_PCTL_INC(pctl), 0, HL_PART_FREE))) return 1;
     return 0;
@@ -220,13 +223,20 @@ int hle_reap_all(hle_ctx *c, uint64_t *out, int outcap) {
 
 static int hle_reap_all_locked(hle_ctx *c, uint64_t *out, int outcap) {
     int n = 0;
+    if (c->me >= 0 && (__atomic_load_n(&c->parts[c->me].flags, __ATOMIC_SEQ_CST) & HL_PART_FLAG_PIDLIVE) &&
+        hle_take_lock(c->fd, c->me) == 0) /* joined without our lock: the reader has gone, take it */
+        __atomic_store_n(&c->parts[c->me].flags, 0u, __ATOMIC_SEQ_CST);
     for (int i = 0; i < (int)c->pcap; i++) {
         if (i == c->me) continue;
         uint64_t pc = ld(&c->parts[i].ctl);
         uint32_t s = HL_PCTL_STATE(pc);
         if (s != HL_PART_ALIVE && s != HL_PART_RECOVERING) continue; /* FREE, or unknown: check() reports it */
         if (hle_part_lock_held(c, i)) continue; /* alive, or a live recoverer is on it */
-        if (hle_take_lock(c->fd, i) != 0) continue; /* lost the race for it */
+        /* a reader's read lock keeps the lock off: a joined participant then
+         * claims by the ctl CAS alone, and is itself the recovery's liveness
+         * (RECOVERING(i, me), liveness.c); an unjoined one cannot (255) */
+        int locked = hle_take_lock(c->fd, i) == 0;
+        if (!locked && (c->me < 0 || hle_lock_state(c->fd, i) != F_RDLCK)) continue; /* lost the race for it */
         __atomic_store_n(&c->rec_busy, i, __ATOMIC_SEQ_CST);
         pc = ld(&c->parts[i].ctl); /* re-read under the lock: a recovery may have just finished */
         s = HL_PCTL_STATE(pc);
@@ -242,7 +252,7 @@ static int hle_reap_all_locked(hle_ctx *c, uint64_t *out, int outcap) {
             }
         }
         __atomic_store_n(&c->rec_busy, -1, __ATOMIC_SEQ_CST);
-        hle_drop_lock(c->fd, i);
+        if (locked) hle_drop_lock(c->fd, i);
     }
     return n;
 }

@@ -1,0 +1,210 @@
+"""The smaller trust and robustness fixes of issue 21, item 5, one regression test each."""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import mmap
+import os
+import subprocess
+
+import pytest
+
+import hostless as hl
+from conftest import run_child
+from hostless import records
+
+
+def test_failure_records_leave_the_name_table_to_the_user(dom: hl.Domain) -> None:
+    """6 writers x 8 records (6 native agents failing 8 times each) once filled the 47-entry
+    name table, and the user's publish got DomainFull; records now hold a bounded share."""
+    d = hl.Domain.create(f"{dom.name}-r", heap="1M", fences=512)
+    try:
+        writers = [records.Recorder(d) for _ in range(6)]
+        failed = []
+        for _ in range(8):
+            for w in writers:
+                f = d.fence()
+                f.signal(hl.Status.ERROR)
+                assert w.write(f.handle, f"failure of {f.handle:x}")
+                failed.append(f)
+        user = [d.fence() for _ in range(30)]
+        for i, f in enumerate(user):
+            d.publish(f"user-{i}", f)  # DomainFull before the fix
+        assert all(d.lookup(f"user-{i}").handle == f.handle for i, f in enumerate(user))
+        # the newest failure's record is there; records take at most their share
+        assert records.read(d, failed[-1].handle) == f"failure of {failed[-1].handle:x}"
+        assert sum(n.startswith(records.PREFIX) for n in d.names()) <= 47 - 30
+        for w in writers:
+            w.close()
+    finally:
+        d.close()
+        hl.Domain.unlink(f"{dom.name}-r")
+
+
+def test_sigbus_guard_covers_every_open_domain(domain_name: str) -> None:
+    """With more domains open than the guard's first table (256), a truncated file killed
+    the process with SIGBUS: the guard grows and every mapping stays guarded."""
+    out = run_child(
+        """
+        name = sys.argv[1]
+        doms = []
+        try:
+            for i in range(300):
+                doms.append(hl.Domain.create(f"{name}-{i}", fences=16, participants=2))
+                hl.Domain.unlink(f"{name}-{i}")  # the mapping stays; the name goes now
+            last = doms[-1]
+            f = last.fence()
+            os.ftruncate(last.fileno(), 4096)
+            try:
+                f.signal()  # touches the truncated page: a zero page, no SIGBUS
+            except hl.HostlessError:
+                pass
+            try:
+                last.fence()
+                print("no error")
+            except hl.HostlessError as e:
+                print("error:", type(e).__name__)
+        finally:
+            for d in doms:
+                d.close()
+        print("closed")
+        """,
+        domain_name,
+        timeout=120,
+    )
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert "error: CorruptDomain" in out.stdout, out.stdout
+    assert "closed" in out.stdout
+
+
+def test_info_escapes_control_characters(dom: hl.Domain, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Labels, names and records are written by any participant: ``hostless info`` once
+    printed their terminal escape sequences raw (recolouring, retitling, hiding lines)."""
+    from hostless import cli
+
+    evil = "\x1b]0;owned\x07\x1b[2J\u202e"
+    assert dom.name is not None
+    d = hl.Domain.create(f"{dom.name}-i", heap="1M", fences=64)
+    try:
+        with hl.Domain.open(d.name, label="x\x1b[31mred") as peer:
+            f = peer.fence()
+            d.publish("n" + evil, f)
+            g = d.fence()
+            g.signal(hl.Status.ERROR)
+            rec = records.Recorder(d)
+            assert rec.write(g.handle, "line one" + evil + "\nline two")
+            assert cli.main(["info", str(d.name)]) == 0
+            out = capsys.readouterr().out
+            rec.close()
+    finally:
+        d.close()
+        hl.Domain.unlink(f"{dom.name}-i")
+    assert not any(ch in out for ch in "\x1b\x07\u202e"), out
+    assert "x\\x1b[31mred" in out and "n\\x1b]0;owned\\x07\\x1b[2J\\u202e" in out
+    assert "line one\\x1b]0;owned" in out and "\n  line two" in out
+
+
+@pytest.mark.parametrize("pid", ["4294967295", "2147483648", "-1", "0", "0x100000000"])
+def test_agent_exe_rejects_a_parent_pid_out_of_range(pid: str) -> None:
+    """``--parent 4294967295`` became ``kill(-1, 0)`` (always "alive"): the agent never
+    noticed its parent's death.  Pids are 1..INT_MAX; anything else is a usage error."""
+    from hostless import agents
+
+    r = subprocess.run(
+        [agents.executable_path(), "--domain", "x", "--queue", "q", "--parent", pid],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert r.returncode == 2, r
+    assert "--parent: not a pid" in r.stderr
+
+
+def test_export_buffer_is_read_only_unless_asked(dom: hl.Domain) -> None:
+    """``export_buffer`` handed out read-write access to the whole domain by default;
+    now the fd is read-only unless ``writable=True``, and imports map it read-only."""
+    assert dom.name is not None
+    d = hl.Domain.create(f"{dom.name}-x", heap="1M", fences=64)
+    try:
+        b = d.buffer((4096,), "u1")
+        b.numpy()[:] = 7
+        fd, offset, n = hl.export_buffer(b)
+        try:
+            assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+            with pytest.raises(PermissionError):
+                mmap.mmap(fd, offset + n, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            view = hl.ExternalBuffer.from_fd(fd, (n,), "u1", offset=offset)  # the documented import
+            assert not view.numpy().flags.writeable and (view.numpy() == 7).all()
+            view.close()
+        finally:
+            os.close(fd)
+        fd, offset, n = hl.export_buffer(b, writable=True)
+        try:
+            assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDWR
+            view = hl.ExternalBuffer.from_fd(fd, (n,), "u1", offset=offset)
+            view.numpy()[:] = 9
+            view.close()
+            assert (b.numpy() == 9).all()
+        finally:
+            os.close(fd)
+        b.release()
+    finally:
+        d.close()
+        hl.Domain.unlink(f"{dom.name}-x")
+
+
+def test_replace_stale_over_a_symlink_raises_the_documented_error(domain_name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``replace_stale=True`` over a symbolic link raised a bare OSError (ELOOP); the
+    documented answer is FileExistsError saying why, and the link and its target stay."""
+    target = tmp_path / "target"
+    target.write_bytes(b"not yours")
+    link = f"/dev/shm/{domain_name}"
+    os.symlink(target, link)
+    try:
+        with pytest.raises(FileExistsError, match="symbolic link"):
+            hl.Domain.create(domain_name, replace_stale=True)
+        assert os.path.islink(link) and target.read_bytes() == b"not yours"
+    finally:
+        os.unlink(link)
+
+
+@pytest.mark.parametrize("cap", [2**63, 2**64, -(2**63) - 1, 2**21, 3, 0])
+def test_queue_capacity_out_of_range_is_a_value_error(dom: hl.Domain, cap: int) -> None:
+    """``dom.queue(2**63)`` raised OverflowError from the C conversion."""
+    with pytest.raises(ValueError, match=r"power of two in 2\.\.2\^20"):
+        dom.queue(cap)
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, -1.0, 1e300])
+def test_spin_is_checked_before_it_is_stored(dom: hl.Domain, bad: float) -> None:
+    """``dom.spin = inf`` (or nan) stored the value and then raised OverflowError /
+    ValueError from the conversion; now a ValueError comes first and nothing changes."""
+    before = dom.spin
+    with pytest.raises(ValueError, match="spin"):
+        dom.spin = bad
+    assert dom.spin == before
+    f = dom.fence()
+    with pytest.raises(ValueError, match="spin"):
+        f.wait(0, spin=bad)
+    f.release()
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan])
+def test_float_options_refuse_nan_and_inf(bad: float) -> None:
+    """Queue.pop and spawn options take no nan or inf (the agent loops would convert
+    them to nanoseconds: OverflowError, or undefined behaviour in C)."""
+    from hostless import agents
+
+    d = hl.Domain.create(f"hlfloat-{os.getpid()}", heap="1M", fences=64)
+    try:
+        q = d.queue(4)
+        with pytest.raises(ValueError, match="spin"):
+            q.pop(0, spin=bad)
+        for opt in ("spin", "wait_timeout", "follow_timeout", "idle_poll"):
+            with pytest.raises(ValueError, match=opt):
+                agents.spawn(d, queue=q, **{opt: bad})  # refused before anything starts
+        assert d.participants and len(d.participants) == 1
+    finally:
+        d.close()
+        hl.Domain.unlink(f"hlfloat-{os.getpid()}")
