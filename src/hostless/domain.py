@@ -81,6 +81,25 @@ class _Inner(list):  # type: ignore[type-arg]
         self.leaves: list[Fence | Point] = []
 
 
+def _flattenable(c: Fence, leaves: list[Fence | Point]) -> bool:
+    """Whether a composite child of merge() may be replaced by its leaves (sync_file's
+    flattening) without changing what the new composite reads: the composite is still
+    ACTIVE, every fence leaf is still held, and no leaf has failed yet.  A composite that
+    completed, or that already carries a failure, is a child in its own right, so that a
+    merge over it reads its status (the first failure in time), not the first failed leaf
+    in list order; and so is one with a composite leaf (it may hold a failure already)."""
+    if c.status is not Status.ACTIVE:
+        return False
+    for leaf in leaves:
+        if isinstance(leaf, Fence):
+            # a composite leaf may carry a failure while ACTIVE: never flattened further
+            if leaf.merged or not leaf._held or leaf.status not in (Status.ACTIVE, Status.SUCCESS):
+                return False
+        elif leaf.timeline.failure is not None:
+            return False
+    return True
+
+
 class Domain:
     """A joined domain.  Create one with :meth:`create`, :meth:`open` or :meth:`from_fd`.
 
@@ -527,7 +546,7 @@ class Domain:
                     raise InvalidHandle("merge() of a fence that belongs to another domain object")
                 c._check_held()
                 leaves = getattr(c._inner, "leaves", None)
-                if leaves is not None and all(leaf._held for leaf in leaves if isinstance(leaf, Fence)):
+                if leaves is not None and _flattenable(c, leaves):
                     for leaf in leaves:
                         add(leaf)
                 else:

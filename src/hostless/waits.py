@@ -16,8 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .fence import Fence
 from .status import Status, fence_status
@@ -43,13 +42,12 @@ _BATCH = 127  # one futex_waitv takes 128 words; one is the private kick word
 _SLICE_NS = 1_000_000  # the turn of each domain (or batch) when there are several
 
 
-@dataclass(frozen=True)
-class Completed:
+class Completed(NamedTuple):
     """One completed object of a multi-object wait: its position in the list
     given, the object, and its final status (SUCCESS, or the failure: a fence's
-    status, a timeline's failure)."""
+    status, a timeline's failure).  Immutable (a named tuple: cheap to make)."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # (shadows tuple.index, as intended)
     obj: Waitable
     status: Status
 
@@ -108,9 +106,24 @@ def wait_any(objs: Iterable[Waitable], timeout: float | None = None) -> Complete
     on Ctrl-C, TypeError for what is not a Fence or Point, InvalidHandle for a
     released one, ValueError for an empty list.
     """
-    items, targets = _items(objs)
     if timeout is not None and timeout < 0:
         raise ValueError("timeout must be >= 0 or None")
+    items = objs if isinstance(objs, list) else list(objs)
+    if items:
+        # one engine call (hle_wait_many): the objects read, their handles
+        # validated, the words read and the wait done in C; index -2: not all
+        # held Fences / Points of the first one's domain, the general path below
+        first = items[0]
+        dom = first.timeline._dom if isinstance(first, Point) else getattr(first, "_dom", None)
+        core = getattr(dom, "_core", None)
+        if core is not None:
+            try:
+                i, st = core.wait_objects(items, -1 if timeout is None else int(timeout * 1e9), -1)
+            except TimeoutError:
+                raise TimeoutError(f"none of {len(items)} objects completed within {timeout} s") from None
+            if i >= 0:
+                return Completed(i, items[i], st)
+    items, targets = _items(items)
     deadline = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
     groups: dict[int, tuple[Domain, list[int]]] = {}
     for i, (dom, _h, _thr) in enumerate(targets):
@@ -204,4 +217,3 @@ def packet_waits(*objs: Waitable) -> dict[str, Any]:
         _dom, h, thr = _target(o)
         hs[i], vs[i] = h, (thr if isinstance(o, Point) else 0)
     return {"wait": (hs[0], hs[1]), "wait_value": (vs[0], vs[1])}
-

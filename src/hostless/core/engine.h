@@ -408,6 +408,18 @@ int hle_interruptible(hle_ctx *c);
  * the private kick word to move from kick_seen.  ready[i] = 1 for the ready
  * ones.  HL_OK (ready, kicked or timeout: see ready); HL_E_CLOSED /
  * HL_E_CORRUPT; HL_E_HANDLE; HL_E_INTR. */
+/* wait_any over n (1..HLE_WAIT_MANY_MAX) fences, merged fences and timelines
+ * of this domain that we hold, in one call: handles[i] with values[i] (a
+ * timeline's point; ignored for fences, whose threshold is 1).  Handles are
+ * validated once; already complete: the first such index at once (no clock,
+ * no unlock).  Else spins for spin ns, then sleeps with futex_waitv on all
+ * words and the private kick word (a kick wakes it to look again), the
+ * hooks' unlock / interrupt as hle_wait.  HL_OK with *index (the first ready
+ * in list order) and *word; HL_E_TIMEOUT; HL_E_INTR; HL_E_CLOSED;
+ * HL_E_HANDLE / HL_E_VALUE for bad input. */
+#define HLE_WAIT_MANY_MAX 127
+int hle_wait_many(hle_ctx *c, const uint64_t *handles, const uint64_t *values, int n, int64_t timeout,
+                  int64_t spin, int *index, uint64_t *word);
 int hle_wait_any(hle_ctx *c, const uint64_t *handles, const uint64_t *thr, int n, int64_t timeout_ns,
                  uint32_t kick_seen, char *ready);
 /* hle_wait for a caller inside a GIL-free section: BUSY_ENTER done, its lock
