@@ -515,7 +515,9 @@ class Domain:
         Its status is SUCCESS when all children succeeded, otherwise the first
         failure propagated (a timeline's failure is its points' failure).  It
         cannot be signaled directly.  As with sync_file, children are
-        flattened: a composite made here contributes its own children, points
+        flattened: a composite made here contributes its own children (while
+        it is ACTIVE with no failed child; else it counts as one child, so
+        that its status is what the new composite sees), points
         of one timeline keep the latest, a fence given twice counts once.  A
         fence may be in any number of merges: its first two are linked to it,
         each further one (and each point) takes one slot of the fence table

@@ -7,6 +7,10 @@
  */
 #include "engine.h"
 
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
 /* Record the first failure of a child in the merged parent named by `link`,
  * and upward in every merge above it that has none yet, so that the first
  * failure wins across a tree of merges too. */
@@ -210,6 +214,19 @@ void hle_watch_notify(hle_ctx *c, uint32_t idx) {
     if (w && HL_WATCHERS_COUNT(ld(w)) && !(k == HL_KIND_FENCE && ld(&f->aux))) hle_watch_scan(c, idx);
 }
 
+/* Test-only switch (tests/test_watch_kills.py): with HOSTLESS_TEST_KILL_AT=
+ * watch-published in its environment, a process SIGKILLs itself between
+ * publishing a watch node and counting it on its target (the window of the
+ * protocol model's watch-creator-dies).  Read once; unset, it costs a load. */
+static int kill_after_publish(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("HOSTLESS_TEST_KILL_AT");
+        v = e && strcmp(e, "watch-published") == 0;
+    }
+    return v;
+}
+
 /* Create a watch node at merge position pos of composite (pidx, pgen):
  * initialised and linked while ALLOC (ours), published, counted on its
  * target, then evaluated once (birth).  Returns the node's handle or 0. */
@@ -222,6 +239,7 @@ static uint64_t new_watch(hle_ctx *c, uint64_t target, uint64_t thr, uint32_t po
     st(&w->err, thr);
     st(&w->parents[0], HL_LINK(pos, pgen, pidx));
     uint64_t h = hle_alloc_publish(c, (uint32_t)idx, HL_KIND_FENCE, gen);
+    if (kill_after_publish()) raise(SIGKILL);
     /* published before counted: a signaller that misses the count advanced
      * the word before our evaluation below reads it */
     hle_watchers_add(c, target, +1);
