@@ -136,7 +136,17 @@ OLD = "OLD"  # ABI version 1, the landed code
 DRAFT = "DRAFT"  # the write rule as first specified (two bugs, found by this model)
 NEW = "NEW"  # DRAFT plus the model's two fixes: what src/hostless/core/ implements
 VARIANTS = (OLD, NEW)
-ALL_VARIANTS = (OLD, DRAFT, NEW)
+# watch nodes (ABI 5, docs/abi.md 5a).  FIRST: the watch nodes as first written on the
+# fence-algebra branch (an untagged watcher count, decremented by every node's finalize);
+# NEW implements the two fixes the watch scenarios asked for; EVAL_FIRST and COUNT_FIRST are
+# NEW with the "no lost completion" ordering broken on purpose (the creator evaluates its node
+# before counting it; the signaller reads the count before storing the word), to show that
+# the model finds the lost completion the ordering prevents.
+FIRST = "FIRST"
+EVAL_FIRST = "EVAL_FIRST"
+COUNT_FIRST = "COUNT_FIRST"
+WATCH_VARIANTS = (FIRST, EVAL_FIRST, COUNT_FIRST, NEW)
+ALL_VARIANTS = (OLD, DRAFT, NEW, FIRST, EVAL_FIRST, COUNT_FIRST)
 
 # slot states, kinds
 FREE, ALLOC, LIVE, DYING = "FREE", "ALLOC", "LIVE", "DYING"
@@ -159,6 +169,7 @@ RUN, DONE, DEAD = "run", "done", "dead"
 NONFATAL = frozenset({"unheld-write", "stale-write", "two-recoverers"})
 # the fields the write rule is about
 CHECKED_FIELDS = frozenset({"word", "aux", "par", "err"})
+TAG = 1 << 63  # NEW: the tag bit of a watcher count (HL_WATCHERS_TAG)
 
 
 class Ctl(NamedTuple):
@@ -189,7 +200,34 @@ class Handle(NamedTuple):
         return f"{self.kind}@{self.idx}.g{self.gen}"
 
 
-Kids = tuple[int, tuple[tuple[int, int], ...]]  # merged gen, ((child index, child gen), ...)
+class Watchers(NamedTuple):
+    """HL_WATCHERS(gen, n): a watched object's count of watch nodes (a timeline's parents[0], a
+    plain fence's err).  tagged: NEW sets bit 63, which no link, merged err or timeline word has."""
+
+    gen: int
+    n: int
+    tagged: bool
+
+    def __repr__(self) -> str:
+        return f"watchers(gen {self.gen}: {self.n}{', tagged' if self.tagged else ''})"
+
+
+def enc(v: Any) -> int:
+    """The 64-bit encoding of a parents[k] / err value (what a CAS of the real field compares):
+    HL_LINK = pos[62:56] | gen[55:32] | (index + 1); HL_WATCHERS = tag[63] | gen[55:32] | n;
+    a merged err (gen, status) = gen[55:32] | status; a watch node's err is its threshold."""
+    if v is None:
+        return 0
+    if isinstance(v, Link):
+        return (v.pos << 56) | (v.gen << 32) | (v.p + 1)
+    if isinstance(v, Watchers):
+        return (TAG if v.tagged else 0) | (v.gen << 32) | v.n
+    if isinstance(v, tuple):
+        return (v[0] << 32) | v[1]
+    return int(v)
+
+
+Kids = tuple[int, tuple[tuple[int, int] | None, ...]]  # merged gen, ((child index, child gen), ...)
 
 
 class Slot(NamedTuple):
@@ -464,11 +502,36 @@ class Ctx:
             self._set(i, word=new_word)
         return ok
 
+    def cas_enc(self, i: int, f: str, expect: Any, new: Any, gen: int) -> tuple[bool, Any]:
+        """CAS of parents[0] or err comparing the 64-bit encodings (enc): a value of another
+        format that encodes the same is the same to the CPU.  Generation-checked: the field
+        carries the generation (a watcher count)."""
+        self._one()
+        s = self.sh.slots[i]
+        cur = s.par[0] if f == "par" else s.err
+        ok = enc(cur) == enc(expect)
+        if self.verbose:
+            self.desc = f"CAS {'parents[0]' if f == 'par' else f}[{i}] {expect!r} -> {new!r}: " + (
+                "ok" if ok else f"fails (found {cur!r})"
+            )
+        if ok:
+            self._check_write(i, f, gen, True)
+            if f == "par":
+                self._set(i, par=(new,) + s.par[1:])
+            else:
+                self._set(i, err=new)
+        return ok, cur
+
     def load_par(self, i: int, k: int) -> Link | None:
         self._one()
         v = self.sh.slots[i].par[k]
         if self.verbose:
             self.desc = f"load parents[{k}][{i}] -> {v!r}"
+        sl = self.sh.slots[i]
+        if isinstance(v, Watchers) and sl.ctl.kind != TIMELINE and sl.ctl.state != FREE and not sl.fresh:
+            # a count written over a link (FIRST, watch-target-reuse): garbage to every reader
+            self.violation("corrupt-link", f"parents[{k}] of slot {i} ({self.sh.slots[i].ctl!r}) holds {v!r}")
+            return None
         return v
 
     def cas_par(self, i: int, k: int, expect: Link | None, new: Link | None, gen: int) -> bool:
@@ -630,7 +693,7 @@ def procedure(name: str) -> Callable[[StepFn], StepFn]:
 
 def merged_aux(a: Any) -> tuple[int, int] | None:
     """aux as (gen, mask) when it is a merged pending word, else None."""
-    return a if isinstance(a, tuple) else None
+    return a if type(a) is tuple else None  # a Handle (a watch node's target) is not
 
 
 # ---------------------------------------------------------------------------
@@ -647,6 +710,30 @@ def p_main(x: Ctx, pc: str, L: Loc) -> Next:
     op = prog[k]
     L["op"] = k + 1
     what = op[0]
+    for key in [key for key in L if key.startswith("mw:")]:  # a merge over points: (m, nodes)
+        m, ws = L.pop(key)
+        L["h:" + key[3:]] = m
+        for j, w in enumerate(ws):
+            L[f"h:{key[3:]}.w{j}"] = w
+    if what == "merge" and x.model.watch:  # ("merge", var, (child vars, or "var@value" points))
+        kids = tuple((L["h:" + v.split("@")[0]], int(v.split("@")[1]) if "@" in v else 1) for v in op[2])
+        return call("merge_points", "next", "mw:" + op[1], kids=kids)
+    if what == "poll":  # ("poll", var): the real waits' bounded sleep: sees the word once it is set
+        h = L["h:" + op[1]]
+        if not x.await_(x.sh.slots[h.idx].word != 0, f"sees word[{h.idx}] set (bounded sleep)"):
+            return BLOCK
+        return goto("next")
+    if what == "tl_fail":  # ("tl_fail", var, status)
+        return call("tl_fail", "next", h=L["h:" + op[1]], s=op[2])
+    if what == "check_status":  # ("check_status", var, (acceptable statuses)): after a wait
+        h = L["h:" + op[1]]
+        w = x.load(h.idx, "word")
+        if w not in op[2]:
+            x.violation(
+                "wrong-status",
+                f"{x.spec.name}: {h!r} completed {fmt(w)}, expected " + " or ".join(fmt(v) for v in op[2]),
+            )
+        return goto("next")
     if what == "alloc":  # ("alloc", var, kind)
         return call("alloc", "next", "h:" + op[1], kind=op[2], owner=x.part, mask=0, kids=None)
     if what == "merge":  # ("merge", var, (child vars))
@@ -663,6 +750,8 @@ def p_main(x: Ctx, pc: str, L: Loc) -> Next:
     if what == "import":  # ("import", var)
         return call("import", "next", "ok:" + op[1], h=L["h:" + op[1]])
     if what == "release":  # ("release", var)
+        if "h:" + op[1] not in L:
+            return goto("next")  # a watch node that the merge did not need (the link was free)
         h = L.pop("h:" + op[1])
         if not L.pop("ok:" + op[1], True):
             return goto("next")  # the import failed: nothing to release
@@ -738,9 +827,10 @@ def p_alloc(x: Ctx, pc: str, L: Loc) -> Next:
             word=0,
             waiters=0,
             owner=L["owner"] if kind != MERGED else None,
-            aux=(gen, L["mask"]) if kind == MERGED else 0,  # OLD: mask 0 (set after publish); NEW: the mask
-            err=(gen, 0),
-            par=(None,) * x.maxpar,
+            aux=(gen, L["mask"]) if kind == MERGED else L.get("target", 0),  # OLD: mask 0 (set after
+            # publish); NEW: the mask; a watch node: the handle of its target
+            err=L.get("thr", (gen, 0)),  # a watch node: its threshold
+            par=((L["link"],) if "link" in L else (None,)) + (None,) * (x.maxpar - 1),
             refs=1 << x.part,
             fresh=False,
             kids=(gen, L["kids"]) if kind == MERGED else None,
@@ -817,13 +907,21 @@ def p_merge(x: Ctx, pc: str, L: Loc) -> Next:
 def p_signal(x: Ctx, pc: str, L: Loc) -> Next:
     """do_signal by a holder: CAS word 0 -> s, wake, propagate."""
     h: Handle = L["h"]
+    if pc == "start" and x.model.variant == COUNT_FIRST and x.model.watch and "count" not in L:
+        L["count"] = load_count(x, h)  # broken on purpose: the count before the word
+        return goto("start")
     if pc == "start":
         ok, _ = x.cas(h.idx, "word", 0, L["s"], h.gen)
         if not ok:
             return ret("already signaled")
         return call("wake_fence", "prop", i=h.idx)
     if pc == "prop":
+        if x.model.watch:
+            return call("propagate", "notify", i=h.idx)
         return tail("propagate", i=h.idx)
+    if pc == "notify":
+        extra = {"count": L["count"]} if "count" in L else {}
+        return tail("watch_notify", h=h, **extra)
     raise ModelError(pc)
 
 
@@ -1153,7 +1251,26 @@ def p_finalize(x: Ctx, pc: str, L: Loc) -> Next:
             return call("wake_fence", "prop", i=i)
         return goto("prop")
     if pc == "prop":
+        if x.model.watch and dy.kind == FENCE:
+            return call("propagate", "w_aux", i=i)
         return call("propagate", "clear" if x.new else "free", i=i)
+    if pc == "w_aux":  # a watch node leaves its target's count; a watched fence scans
+        a = x.load(i, "aux")
+        if isinstance(a, Handle):
+            L["a"] = a
+            return goto("w_counted" if x.model.variant != FIRST else "w_dec")
+        return goto("w_count")
+    if pc == "w_counted":  # NEW: only a count the node's creator gave is taken back
+        if not x.load(i, "err") & COUNTED:
+            del L["a"]
+            return goto("clear")
+        return goto("w_dec")
+    if pc == "w_dec":
+        return call("watchers_add", "clear", h=L.pop("a"), delta=-1)
+    if pc == "w_count":
+        if enc(x.load(i, "err")) & 0xFFFFFFFF:
+            return call("watch_scan", "clear", t=i)
+        return goto("clear")
     if pc == "clear":  # NEW: nothing of this object is left for a stale reader
         k = L.get("k", 0)
         if k < x.maxpar:
@@ -1276,6 +1393,9 @@ def p_tl_signal(x: Ctx, pc: str, L: Loc) -> Next:
     """do_tl_signal: CAS word cur -> v (v > cur), then wake."""
     h: Handle = L["h"]
     i = h.idx
+    if pc == "start" and x.model.variant == COUNT_FIRST and x.model.watch and "count" not in L:
+        L["count"] = load_count(x, h)  # broken on purpose: the count before the word
+        return goto("start")
     if pc == "start":
         cur = x.load(i, "word")
         if cur & FAILED or L["v"] <= cur:
@@ -1286,7 +1406,311 @@ def p_tl_signal(x: Ctx, pc: str, L: Loc) -> Next:
         ok, _ = x.cas(i, "word", L.pop("cur"), L["v"], h.gen)
         if not ok:
             return goto("start")
+        if x.model.watch:
+            return call("wake_tl", "notify", i=i)
         return tail("wake_tl" if x.new else "wake_fence", i=i)
+    if pc == "notify":
+        extra = {"count": L["count"]} if "count" in L else {}
+        return tail("watch_notify", h=h, **extra)
+    raise ModelError(pc)
+
+
+# ---- watch nodes (ABI 5, docs/abi.md 5a; src/hostless/core/merge.c)
+
+
+def count_field(x: Ctx, h: Handle) -> str:
+    """Where the watcher count of h lives: a timeline's parents[0], a plain fence's err."""
+    return "par" if h.kind == TIMELINE else "err"
+
+
+def load_count(x: Ctx, h: Handle) -> Any:
+    return x.load_par(h.idx, 0) if h.kind == TIMELINE else x.load(h.idx, "err")
+
+
+@procedure("merge_points")
+def p_merge_points(x: Ctx, pc: str, L: Loc) -> Next:
+    """hle_merge_points: the composite with its full pending mask, then each child: a fence links
+    through a free parents[] entry; a timeline point, or a fence whose links are taken, gets a
+    watch node.  Returns (composite, (watch nodes...))."""
+    kids: tuple[tuple[Handle, int], ...] = L["kids"]
+    n = len(kids)
+    if pc == "start":
+        L["ws"] = ()
+        return call(
+            "alloc",
+            "linkall",
+            "m",
+            kind=MERGED,
+            owner=None,
+            mask=(1 << n) - 1,
+            kids=tuple(None if h.kind == TIMELINE else (h.idx, h.gen) for h, _ in kids),
+        )
+    m: Handle = L["m"]
+    if pc == "linkall":
+        L["j"], L["k"] = 0, 0
+        return goto("link")
+    j = L["j"]
+    if pc == "link":
+        if j == n:
+            return ret((m, L["ws"]))
+        h, thr = kids[j]
+        k = L["k"]
+        if h.kind == TIMELINE or k == x.maxpar:  # a watch node
+            L["j"], L["k"] = j + 1, 0
+            return call(
+                "new_watch", "watched", "w", target=h, thr=thr, link=Link(j, m.gen, m.idx), pos=j, m=m
+            )
+        old = x.load_par(h.idx, k)
+        L["old"] = old
+        return goto("cas_link" if old is None else "link_live")
+    if pc == "watched":
+        L["ws"] = L["ws"] + (L.pop("w"),)
+        return goto("link")
+    if pc == "link_live":
+        old = L["old"]
+        c = x.load(old.p, "ctl")
+        if c.state != FREE and c.kind == MERGED and c.gen == old.gen:
+            del L["old"]
+            L["k"] += 1
+            return goto("link")
+        return goto("cas_link")
+    h = kids[j][0]
+    if pc == "cas_link":
+        k = L["k"]
+        ok = x.cas_par(h.idx, k, L.pop("old"), Link(j, m.gen, m.idx), h.gen)
+        if not ok:
+            L["k"] = k + 1
+            return goto("link")
+        return goto("child_word")
+    if pc == "child_word":
+        w = x.load(h.idx, "word")
+        L["j"], L["k"] = j + 1, 0
+        if w:
+            return call("propagate_link", "link", link=Link(j, m.gen, m.idx), status=w)
+        return goto("link")
+    raise ModelError(pc)
+
+
+@procedure("new_watch")
+def p_new_watch(x: Ctx, pc: str, L: Loc) -> Next:
+    """new_watch: a FENCE slot initialised while ALLOC (aux = target, err = threshold,
+    parents[0] = the link), published LIVE, then counted on its target, then evaluated once.
+    NEW marks the node counted (parents[1] = COUNTED) after counting, so that its finalize
+    takes back only a count it gave.  EVAL_FIRST: evaluated before counted (broken)."""
+    t: Handle = L["target"]
+    if pc == "start":
+        return call(
+            "alloc",
+            "published",
+            "w",
+            kind=FENCE,
+            owner=None,
+            mask=0,
+            kids=None,
+            target=t,
+            thr=L["thr"],
+            link=L["link"],
+        )
+    w: Handle = L["w"]
+    if pc == "published":
+        m = L["m"]  # ghost: the composite's child j is this node
+        ms = x.sh.slots[m.idx]
+        if ms.kids is not None and ms.kids[0] == m.gen:
+            kl = list(ms.kids[1])
+            kl[L["pos"]] = (w.idx, w.gen)
+            x._set(m.idx, kids=(m.gen, tuple(kl)))
+        if x.model.variant == EVAL_FIRST:
+            return call("watch_eval", "count", i=w.idx)
+        return goto("count")
+    if pc == "count":
+        return call("watchers_add", "counted", h=t, delta=1)
+    if pc == "counted":
+        if x.model.variant != FIRST:
+            x.store(w.idx, "err", L["thr"] | COUNTED, w.gen)  # the creator holds the node (rule (a))
+        if x.model.variant == EVAL_FIRST:
+            return ret(w)
+        return goto("eval")
+    if pc == "eval":
+        return call("watch_eval", "done", i=w.idx)
+    if pc == "done":
+        return ret(w)
+    raise ModelError(pc)
+
+
+COUNTED = TAG  # NEW: bit 63 of a watch node's err (HL_WATCH_COUNTED): its creator counted it
+
+
+@procedure("watchers_add")
+def p_watchers_add(x: Ctx, pc: str, L: Loc) -> Next:
+    """hle_watchers_add(h, delta): check the slot is h's kind and generation, then CAS the count,
+    which carries h's generation (and, NEW, the tag bit), so that the CAS acts only on h's count."""
+    h: Handle = L["h"]
+    delta = L["delta"]
+    tagged = x.model.variant != FIRST
+    if pc == "start":
+        c = x.load(h.idx, "ctl")
+        if c.kind != h.kind or c.gen != h.gen:
+            return ret()
+        return goto("load")
+    if pc == "load":
+        L["v"] = load_count(x, h)
+        return goto("loop")
+    if pc == "loop":
+        v = L["v"]
+        e = enc(v)
+        if (e >> 32) & 0xFFFFFF == h.gen and (not tagged or e & TAG):
+            n = e & 0xFFFFFFFF
+        elif delta > 0 and (e == 0 or (h.kind == FENCE and e == h.gen << 32)):
+            n = 0  # the first watcher of an object the caller holds (rule (a))
+        else:
+            del L["v"]
+            return ret()  # another object's field: never touched
+        if delta < 0 and n == 0:
+            del L["v"]
+            return ret()
+        ok, cur = x.cas_enc(h.idx, count_field(x, h), v, Watchers(h.gen, n + delta, tagged), h.gen)
+        if ok:
+            del L["v"]
+            return ret()
+        L["v"] = cur
+        return goto("loop")
+    raise ModelError(pc)
+
+
+@procedure("watch_eval")
+def p_watch_eval(x: Ctx, pc: str, L: Loc) -> Next:
+    """hle_watch_eval(i): seqlock read of the node, seqlock read of its target's word; complete
+    the node with CAS2 on the node as read (rule (c)), then propagate (idempotent)."""
+    i = L["i"]
+    if pc == "start":
+        c1 = x.load(i, "ctl")
+        if c1.state != LIVE or c1.kind != FENCE:
+            return ret()
+        L["c1"] = c1
+        return goto("aux")
+    if pc == "aux":
+        L["a"] = x.load(i, "aux")
+        return goto("thr")
+    if pc == "thr":
+        L["thr"] = x.load(i, "err") & ~COUNTED
+        return goto("word")
+    if pc == "word":
+        L["w"] = x.load(i, "word")
+        return goto("c2")
+    if pc == "c2":
+        if x.load(i, "ctl") != L["c1"] or not isinstance(L["a"], Handle):
+            return ret()
+        if L["w"] != 0:
+            return tail("propagate", i=i)
+        return goto("t1")
+    a: Handle = L["a"]
+    if pc == "t1":
+        L["t1"] = x.load(a.idx, "ctl")
+        return goto("tw")
+    if pc == "tw":
+        L["tw"] = x.load(a.idx, "word")
+        return goto("t2")
+    if pc == "t2":
+        t1 = L.pop("t1")
+        if x.load(a.idx, "ctl") != t1:
+            del L["tw"]
+            return goto("t1")  # moving: read again
+        tw = L.pop("tw")
+        same = t1.gen == a.gen and t1.kind == a.kind and t1.state in (LIVE, DYING)
+        if not same:
+            st = CANCEL  # the watched object is gone
+        elif tw < L["thr"]:
+            return ret()
+        elif a.kind == TIMELINE:
+            st = tw - FAILED if tw & FAILED else SUCCESS
+        else:
+            st = tw
+        L["st"] = st
+        return goto("cas2")
+    if pc == "cas2":
+        if x.cas2(i, 0, L["c1"], L["st"]):
+            return call("wake_fence", "prop", i=i)
+        return goto("prop")
+    if pc == "prop":
+        return tail("propagate", i=i)
+    raise ModelError(pc)
+
+
+@procedure("watch_notify")
+def p_watch_notify(x: Ctx, pc: str, L: Loc) -> Next:
+    """hle_watch_notify: the signaller of h (holder, or its recoverer) reads h's watcher count
+    and scans when it is nonzero.  (The C code first reads the kind from ctl: the holder knows
+    it, so that read is not modelled.)  COUNT_FIRST: the count was read before the word was
+    stored (the caller passes it as `count`)."""
+    h: Handle = L["h"]
+    if pc == "start":
+        if "count" in L:
+            v = L["count"]
+        else:
+            v = load_count(x, h)
+        if enc(v) & 0xFFFFFFFF == 0:
+            return ret()
+        if h.kind == FENCE:
+            return goto("aux")
+        return tail("watch_scan", t=h.idx)
+    if pc == "aux":  # a watch node's err is a threshold, not a count
+        if x.load(h.idx, "aux") != 0:
+            return ret()
+        return tail("watch_scan", t=h.idx)
+    raise ModelError(pc)
+
+
+@procedure("watch_scan")
+def p_watch_scan(x: Ctx, pc: str, L: Loc) -> Next:
+    """hle_watch_scan(t): evaluate every LIVE watch node naming slot t."""
+    t = L["t"]
+    if pc == "start":
+        L["i"] = 0
+        return goto("aux")
+    i = L["i"]
+    if pc == "aux":
+        if i == x.cap:
+            return ret()
+        a = x.load(i, "aux")
+        if isinstance(a, Handle) and a.idx == t:
+            return goto("ctl")
+        L["i"] = i + 1
+        return goto("aux")
+    if pc == "ctl":
+        c = x.load(i, "ctl")
+        L["i"] = i + 1
+        if c.state == LIVE and c.kind == FENCE:
+            return call("watch_eval", "aux", i=i)
+        return goto("aux")
+    raise ModelError(pc)
+
+
+@procedure("tl_fail")
+def p_tl_fail(x: Ctx, pc: str, L: Loc) -> Next:
+    """hle_timeline_fail by a holder: aux = value, CAS word -> FAILED | s, wake, notify."""
+    h: Handle = L["h"]
+    i = h.idx
+    if pc == "start":
+        if x.model.variant == COUNT_FIRST:
+            L["count"] = load_count(x, h)
+        return goto("load")
+    if pc == "load":
+        cur = x.load(i, "word")
+        if cur & FAILED:
+            return ret("already failed")
+        L["cur"] = cur
+        return goto("aux")
+    if pc == "aux":
+        x.store(i, "aux", L["cur"], h.gen)
+        return goto("cas")
+    if pc == "cas":
+        ok, _ = x.cas(i, "word", L.pop("cur"), FAILED | L["s"], h.gen)
+        if not ok:
+            return goto("load")
+        return call("wake_tl", "notify", i=i)
+    if pc == "notify":
+        extra = {"count": L["count"]} if "count" in L else {}
+        return tail("watch_notify", h=h, **extra)
     raise ModelError(pc)
 
 
@@ -1444,7 +1868,11 @@ def p_recover(x: Ctx, pc: str, L: Loc) -> Next:
             return call("wake_fence", "od_prop", i=i)
         return goto("od_prop")
     if pc == "od_prop":
+        if x.model.watch:
+            return call("propagate", "od_notify", i=i)
         return call("propagate", "unpin" if x.new else "refs", i=i)
+    if pc == "od_notify":
+        return call("watch_notify", "unpin", h=Handle(i, c.gen, c.kind))
     if pc == "tl_load":  # fail_timeline_word
         cur = x.load(i, "word")
         if cur & FAILED:
@@ -1461,9 +1889,13 @@ def p_recover(x: Ctx, pc: str, L: Loc) -> Next:
             return goto("tl_aux")
         return goto("tl_wake")
     if pc == "tl_wake":
+        if x.model.watch:
+            return call("wake_tl", "tl_notify", i=i)
         if x.new:
             return call("wake_tl", "unpin", i=i)
         return call("wake_fence", "refs", i=i)
+    if pc == "tl_notify":
+        return call("watch_notify", "unpin", h=Handle(i, c.gen, c.kind))
     if pc == "refs":  # OLD: drop d's bit if it is there (whatever object holds the slot now)
         if x.load(i, "refs") & dbit:
             return call("drop_ref", "next", i=i, part=d, actor=actor, gen=c.gen)
@@ -1511,6 +1943,7 @@ class Obj:
     owner: int | None = None
     word: int = 0
     children: tuple[str, ...] = ()  # merged: its children (all linked through parents[0])
+    watch: tuple[str, int] | None = None  # a watch node: (watched var, threshold), counted
 
 
 InvariantFn = Callable[["Model", State], list[Issue]]
@@ -1530,6 +1963,11 @@ class Scenario:
     expect_old: tuple[str, ...] = ()  # violation kinds the OLD protocol must show
     min_states: int = 100  # NEW must explore at least this many states
     invariants: tuple[InvariantFn, ...] = ()
+    # watch-node scenarios (docs/abi.md 5a): explored for WATCH_VARIANTS instead of OLD/DRAFT;
+    # expect[variant]: the violation kinds that variant must show (NEW: none, always)
+    watch: bool = False
+    expect: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    slow: bool = False  # explored only by the slow test (pytest -m slow)
 
 
 class Model:
@@ -1541,8 +1979,9 @@ class Model:
         self.cap = scn.cap
         self.maxpar = scn.maxpar
         self.killable = tuple(pi for pi, p in enumerate(scn.procs) if p.killable)
-        self.new = variant in (DRAFT, NEW)
-        self.fix = variant == NEW
+        self.new = variant != OLD
+        self.fix = variant not in (OLD, DRAFT)
+        self.watch = scn.watch
 
     # -- states
     def initial(self) -> State:
@@ -1569,6 +2008,20 @@ class Model:
                 kids=kids,
             )
         for o in scn.objects:
+            if o.watch is not None:
+                t = by_var[o.watch[0]]
+                slots[o.idx] = slots[o.idx]._replace(
+                    aux=Handle(t.idx, 1, t.kind), err=o.watch[1] | (COUNTED if self.variant != FIRST else 0)
+                )
+                ts = slots[t.idx]
+                e = enc(ts.par[0] if t.kind == TIMELINE else ts.err)
+                cnt = Watchers(
+                    1, (e & 0xFFFFFFFF if e & TAG or self.variant == FIRST else 0) + 1, self.variant != FIRST
+                )
+                slots[t.idx] = (
+                    ts._replace(par=(cnt,) + ts.par[1:]) if t.kind == TIMELINE else ts._replace(err=cnt)
+                )
+        for o in scn.objects:
             for j, v in enumerate(o.children):
                 c = by_var[v].idx
                 slots[c] = slots[c]._replace(par=(Link(j, 1, o.idx),) + slots[c].par[1:])
@@ -1589,6 +2042,8 @@ class Model:
             for op in p.program:
                 for a in op[1:]:
                     for v in a if isinstance(a, tuple) else (a,):
+                        if isinstance(v, str):
+                            v = v.split("@")[0]  # "t@1": a point of t
                         if isinstance(v, str) and v in by_var:
                             o = by_var[v]
                             loc["h:" + v] = Handle(o.idx, 1, o.kind)
@@ -1686,7 +2141,7 @@ class Model:
                 continue
             current = [
                 (ci, slots[ci].word)
-                for ci, cg in s.kids[1]
+                for ci, cg in (k for k in s.kids[1] if k is not None)
                 if slots[ci].ctl.gen == cg and slots[ci].ctl.state in (LIVE, DYING)
             ]
             if s.word == SUCCESS:
@@ -1713,6 +2168,8 @@ class Model:
                 bad.append(
                     ("two-recoverers", f"{' and '.join(names)} run the recovery of participant {d} at once")
                 )
+        if self.watch:
+            bad += watch_state_issues(sh)
         for inv in self.scn.invariants:
             bad += inv(self, st)
         return bad
@@ -1756,9 +2213,10 @@ class Model:
             if c.state == LIVE and c.kind == MERGED and s.kids is not None and s.kids[0] == c.gen:
                 a_ = merged_aux(s.aux)
                 mask = a_[1] if a_ is not None and a_[0] == c.gen else 0
-                for j, (ci, cg) in enumerate(s.kids[1]):
-                    if not mask >> j & 1:
+                for j, kid in enumerate(s.kids[1]):
+                    if not mask >> j & 1 or kid is None:
                         continue
+                    ci, cg = kid
                     cs = sh.slots[ci]
                     ok = (
                         cs.ctl.gen == cg
@@ -1796,9 +2254,71 @@ class Model:
                     and (s.word == 0 or (c.kind == TIMELINE and not s.word & FAILED))
                 ):
                     bad.append(("recovery-incomplete", f"slot {i} ({c!r}) owned by dead {d} is not failed"))
+        if self.watch:
+            bad += watch_final_issues(sh)
         for inv in self.scn.invariants:
             bad += inv(self, st)
         return bad
+
+
+def watch_target(sh: Shared, a: Handle) -> tuple[bool, int]:
+    """(is the watched object still there, its word)."""
+    t = sh.slots[a.idx]
+    return t.ctl.gen == a.gen and t.ctl.kind == a.kind and t.ctl.state in (LIVE, DYING), t.word
+
+
+def watch_state_issues(sh: Shared) -> list[Issue]:
+    """After every step: a watch node completes only once its point is reached, with the
+    watched object's status (a fence's status, a timeline's failure), or CANCEL once it is gone."""
+    bad: list[Issue] = []
+    for i, s in enumerate(sh.slots):
+        a = s.aux
+        if not isinstance(a, Handle) or s.ctl.state not in (LIVE, DYING) or s.word in (0, CANCEL):
+            continue
+        there, tw = watch_target(sh, a)
+        if not there:
+            continue
+        thr = s.err & ~COUNTED
+        if tw < thr:
+            bad.append(("watch-early", f"watch node {i} is {fmt(s.word)} but {a!r} is at {fmt(tw)} < {thr}"))
+        elif s.word != SUCCESS:
+            want = tw - FAILED if a.kind == TIMELINE and tw & FAILED else tw
+            if s.word != want:
+                bad.append(("watch-status", f"watch node {i} is {fmt(s.word)}, {a!r} is {fmt(tw)}"))
+    return bad
+
+
+def watch_final_issues(sh: Shared) -> list[Issue]:
+    """At final states: no watch node left ACTIVE whose point was reached (or whose object is
+    gone): the completion was lost (only the sweeps, not modelled, would find it); and every
+    watched object's count covers its counted live nodes (a lower count makes a signaller skip
+    the scan: a lost completion in waiting)."""
+    bad: list[Issue] = []
+    live: dict[Handle, int] = {}
+    for i, s in enumerate(sh.slots):
+        a = s.aux
+        if not isinstance(a, Handle) or s.ctl.state != LIVE:
+            continue
+        if s.err & COUNTED:  # counted by its creator (NEW marks it; FIRST does not: unchecked)
+            live[a] = live.get(a, 0) + 1
+        there, tw = watch_target(sh, a)
+        if s.word == 0 and (not there or tw >= s.err & ~COUNTED):
+            bad.append(
+                (
+                    "lost-completion",
+                    f"watch node {i} is ACTIVE but {a!r} " + (f"is at {fmt(tw)}" if there else "is gone"),
+                )
+            )
+    for a, n in live.items():
+        there, _ = watch_target(sh, a)
+        if not there:
+            continue
+        t = sh.slots[a.idx]
+        e = enc(t.par[0] if a.kind == TIMELINE else t.err)
+        have = e & 0xFFFFFFFF if (e >> 32) & 0xFFFFFF == a.gen else 0
+        if n and have < n:
+            bad.append(("watch-count", f"{a!r} counts {have} watch nodes, {n} are LIVE"))
+    return bad
 
 
 def frame_summary(fn: str, L: Loc) -> str:
@@ -2264,6 +2784,214 @@ def timeline_owner_died() -> Scenario:
     )
 
 
+# ---- watch-node scenarios (docs/abi.md 5a): explored for FIRST, EVAL_FIRST, COUNT_FIRST, NEW
+
+LOST = ("lost-wakeup", "lost-completion")
+
+
+def watch_birth(fail: bool = False) -> Scenario:
+    st = (ERROR,) if fail else (SUCCESS,)
+    return Scenario(
+        name="watch-birth-fail" if fail else "watch-birth",
+        doc=f"""Timeline t (slot 0, at 0) held by P and S.  P merges m over the point t@1 (a watch
+        node, then the composite; P holds both), waits for m, checks its status
+        ({"ERROR" if fail else "SUCCESS"}) and releases m and the node; S
+        {"fails t with ERROR" if fail else "signals t = 1"} at any point of the merge's birth
+        (node published, counted, evaluated) and of the propagation.  No sweeper: the completion
+        must come from the creator's evaluation or the signaller's scan.  EVAL_FIRST and
+        COUNT_FIRST (the ordering broken) lose it: P sleeps forever.""",
+        cap=3,
+        nparts=2,
+        objects=(Obj("t", 0, TIMELINE, (0, 1)),),
+        procs=(
+            Process(
+                "P",
+                0,
+                (
+                    ("merge", "m", ("t@1",)),
+                    ("wait", "m", 1),
+                    ("check_status", "m", st),
+                    ("release", "m"),
+                    ("release", "m.w0"),
+                ),
+            ),
+            Process("S", 1, (("tl_fail", "t", ERROR),) if fail else (("tl_signal", "t", 1),)),
+        ),
+        watch=True,
+        expect=((EVAL_FIRST, LOST), (COUNT_FIRST, LOST)),
+        min_states=200,
+    )
+
+
+def watch_mixed() -> Scenario:
+    return Scenario(
+        name="watch-mixed",
+        doc="""Fence f (slot 0) and timeline t (slot 1), both held by P and S.  P merges m over f and
+        t@1 (f links directly, t through a watch node), waits, and releases m and the node; S
+        signals f ERROR and then t = 1.  m must end ERROR (the first failure) whatever the
+        interleaving with the birth and the propagation.""",
+        cap=4,
+        nparts=2,
+        objects=(Obj("f", 0, FENCE, (0, 1)), Obj("t", 1, TIMELINE, (0, 1))),
+        procs=(
+            Process(
+                "P",
+                0,
+                (
+                    ("merge", "m", ("f", "t@1")),
+                    ("wait", "m", 1),
+                    ("check_status", "m", (ERROR,)),
+                    ("release", "m"),
+                    ("release", "m.w0"),
+                ),
+            ),
+            Process("S", 1, (("signal", "f", ERROR), ("tl_signal", "t", 1))),
+        ),
+        watch=True,
+        expect=((EVAL_FIRST, LOST), (COUNT_FIRST, LOST)),
+        min_states=500,
+    )
+
+
+def watch_owner_died() -> Scenario:
+    return Scenario(
+        name="watch-owner-died",
+        doc="""Timeline t (slot 0, at 0) owned by D, held by D and P.  D signals t = 1 and may be
+        killed at any point; P merges m over t@2, waits for m (polling: the bounded sleep of the
+        real waits; a futex sleep would also report a propagator killed between its completing
+        CAS and its FUTEX_WAKE, which the bounded sleep covers), checks its status and releases
+        m and the node; D then signals t = 2.  R waits until D's lock is free and recovers D (t
+        fails OWNER_DIED and the recovery scans for t's watch nodes).  P must wake, with SUCCESS
+        if D reached 2, else OWNER_DIED.""",
+        cap=3,
+        nparts=3,
+        objects=(Obj("t", 0, TIMELINE, (0, 1), owner=0),),
+        procs=(
+            Process("D", 0, (("tl_signal", "t", 1), ("tl_signal", "t", 2)), killable=True),
+            Process(
+                "P",
+                1,
+                (
+                    ("merge", "m", ("t@2",)),
+                    ("poll", "m"),
+                    ("check_status", "m", (OWNER_DIED, SUCCESS)),
+                    ("release", "m"),
+                    ("release", "m.w0"),
+                ),
+            ),
+            Process("R", 2, (("await_dead", 0), ("recover", 0))),
+        ),
+        watch=True,
+        expect=((EVAL_FIRST, ("stuck", "lost-completion")), (COUNT_FIRST, ("stuck", "lost-completion"))),
+        min_states=500,
+    )
+
+
+def watch_creator_dies() -> Scenario:
+    return Scenario(
+        name="watch-creator-dies",
+        doc="""Timeline t (slot 0, at 0) held by C, P and S.  P's watch node w2 (slot 1) on t@1 exists
+        already, counted on t (P waits on the node itself: its composite adds nothing here).
+        C merges m1 over t@1 and may be killed at any point of the birth (between publishing
+        its node and counting it, too); R recovers C; S signals t = 1; P waits for w2.  FIRST:
+        the finalize of C's uncounted node takes w2's count back, S reads a count of 0 and does
+        not scan, P sleeps forever.  NEW: a node's finalize takes back only a count its creator
+        gave (HL_WATCH_COUNTED).""",
+        cap=4,
+        nparts=4,
+        objects=(
+            Obj("t", 0, TIMELINE, (0, 1, 2)),
+            Obj("w2", 1, FENCE, (1,), watch=("t", 1)),
+        ),
+        procs=(
+            Process("C", 0, (("merge", "m1", ("t@1",)),), killable=True),
+            Process("P", 1, (("wait", "w2", 1), ("check_status", "w2", (SUCCESS,)))),
+            Process("S", 2, (("tl_signal", "t", 1),)),
+            Process("R", 3, (("await_dead", 0), ("recover", 0))),
+        ),
+        watch=True,
+        expect=((FIRST, ("lost-wakeup",)),),
+        min_states=1000,
+        slow=True,  # about 300k states per variant, 30 s
+    )
+
+
+def watch_target_reuse() -> Scenario:
+    return Scenario(
+        name="watch-target-reuse",
+        doc="""Timeline t (slot 0) with watch node w (slot 1) of composite m (slot 2), all held by P;
+        slot 3 FREE (never used).  P releases t before w (recovery of a dead creator drops its
+        references in slot order, so this happens), then w, then m.  Q allocates a fence f (t's
+        freed slot, generation 2) and merges it into M (slot 3, generation 1): f's parents[0] =
+        link(pos 0 -> slot 3 gen 1), whose 64 bits are those of an untagged count "gen 1: 4".
+        FIRST: w's finalize, which checked t's ctl before the slot was reused, decrements that
+        "count" (a stale write into f's link).  NEW: a count is tagged (bit 63), no link is.""",
+        cap=4,
+        nparts=2,
+        objects=(
+            Obj("t", 0, TIMELINE, (0,)),
+            Obj("w", 1, FENCE, (0,), watch=("t", 1)),
+            Obj("m", 2, MERGED, (0,), children=("w",)),
+        ),
+        procs=(
+            Process("P", 0, (("release", "t"), ("release", "w"), ("release", "m"))),
+            Process(
+                "Q", 1, (("alloc", "f", FENCE), ("merge", "M", ("f",)), ("release", "M"), ("release", "f"))
+            ),
+        ),
+        watch=True,
+        expect=((FIRST, ("stale-write",)),),
+        min_states=300,
+    )
+
+
+def watch_shared(composites: int = 2) -> Scenario:
+    procs = [Process("S", 0, (("signal", "f", SUCCESS),)), Process("A", 1, (("release", "M1"),))]
+    objects = [Obj("f", 0, FENCE, tuple(range(composites + 1))), Obj("M1", 1, MERGED, (1,), children=("f",))]
+    for k in range(2, composites + 1):
+        procs.append(
+            Process(
+                f"B{k}",
+                k,
+                (
+                    ("merge", f"M{k}", ("f",)),
+                    ("wait", f"M{k}", 1),
+                    ("release", f"M{k}"),
+                    ("release", f"M{k}.w0"),
+                ),
+            )
+        )
+    return Scenario(
+        name=f"watch-shared-{composites}",
+        doc=f"""Fence f (slot 0) in {composites} composites: M1 (slot 1) links to it directly
+        (parents[0]; the model has one link per fence), the others (by B2..) through watch
+        nodes, created while S signals f and A releases M1.  Each B waits for its composite and
+        releases it and its node.  No slot leaks, f's count ends at 0 with no watch node left,
+        no stale write, nobody sleeps forever.""",
+        cap=2 + 2 * (composites - 1),
+        nparts=composites + 1,
+        objects=tuple(objects),
+        procs=tuple(procs),
+        watch=True,
+        expect=((EVAL_FIRST, LOST), (COUNT_FIRST, LOST)),
+        min_states=500,
+        slow=composites > 2,
+    )
+
+
+def watch_scenarios() -> list[Scenario]:
+    return [
+        watch_birth(),
+        watch_birth(fail=True),
+        watch_mixed(),
+        watch_owner_died(),
+        watch_target_reuse(),
+        watch_creator_dies(),
+        watch_shared(2),
+        watch_shared(3),
+    ]
+
+
 def scenarios() -> list[Scenario]:
     return [
         merge_reuse(),
@@ -2274,6 +3002,7 @@ def scenarios() -> list[Scenario]:
         two_recoverers(),
         recovery_vs_import(),
         timeline_owner_died(),
+        *watch_scenarios(),
     ]
 
 
@@ -2327,8 +3056,10 @@ def main(argv: list[str]) -> int:
             continue
         scn = scenario(scn.name, sweeps)
         print(f"== {scn.name}: {' '.join(scn.doc.split())}")
-        for variant in variants:
+        for variant in WATCH_VARIANTS if scn.watch else variants:
             stop = scn.expect_old if quick and variant == OLD else ()
+            if quick and scn.watch:
+                stop = dict(scn.expect).get(variant, ())
             report(explore(scn, variant, stop_on=stop))
         print()
     print(f"total {time.perf_counter() - t0:.1f} s")

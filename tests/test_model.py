@@ -238,7 +238,16 @@ class DomainModel(RuleBasedStateMachine):
 
     @rule(p=st.sampled_from(PARTS), data=st.data(), n=st.integers(1, 3))
     def merge(self, p: str, data: st.DataObject, n: int) -> None:
-        cands = {o.handle: (o, py) for o, py in self.refs[p] if o.kind in ("fence", "merged")}
+        # Plain fences with fewer than two live merges only: since issue 27 a fence in two
+        # live merges takes a watch node (one more slot) instead of being refused, and a
+        # merged child may be flattened into its leaves (Domain.merge); neither is in this
+        # model.  Those cases are covered by tests/test_fence_algebra.py and the chaos
+        # stress (hostless.chaos AlgebraOps, tests/test_stress.py).
+        cands = {
+            o.handle: (o, py)
+            for o, py in self.refs[p]
+            if o.kind == "fence" and sum(par.alive for par, _ in o.parents) < 2
+        }
         if not cands:
             return
         hs = data.draw(st.lists(st.sampled_from(sorted(cands)), min_size=1, max_size=n, unique=True))

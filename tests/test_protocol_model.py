@@ -30,7 +30,12 @@ import pytest
 
 import protocol_model as pm
 
-SCENARIOS = {s.name: s for s in pm.scenarios()}
+ALL = {s.name: s for s in pm.scenarios()}
+# the landed protocol's scenarios (OLD, DRAFT, NEW)
+SCENARIOS = {n: s for n, s in ALL.items() if not s.watch}
+# watch nodes (docs/abi.md 5a): FIRST, EVAL_FIRST, COUNT_FIRST, NEW; the slow ones only with -m slow
+WATCH = {n: s for n, s in ALL.items() if s.watch and not s.slow}
+WATCH_SLOW = {n: s for n, s in ALL.items() if s.watch and s.slow}
 
 # DRAFT: violations the model found, fixed in NEW (and in src/hostless/core/)
 DRAFT_FINDINGS = {
@@ -45,6 +50,9 @@ def jobs() -> list[tuple[str, str, tuple[str, ...]]]:
         out.append((name, pm.OLD, scn.expect_old))
         out.append((name, pm.DRAFT, ()))
         out.append((name, pm.NEW, ()))
+    for name, scn in WATCH.items():
+        for v in pm.WATCH_VARIANTS:
+            out.append((name, v, dict(scn.expect).get(v, ())))
     # the two big ones first, one per worker
     out.sort(key=lambda j: (j[0] != "merge-reuse" or j[1] == pm.OLD, j[0], j[1]))
     return out
@@ -161,3 +169,49 @@ def test_write_rule_classification() -> None:
     assert [k for k, _ in x.bad] == ["unheld-write"]
     x = pm.Ctx(model, live, sweeper, procs[sweeper].stack, False)
     assert x.cas2(0, 0, pm.Ctl(1, pm.FENCE, 0, pm.LIVE), pm.SUCCESS) and not x.bad
+
+
+def check_watch(res: pm.Result, scn: pm.Scenario, variant: str) -> None:
+    expected = dict(scn.expect).get(variant, ())
+    if variant == pm.NEW:
+        assert scn.expect and all(v != pm.NEW for v, _ in scn.expect)
+        assert res.complete and res.states >= scn.min_states and res.finals >= 1
+        assert not res.violations, show(res)
+    elif expected:
+        # the variant whose fix (or ordering) this scenario is about must show its bug
+        for kind in expected:
+            assert kind in res.violations, f"{variant} no longer shows {kind}:\n{show(res)}"
+            assert all(": " in line for line in res.violations[kind].trace)
+    else:
+        # a variant this scenario is not about: explored completely, nothing found
+        assert res.complete and not res.violations, show(res)
+
+
+@pytest.mark.parametrize("variant", pm.WATCH_VARIANTS)
+@pytest.mark.parametrize("name", list(WATCH))
+def test_watch_nodes(results: dict[tuple[str, str], pm.Result], name: str, variant: str) -> None:
+    """Watch nodes: NEW shows nothing; FIRST (the code as first written) shows the bugs the
+    scenarios target (a count taken back by an uncounted node, an untagged count that a stale
+    decrement confuses with a link); EVAL_FIRST / COUNT_FIRST (the "publish, count, evaluate"
+    against "store word, read count, scan" ordering broken) lose a completion."""
+    res = results[(name, variant)]
+    print(show(res))
+    check_watch(res, WATCH[name], variant)
+
+
+def test_watch_scenarios_target_something() -> None:
+    """Every watch scenario is about a bug some variant shows; the ordering is covered both ways."""
+    for scn in list(WATCH.values()) + list(WATCH_SLOW.values()):
+        assert scn.expect, scn.name
+    broken = {v for scn in WATCH.values() for v, _ in scn.expect}
+    assert {pm.EVAL_FIRST, pm.COUNT_FIRST, pm.FIRST} <= broken
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", pm.WATCH_VARIANTS)
+@pytest.mark.parametrize("name", list(WATCH_SLOW))
+def test_watch_nodes_slow(name: str, variant: str) -> None:
+    scn = WATCH_SLOW[name]
+    res = pm.explore(scn, variant, stop_on=dict(scn.expect).get(variant, ()))
+    print(show(res))
+    check_watch(res, scn, variant)

@@ -103,6 +103,12 @@ def test_kill_stress() -> None:
     assert r["kills"] >= 45, _explain(r)
     sh = r["shared"]
     assert sh["waits"] > 0 and sh["statuses"].get("OWNER_DIED", 0) > 0, sh
+    # the fence algebra (issue 27) ran under the kills: composites over points of several
+    # timelines, fences in > 2 composites signaled while some are released, multi-waits;
+    # _assert_clean said no anomaly, leaked (watch-node) slot or check() finding after recovery
+    ops = r["ops"]
+    assert ops.get("point_merge", 0) > 0 and ops.get("signal_while_released", 0) > 0, ops
+    assert ops.get("wait_any", 0) > 0, ops
 
 
 def test_cli_chaos(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -39,7 +39,8 @@ from .fence import Fence
 from .interop import ExternalBuffer, dma_heap_buffer, export_buffer, memfd_buffer, recv_fds, send_fds
 from .queue import Follow, Kernargs, Packet, PacketType, Queue
 from .status import Status
-from .timeline import Timeline
+from .timeline import Point, Timeline
+from .waits import Completed, packet_waits, wait_all, wait_all_async, wait_any, wait_any_async
 
 __version__ = "0.1.0"
 
@@ -48,6 +49,13 @@ __all__ = [
     "Participant",
     "Fence",
     "Timeline",
+    "Point",
+    "Completed",
+    "wait_any",
+    "wait_all",
+    "wait_any_async",
+    "wait_all_async",
+    "packet_waits",
     "Buffer",
     "Queue",
     "Packet",

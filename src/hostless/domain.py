@@ -32,7 +32,7 @@ from .shm import SHM_DIR, check_spin, path_of
 from .shm import check_join_args as _check_join_args
 from .shm import parse_size as parse_size
 from .shm import wait_ready as _wait_ready
-from .timeline import Timeline
+from .timeline import Point, Timeline
 
 if TYPE_CHECKING:
     from ._aio import Notifier
@@ -62,6 +62,37 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 MAX_QUEUE_CAPACITY = 1 << 20
 """The most packets a queue holds (capacities are powers of two from 2)."""
+
+
+class _Inner(list):  # type: ignore[type-arg]
+    """What a composite made by ``Domain.merge`` keeps (in ``Fence._inner``, released
+    with it): its inner nodes and child references, and ``leaves``, its children
+    as given (fences and points), which a later merge flattens."""
+
+    __slots__ = ("leaves",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.leaves: list[Fence | Point] = []
+
+
+def _flattenable(c: Fence, leaves: list[Fence | Point]) -> bool:
+    """Whether a composite child of merge() may be replaced by its leaves (sync_file's
+    flattening) without changing what the new composite reads: the composite is still
+    ACTIVE, every fence leaf is still held, and no leaf has failed yet.  A composite that
+    completed, or that already carries a failure, is a child in its own right, so that a
+    merge over it reads its status (the first failure in time), not the first failed leaf
+    in list order; and so is one with a composite leaf (it may hold a failure already)."""
+    if c.status is not Status.ACTIVE:
+        return False
+    for leaf in leaves:
+        if isinstance(leaf, Fence):
+            # a composite leaf may carry a failure while ACTIVE: never flattened further
+            if leaf.merged or not leaf._held or leaf.status not in (Status.ACTIVE, Status.SUCCESS):
+                return False
+        elif leaf.timeline.failure is not None:
+            return False
+    return True
 
 
 class Domain:
@@ -435,7 +466,9 @@ class Domain:
         return f
 
     # ------------------------------------------------------------------ names
-    def publish(self, name: str, obj: Fence | Timeline | Buffer | Queue, *, replace: bool = False) -> None:
+    def publish(
+        self, name: str, obj: Fence | Timeline | Point | Buffer | Queue, *, replace: bool = False
+    ) -> None:
         """Publish ``obj`` as ``name`` in the domain's name table, for other processes'
         :meth:`lookup`.  The entry holds no reference: it lives while the object does.
         NameTaken when another live object has the name (``replace=True`` rebinds it),
@@ -470,43 +503,93 @@ class Domain:
         f: Fence = self._core.adopt(Fence, self, _handle(handle), _KIND_FENCE)
         return f
 
-    def merge(self, fences: Iterable[Fence]) -> Fence:
-        """A composite fence that completes when every child has.
+    def merge(self, children: Iterable[Fence | Point]) -> Fence:
+        """A composite fence that completes when every child has: fences (merged
+        ones included) and timeline points (``t.point(v)``), in any mix.
 
         Its status is SUCCESS when all children succeeded, otherwise the first
-        failure status propagated.  It cannot be signaled directly.  More than
-        32 children build a tree of composites.  A fence can belong to at most
-        two composites.
+        failure propagated (a timeline's failure is its points' failure).  It
+        cannot be signaled directly.  As with sync_file, children are
+        flattened: a composite made here contributes its own children (while
+        it is ACTIVE with no failed child; else it counts as one child, so
+        that its status is what the new composite sees), points
+        of one timeline keep the latest, a fence given twice counts once.  A
+        fence may be in any number of merges: its first two are linked to it,
+        each further one (and each point) takes one slot of the fence table
+        (a watch node, docs/abi.md 5a), so DomainFull is the bound.  More than
+        32 children build a tree of composites.  The composite holds a
+        reference to each timeline of its points until it is released; a fence
+        child whose last reference is released while ACTIVE is CANCELed, and
+        so is the composite.
         """
         self._check_open()
-        fs = list(fences)
-        if not fs:
-            raise ValueError("merge() needs at least one fence")
-        for f in fs:
-            if not isinstance(f, Fence):
-                raise TypeError(f"merge() takes Fence objects, got {type(f).__name__}")
-            if f._dom is not self:
-                raise InvalidHandle("merge() of a fence that belongs to another domain object")
-            f._check_held()
+        items = list(children)
+        if not items:
+            raise ValueError("merge() needs at least one fence or timeline point")
+        fences: dict[int, Fence] = {}
+        points: dict[int, Point] = {}
+
+        def add(c: object) -> None:
+            if isinstance(c, Point):
+                t = c.timeline
+                if t._dom is not self:
+                    raise InvalidHandle("merge() of a point on a timeline of another domain object")
+                t._check_held()
+                old = points.get(t.handle)
+                if old is None or old.value < c.value:
+                    points[t.handle] = c
+            elif isinstance(c, Fence):
+                if c._dom is not self:
+                    raise InvalidHandle("merge() of a fence that belongs to another domain object")
+                c._check_held()
+                leaves = getattr(c._inner, "leaves", None)
+                if leaves is not None and _flattenable(c, leaves):
+                    for leaf in leaves:
+                        add(leaf)
+                else:
+                    fences.setdefault(c.handle, c)
+            elif isinstance(c, Timeline):
+                raise TypeError("merge() takes fences and timeline points: use timeline.point(value)")
+            else:
+                raise TypeError(f"merge() takes Fence objects and timeline points, got {type(c).__name__}")
+
+        for c in items:
+            add(c)
         n = int(C.MERGE_MAX_CHILDREN)
-        inner: list[Fence] = []
+        inner = _Inner()
         try:
-            while len(fs) > n:
+            # fence children are not referenced (releasing the last reference
+            # of an ACTIVE one CANCELs it, and so the composite, as before);
+            # timelines are, so that a point is not lost with the caller's object
+            inner.leaves.extend(fences.values())
+            for p in points.values():
+                inner.leaves.append(Point(self.import_timeline(p.timeline.handle), p.value))
+            kids: list[tuple[int, int]] = [(f.handle, 0) for f in fences.values()]
+            kids += [(p.timeline.handle, p.value) for p in points.values()]
+            while True:
                 nxt = []
-                for i in range(0, len(fs), n):
-                    chunk = fs[i : i + n]
-                    node = self._core.wrap(Fence, self, self._core.merge([f.handle for f in chunk]))
+                for i in range(0, len(kids), n):
+                    h, watches = self._core.merge_points(kids[i : i + n])
+                    node = self._core.wrap(Fence, self, h)
+                    for w in watches:
+                        inner.append(self._core.wrap(Fence, self, w))
                     inner.append(node)
-                    nxt.append(node)
-                fs = nxt
-            root: Fence = self._core.wrap(Fence, self, self._core.merge([f.handle for f in fs]))
+                    nxt.append((h, 0))
+                if len(nxt) == 1:
+                    break
+                kids = nxt
+            root: Fence = inner.pop()
         except BaseException:
             for node in inner:
                 node.release()
+            for leaf in inner.leaves:
+                if isinstance(leaf, Point):
+                    leaf.timeline.release()
             raise
-        # The inner nodes of a large merge belong to the root object: they are
-        # released with it (a node released before it completes is CANCELed,
-        # as every fence is).
+        # Inner nodes (tree nodes, watch nodes) and the child references belong
+        # to the root object: they are released with it (a node released before
+        # it completes is CANCELed, as every fence is).
+        inner.extend(leaf.timeline for leaf in inner.leaves if isinstance(leaf, Point))
         root._inner = inner
         return root
 

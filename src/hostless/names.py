@@ -67,8 +67,36 @@ def _check_name(name: object) -> str:
     return name
 
 
+def _point_entry(dom: Domain, name: str) -> str | None:
+    """The cell name of a point published as ``name`` (``name@value``), if any."""
+    for key in entries(dom):
+        head, sep, tail = key.rpartition("@")
+        if sep and head == name and tail.isdigit():
+            return key
+    return None
+
+
 def publish(dom: Domain, name: str, obj: Any, replace: bool = False) -> None:
-    """Publish ``obj`` (a Fence, Timeline, Buffer or Queue this process holds) as ``name``."""
+    """Publish ``obj`` (a Fence, Timeline, Buffer, Queue or timeline Point this
+    process holds) as ``name``.
+
+    A point is published as its timeline in a cell named ``name@value`` (the
+    cell carries one handle; the value rides in the name, so ``name`` plus
+    ``@`` and the value's digits must fit the 47 bytes); ``lookup(name)``
+    returns the point again."""
+    from .timeline import Point
+
+    if isinstance(obj, Point):
+        _check_name(name)
+        old = _point_entry(dom, name)
+        if old is not None and not replace:
+            from .errors import NameTaken
+
+            raise NameTaken(f"{name!r} is published already (as {old!r}); replace=True rebinds it")
+        if old is not None:
+            dom._core.name_remove(old, None)
+        dom._core.name_publish(_check_name(f"{name}@{obj.value}"), obj.timeline.handle, bool(replace))
+        return
     handle = getattr(obj, "handle", None)
     if not isinstance(handle, int) or handle_kind(handle) not in _IMPORT:
         raise TypeError(
@@ -104,8 +132,15 @@ def lookup(dom: Domain, name: str, timeout: float | None = 0.0) -> Any:
     while True:
         seq = core.name_seq()
         h = core.name_lookup(name)
+        point_value = None
+        if h is None and "@" not in name:
+            key = _point_entry(dom, name)
+            if key is not None:
+                h, point_value = core.name_lookup(key), int(key.rpartition("@")[2])
         if h is not None:
             try:
+                if point_value is not None:
+                    return dom.import_timeline(h).point(point_value)
                 return getattr(dom, _IMPORT[handle_kind(h)])(h)
             except (InvalidHandle, KeyError):
                 pass  # freed between the look and the import: as if absent

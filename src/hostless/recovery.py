@@ -161,6 +161,8 @@ def check_tables(
             elif w == 0 and aux & 0xFFFFFFFF == 0:
                 out.append(f"merged slot {i} has no pending child but is not signaled")
             pending[i] = aux & 0xFFFFFFFF if w == 0 else 0
+        if k == int(C.KIND_TIMELINE):
+            continue  # a timeline's parents[0] counts its watch nodes (docs/abi.md 5a): no links
         for raw_link in fences[i]["parents"]:
             link = int(raw_link)
             if not link:
@@ -174,6 +176,8 @@ def check_tables(
         covered: dict[int, int] = {p: 0 for p in pending}
         for ii in live:
             i = int(ii)
+            if int(kind[i]) == int(C.KIND_TIMELINE):
+                continue
             for raw_link in fences[i]["parents"]:
                 link = int(raw_link)
                 if not link:

@@ -13,8 +13,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any
 
 from . import _core
 from ._abi import C
@@ -24,7 +24,7 @@ from .status import Status, timeline_failure
 if TYPE_CHECKING:
     pass
 
-__all__ = ["Timeline"]
+__all__ = ["Point", "Timeline"]
 
 _FAILED = int(C.TIMELINE_FAILED)
 
@@ -76,6 +76,16 @@ class Timeline(_core.Handle):
         signal = _core.handle_method(2)  # C methods named and documented signal / wait
         wait = _core.handle_method(3)
 
+    def point(self, value: int) -> Point:
+        """The point ``value`` of this timeline: a waitable that completes when the
+        value reaches ``value`` (SUCCESS) or the timeline fails (its failure status).
+
+        Accepted wherever a fence is: ``Domain.merge``, :func:`hostless.wait_any` /
+        :func:`hostless.wait_all`, ``await``, a packet's wait list
+        (:func:`hostless.packet_waits`), ``Domain.publish``.  It holds no reference
+        of its own: the timeline object must stay held while it is used."""
+        return Point(self, value)
+
     def fail(self, status: int = Status.ERROR) -> None:
         """Fail the timeline with ``status`` (not SUCCESS); sticky.  AlreadySignaled if already failed."""
         self._check_held()
@@ -115,6 +125,75 @@ class Timeline(_core.Handle):
         if not self._held or self._dom._closed:
             return f"<hostless.Timeline {self.handle:#x} released>"
         return f"<hostless.Timeline {self.handle:#x} value={self.value} failure={self.failure}>"
+
+
+class Point:
+    """A point on a timeline (``Timeline.point(v)``): a value object, ``timeline``
+    and ``value``, equal to any other point of the same timeline and value.
+
+    Guarantees: ``wait`` returns SUCCESS once the timeline's value is >= ``value``,
+    or the timeline's failure status once it has failed (as ``Timeline.wait``);
+    it is never complete before that.  A merge over points completes when every
+    point and fence in it has, with the first failure."""
+
+    __slots__ = ("timeline", "value")
+
+    timeline: Timeline
+    value: int
+
+    def __init__(self, timeline: Timeline, value: int) -> None:
+        if not isinstance(timeline, Timeline):
+            raise TypeError(f"a point is on a Timeline, got {type(timeline).__name__}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"a point's value is an int, got {type(value).__name__}")
+        if not 0 <= value <= int(C.TIMELINE_MAX):
+            raise ValueError(f"timeline values are in 0..2**62-1, got {value}")
+        object.__setattr__(self, "timeline", timeline)
+        object.__setattr__(self, "value", value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("a Point is immutable")
+
+    @property
+    def handle(self) -> int:
+        """The timeline's handle (a packet waits on it with ``wait_value = value``)."""
+        return int(self.timeline.handle)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Point)
+            and other.timeline._dom is self.timeline._dom
+            and other.timeline.handle == self.timeline.handle
+            and other.value == self.value
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.timeline.handle, self.value))
+
+    @property
+    def status(self) -> Status:
+        """ACTIVE until the point is reached, then SUCCESS, or the timeline's failure."""
+        self.timeline._check_held()
+        w = self.timeline._core.word(self.timeline.handle)
+        return _decode(w) if w >= self.value else Status.ACTIVE
+
+    @property
+    def done(self) -> bool:
+        return self.status is not Status.ACTIVE
+
+    def wait(self, timeout: float | None = None, *, spin: float | None = None) -> Status:
+        """Block until reached (SUCCESS) or failed (the status); TimeoutError after ``timeout``."""
+        return self.timeline.wait(self.value, timeout, spin=spin)
+
+    async def wait_async(self, timeout: float | None = None) -> Status:
+        """Await the point without blocking the event loop."""
+        return await self.timeline.wait_async(self.value, timeout)
+
+    def __await__(self) -> Generator[Any, None, Status]:
+        return self.wait_async().__await__()
+
+    def __repr__(self) -> str:
+        return f"<hostless.Point {self.timeline.handle:#x} >= {self.value}>"
 
 
 def _decode(w: int) -> Status:

@@ -262,6 +262,32 @@ int hle_resolve_merged(hle_ctx *c, uint32_t pidx, uint64_t ctl, int depth);
 int hle_link_live(hle_ctx *c, uint64_t link);
 /* Finish what signals by plain stores left undone (propagate, resolve). */
 void hle_sweep(hle_ctx *c);
+
+/* Watch nodes (hostless_layout.h, docs/abi.md 5a).  hle_watch_eval: complete
+ * watch node idx if its watched object has reached its threshold (or is
+ * gone: CANCEL), then propagate it; any participant, holder or not (the
+ * completion is hl_cas_word_ctl on the node as read).  hle_watch_scan:
+ * evaluate every live watch node that watches slot idx (the signaller of a
+ * watched object calls it when the object's watcher count is nonzero).
+ * hle_watch_notify: that check, for a slot just signaled.
+ * hle_watchers_add: move the watcher count of the object `h` names by
+ * delta, only while it is that object (generation-checked CAS). */
+void hle_watch_eval(hle_ctx *c, uint32_t idx);
+void hle_watch_scan(hle_ctx *c, uint32_t idx);
+void hle_watch_notify(hle_ctx *c, uint32_t idx);
+void hle_watchers_add(hle_ctx *c, uint64_t h, int delta);
+
+/* hle_merge over fences and timeline points: child i is handles[i] (a fence,
+ * merged fence or timeline, each held by the caller) with threshold
+ * values[i] (a timeline's point; ignored for fences).  A timeline child, and
+ * a fence child whose HL_MAX_PARENTS links are taken, becomes a watch node
+ * that this participant holds: their handles go to watch_out (room for n),
+ * their count to *nwatch; the caller keeps them as long as the composite and
+ * then releases them (a node released first is CANCELed, so the composite
+ * fails with CANCEL).  Errors as hle_merge, and HL_E_TABLE_FULL (nothing is
+ * left allocated). */
+int hle_merge_points(hle_ctx *c, const uint64_t *handles, const uint64_t *values, int n, uint64_t *out,
+                     uint64_t *watch_out, int *nwatch);
 /* Create a merged fence over n (1..32) fences we hold, completing with the
  * first failure or SUCCESS.  HL_OK with *out; HL_E_CLOSED; HL_E_VALUE (count,
  * duplicates); HL_E_HANDLE; HL_E_INVALID (a child already in HL_MAX_PARENTS
@@ -395,6 +421,18 @@ int hle_interruptible(hle_ctx *c);
  * the private kick word to move from kick_seen.  ready[i] = 1 for the ready
  * ones.  HL_OK (ready, kicked or timeout: see ready); HL_E_CLOSED /
  * HL_E_CORRUPT; HL_E_HANDLE; HL_E_INTR. */
+/* wait_any over n (1..HLE_WAIT_MANY_MAX) fences, merged fences and timelines
+ * of this domain that we hold, in one call: handles[i] with values[i] (a
+ * timeline's point; ignored for fences, whose threshold is 1).  Handles are
+ * validated once; already complete: the first such index at once (no clock,
+ * no unlock).  Else spins for spin ns, then sleeps with futex_waitv on all
+ * words and the private kick word (a kick wakes it to look again), the
+ * hooks' unlock / interrupt as hle_wait.  HL_OK with *index (the first ready
+ * in list order) and *word; HL_E_TIMEOUT; HL_E_INTR; HL_E_CLOSED;
+ * HL_E_HANDLE / HL_E_VALUE for bad input. */
+#define HLE_WAIT_MANY_MAX 127
+int hle_wait_many(hle_ctx *c, const uint64_t *handles, const uint64_t *values, int n, int64_t timeout,
+                  int64_t spin, int *index, uint64_t *word);
 int hle_wait_any(hle_ctx *c, const uint64_t *handles, const uint64_t *thr, int n, int64_t timeout_ns,
                  uint32_t kick_seen, char *ready);
 /* hle_wait for a caller inside a GIL-free section: BUSY_ENTER done, its lock

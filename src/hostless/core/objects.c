@@ -64,6 +64,15 @@ void hle_finalize(hle_ctx *c, uint32_t idx, uint64_t dying) {
             uint64_t z = 0;
             if (cas(&f->word, &z, HL_STATUS_CANCEL)) hl_wake_fence(f);
             hle_propagate(c, idx, 0);
+            if (k == HL_KIND_FENCE) {
+                uint64_t target = ld(&f->aux);
+                if (target) {
+                    /* a watch node leaves its target's count, if its creator counted it */
+                    if (ld(&f->err) & HL_WATCH_COUNTED) hle_watchers_add(c, target, -1);
+                }
+                else if (HL_WATCHERS_COUNT(ld(&f->err)))
+                    hle_watch_scan(c, idx); /* its watch nodes: CANCEL (or its status) now */
+            }
             st(&f->parents[0], 0);
             st(&f->parents[1], 0);
             st(&f->aux, 0);
@@ -173,10 +182,12 @@ void hle_fail_owned(hle_ctx *c, uint32_t idx) {
     uint32_t k = HL_CTL_KIND(ld(&f->ctl));
     if (k == HL_KIND_TIMELINE) {
         hl_timeline_fail(f, HL_STATUS_OWNER_DIED, NULL);
+        hle_watch_notify(c, idx);
     } else if (k == HL_KIND_FENCE) {
         uint64_t z = 0;
         if (cas(&f->word, &z, HL_STATUS_OWNER_DIED)) hl_wake_fence(f);
         hle_propagate(c, idx, 0);
+        hle_watch_notify(c, idx);
     }
 }
 
@@ -282,6 +293,7 @@ int hle_signal(hle_ctx *c, uint64_t h, uint64_t s) {
     }
     hl_wake_fence(f);
     if (ld(&f->parents[0]) || ld(&f->parents[1])) hle_propagate(c, (uint32_t)idx, 0);
+    hle_watch_notify(c, (uint32_t)idx);
     if (c->trace) hle_trace_emit(c, HL_EV_SIGNAL, h, s, 0, 0, 0);
     return HL_OK;
 }
@@ -300,6 +312,7 @@ int hle_timeline_signal(hle_ctx *c, uint64_t h, uint64_t v) {
     if (r != HL_OK)
         return hle_fail(HL_E_VALUE, "timeline value must grow: current %llu, asked %llu", (unsigned long long)cur,
                         (unsigned long long)v);
+    hle_watch_notify(c, (uint32_t)idx);
     if (c->trace) hle_trace_emit(c, HL_EV_SIGNAL, h, v, 0, 0, 0);
     return HL_OK;
 }
@@ -315,6 +328,7 @@ int hle_timeline_fail(hle_ctx *c, uint64_t h, uint64_t s) {
     if (hl_timeline_fail(f, (hl_u32)s, &cur) == HL_E_FAILED)
         return hle_fail(HL_E_ALREADY, "timeline already failed with status %llu",
                         (unsigned long long)(cur & 0xffffffffull));
+    hle_watch_notify(c, (uint32_t)idx);
     return HL_OK;
 }
 

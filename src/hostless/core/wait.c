@@ -181,6 +181,7 @@ struct any_wait {
     struct hl_fence **fs;
     const uint64_t *thr;
     struct hl_futex_waitv *wv;
+    int sweep; /* a merged fence among them (hle_wait_many) */
 };
 
 static int any_poll(void *a) {
@@ -194,6 +195,7 @@ static int any_poll(void *a) {
 static int any_sleep(void *a, uint64_t nap) {
     struct any_wait *x = a;
     int n = x->n;
+    if (x->sweep) hle_sweep(x->c); /* merged fences (and their watch nodes) completed by plain stores */
     struct hl_fence **fs = x->fs;
     struct hl_futex_waitv *wv = x->wv;
     for (int i = 0; i < n; i++) __atomic_add_fetch(&fs[i]->waiters, 1, __ATOMIC_SEQ_CST);
@@ -239,7 +241,7 @@ int hle_wait_any(hle_ctx *c, const uint64_t *handles, const uint64_t *thr, int n
         if (idx < 0) return (int)idx;
         fs[i] = slot(c, (uint32_t)idx);
     }
-    struct any_wait x = {c, n, kick_seen, fs, thr, wv};
+    struct any_wait x = {c, n, kick_seen, fs, thr, wv, 0};
     struct hle_waiter wt = {any_poll, any_sleep, NULL, &x, 0, timeout, 0, 0, hle_interruptible(c)};
     BUSY_ENTER(c);
     void *tok = hle_unlock(c);
@@ -251,6 +253,68 @@ int hle_wait_any(hle_ctx *c, const uint64_t *handles, const uint64_t *thr, int n
     if (CLOSING(c)) return hle_closed_error(c, "the domain was closed during the wait");
     for (int i = 0; i < n; i++) ready[i] = ld(&fs[i]->word) >= thr[i];
     return HL_OK;
+}
+
+/* Contract in engine.h.  One call for wait_any over fences and points of this
+ * domain: handles validated once, words read here, the first ready index. */
+int hle_wait_many(hle_ctx *c, const uint64_t *handles, const uint64_t *values, int n, int64_t timeout,
+                  int64_t spin, int *index, uint64_t *word) {
+    if (!c->base || c->me < 0) return hle_fail(HL_E_CLOSED, "domain is closed");
+    if (n < 1 || n > HLE_WAIT_MANY_MAX)
+        return hle_fail(HL_E_VALUE, "wait over 1..%d objects per domain, got %d", HLE_WAIT_MANY_MAX, n);
+    struct hl_futex_waitv wv[HLE_WAIT_MANY_MAX + 1];
+    struct hl_fence *fs[HLE_WAIT_MANY_MAX];
+    uint64_t thr[HLE_WAIT_MANY_MAX];
+    int sweep = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t idx = hle_check_handle(c, handles[i], HL_KIND_SYNC, 1);
+        if (idx < 0) return (int)idx;
+        fs[i] = slot(c, (uint32_t)idx);
+        uint32_t k = HL_HANDLE_KIND(handles[i]);
+        thr[i] = k == HL_KIND_TIMELINE ? values[i] : 1;
+        if (k == HL_KIND_MERGED) sweep = 1;
+    }
+    for (int i = 0; i < n; i++) { /* already complete: no clock, no unlock */
+        uint64_t w = ld(&fs[i]->word);
+        if (w >= thr[i]) {
+            *index = i;
+            *word = w;
+            return HL_OK;
+        }
+    }
+    uint64_t t0 = now_ns();
+    BUSY_ENTER(c);
+    void *tok = hle_unlock(c);
+    int r;
+    for (;;) {
+        uint64_t t = now_ns();
+        int64_t left = timeout;
+        if (timeout > 0) left = t - t0 >= (uint64_t)timeout ? 0 : timeout - (int64_t)(t - t0);
+        struct any_wait x = {c, n, __atomic_load_n(&c->kick, __ATOMIC_SEQ_CST), fs, thr, wv, sweep};
+        struct hle_waiter wt = {any_poll, any_sleep, NULL, &x, t, left, spin > 0 ? (uint64_t)spin : 0, 0,
+                                hle_interruptible(c)};
+        r = hle_wait_loop(c, &wt, &tok);
+        if (r) break;
+        *index = -1;
+        for (int i = 0; i < n && *index < 0; i++) {
+            uint64_t w = ld(&fs[i]->word);
+            if (w >= thr[i]) {
+                *index = i;
+                *word = w;
+            }
+        }
+        if (*index >= 0) break;
+        if (timeout == 0) {
+            r = HL_E_TIMEOUT;
+            break;
+        }
+        spin = 0; /* a kick (another thread's notifier or close): wait again */
+    }
+    BUSY_LEAVE(c);
+    hle_relock(c, tok);
+    if (r == HL_E_INTR || r == HL_E_TIMEOUT) return r;
+    if (CLOSING(c) || r == HL_E_CLOSED) return hle_closed_error(c, "the domain was closed during the wait");
+    return r;
 }
 
 void hle_kick(hle_ctx *c) {

@@ -130,7 +130,8 @@ typedef uint8_t hl_u8;
 #endif
 
 #define HL_MAGIC 0x3153534c54534f48ULL /* "HOSTLSS1" little-endian */
-#define HL_ABI_VERSION 4u /* 2: timeline wake sequence, write rule (see above); 3: the name table; 4: device heaps */
+#define HL_ABI_VERSION 5u /* 2: timeline wake sequence, write rule (see above); 3: the name table; 4: device heaps;
+                             5: watch nodes (timeline points and shared children in merges) */
 #define HL_HEADER_SIZE 4096u
 #define HL_PAGE 4096u
 #define HL_CACHELINE 64u
@@ -192,6 +193,38 @@ typedef uint8_t hl_u8;
 #define HL_LINK_POS(l) ((hl_u32)(((l) >> 56) & 0x7fu))
 #define HL_MAX_PARENTS 2
 #define HL_MERGE_MAX_CHILDREN 32 /* per composite slot; larger merges build a tree */
+
+/* Watch nodes (ABI 5): a FENCE slot whose aux is nonzero is a watch node: it
+ * completes (like a binary fence, and propagates through its own parent
+ * links) when the object named by the handle in aux has word >= err: a
+ * timeline point (err = the value) or a fence already in HL_MAX_PARENTS
+ * merges (err = 1).  Its status is the watched fence's status, the
+ * timeline's failure, else SUCCESS; CANCEL if the watched object is gone.
+ * Anyone may complete it, holder or not, with hl_cas_word_ctl (write rule
+ * (c)).  The watched object counts its live watch nodes, so that its
+ * signaller knows to look for them: HL_WATCHERS(gen24, n) in a timeline's
+ * parents[0] (timelines have no parent links) and in a plain fence's err;
+ * the count carries the watched object's generation, so the decrement at a
+ * watch node's finalize (by a non-holder) is generation-checked (rule (c)).
+ * The count is a hint: when it is 0, or for a merged fence (no free field),
+ * the node is completed by the sweeps (host waiters of merged fences before
+ * every sleep, the watchdog) within their interval. */
+#define HL_WATCHERS_TAG (1ull << 63) /* set in every count: no link, merged err or timeline
+                                        word has bit 63, so a count's CAS (its generation
+                                        check) never matches another kind's value in a slot
+                                        reused meanwhile (tests/protocol_model.py,
+                                        watch-target-reuse) */
+#define HL_WATCHERS(gen, n) \
+    (HL_WATCHERS_TAG | (((hl_u64)(gen) & 0xffffffu) << 32) | ((hl_u64)(n) & 0xffffffffu))
+#define HL_WATCHERS_IS(w, gen) \
+    (((w) & HL_WATCHERS_TAG) && (((w) >> 32) & 0xffffffu) == ((hl_u64)(gen) & 0xffffffu))
+/* a watch node's err: its threshold, and HL_WATCH_COUNTED once its creator
+ * counted it on the target: its finalize takes back only a count it gave
+ * (tests/protocol_model.py, watch-creator-dies) */
+#define HL_WATCH_COUNTED (1ull << 63)
+#define HL_WATCH_THRESHOLD(e) ((e) & ~HL_WATCH_COUNTED)
+#define HL_WATCHERS_GEN(w) ((hl_u32)(((w) >> 32) & 0xffffffu))
+#define HL_WATCHERS_COUNT(w) ((hl_u32)((w) & 0xffffffffu))
 
 /* ---- participant slot states; ctl = incarnation[47:16] | recoverer[15:8] | state[7:0] ---- */
 #define HL_PART_FREE 0u
@@ -298,10 +331,13 @@ struct hl_fence {
     hl_u32 waiters;               /*  24 host threads asleep on the word */
     hl_u32 owner;                 /*  28 HL_OWNER of the expected signaler, 0 = none */
     hl_u64 aux;                   /*  32 timeline: last value before failure;
-                                             merged: gen24[55:32] | pending-children bitmask[31:0] */
-    hl_u64 parents[HL_MAX_PARENTS]; /* 40 HL_LINK(gen, index) of merged parents, 0 = none */
+                                             merged: gen24[55:32] | pending-children bitmask[31:0];
+                                             fence: 0, or the handle a watch node watches */
+    hl_u64 parents[HL_MAX_PARENTS]; /* 40 HL_LINK(gen, index) of merged parents, 0 = none;
+                                             timeline: parents[0] = HL_WATCHERS(gen, n) */
     union {                       /*  56 */
-        hl_u64 err;               /*     merged: gen24[55:32] | first error status[31:0] */
+        hl_u64 err;               /*     merged: gen24[55:32] | first error status[31:0];
+                                             fence: HL_WATCHERS(gen, n); watch node: the threshold */
         hl_u32 wake;              /*     timeline: wake sequence, the futex of its sleepers */
     };
 };

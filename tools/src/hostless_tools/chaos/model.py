@@ -119,3 +119,5 @@ class WorkerConfig:
     shared: bool = False
     """Publish fences / timelines for the driver to wait on."""
     watchdog: float = 0.02
+    algebra: bool = True
+    """Composites over timeline points and fences shared by many composites (AlgebraOps)."""

@@ -80,6 +80,7 @@ class WorkerOperations(WorkerChecks):
             for k in kids:
                 self._taint(k)
             return None
+        kids = self.flattened(kids)
         n = _Node(m, True, kids)
         n.log.append(f"new@{self.nops}")
         self.nodes[n.handle] = n
@@ -97,6 +98,24 @@ class WorkerOperations(WorkerChecks):
         else:
             self.check_node(n, "new merge")
         return n
+
+    @staticmethod
+    def flattened(kids: Sequence[_Node]) -> list[_Node]:
+        """The children Domain.merge links, as the model sees them (sync_file's flattening): a
+        merged child is replaced by its own children while it is ACTIVE, none of them has failed,
+        none is a merge and each is still held; otherwise it is a child in its own right."""
+        out: list[_Node] = []
+        for k in kids:
+            flat = (
+                k.merged
+                and k.final is None
+                and all(
+                    not c.merged and c.obj._held and (c.final is None or c.final[0] == SUCCESS)
+                    for c in k.children
+                )
+            )
+            out += k.children if flat else [k]
+        return out
 
     def signal(self, n: _Node, status: int) -> None:
         """Signal a leaf fence the model says is ACTIVE (a tainted one without checks)."""

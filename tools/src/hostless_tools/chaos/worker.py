@@ -17,13 +17,12 @@ from hostless.domain import Domain
 from hostless.errors import AlreadySignaled, DomainFull, InvalidOperation, OutOfMemory
 from hostless.fence import Fence
 from hostless.timeline import Timeline
-
+from .algebra import AlgebraOps
 from .model import WorkerConfig, _Buf, _Node, _Shared, _Tl
-from .operations import WorkerOperations
 from .record import OWNER_DIED, SUCCESS, Recorder
 
 
-class ChaosWorker(WorkerOperations):
+class ChaosWorker(AlgebraOps):
     """One participant doing random operations on private objects and checking each against its model.
 
     Usable in-process (tests of the harness build one on a Domain they
@@ -60,22 +59,7 @@ class ChaosWorker(WorkerOperations):
                     "after a refused signal of a merge",
                     "signal of a merged fence accepted",
                 )
-        elif r < 0.8:
-            full = [n for n in nodes if len(n.parents) >= 2]
-            if full:
-                n = self.rnd.choice(full)
-                m = self.expect_refused(
-                    n,
-                    f"third merge of {n.name()}",
-                    lambda: self.dom.merge([n.obj]),
-                    InvalidOperation,
-                    "after a refused third merge",
-                    "a third live merge accepted",
-                    skip=(DomainFull,),
-                )
-                if m is not None:
-                    m.release()
-        else:
+        else:  # (a third merge of a fence is no longer refused: AlgebraOps.shared_fence)
             tls = [t for t in self.timelines.values() if not t.tainted and t.failed is None]
             if tls:
                 t = self.rnd.choice(tls)
@@ -243,8 +227,10 @@ class ChaosWorker(WorkerOperations):
             ms = [n for n in nodes if n.merged and n.final is None]
             if ms:
                 self.complete_merge(rnd.choice(ms))
-        elif r < 53:
+        elif r < 53 and (r < 45 or not self.cfg.algebra):
             self.churn()
+        elif r < 53:
+            self.algebra_op()
         elif r < 57:
             if len(self.timelines) < self.cfg.max_timelines:
                 self.new_timeline(0 if rnd.random() < 0.7 else rnd.randint(1, 5))
@@ -352,6 +338,7 @@ class ChaosWorker(WorkerOperations):
     def finish(self) -> None:
         """Check everything, then release every object in random order, checking as it goes."""
         self.verify_all("final check")
+        self.finish_comps()
         while self.tainted:
             self._drop(self.tainted[-1])
         objs: list[_Node | _Tl | _Buf] = [*self.nodes.values(), *self.timelines.values(), *self.buffers]

@@ -1,0 +1,219 @@
+"""Waiting on several fences and timeline points at once: ``wait_any`` and
+``wait_all`` (Vulkan's ``vkWaitSemaphores`` with and without
+``VK_SEMAPHORE_WAIT_ANY_BIT``, ``poll()`` over sync_files), in threads and in
+asyncio.
+
+Objects may be any mix of :class:`~hostless.Fence` (merged ones included) and
+:class:`~hostless.Point` (``timeline.point(v)``), of any domains this process
+joined.  Objects of one domain are waited on with one blocking wait over all
+their words (``futex_waitv``: the GIL is released, Ctrl-C ends it within a few
+ms, a store by a device is seen within the domain's poll interval); objects of
+several domains are waited on in turns of 1 ms per domain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .fence import Fence
+from .status import Status, fence_status
+from .timeline import Point, _decode
+
+if TYPE_CHECKING:
+    from .domain import Domain
+
+__all__ = [
+    "Completed",
+    "Waitable",
+    "packet_waits",
+    "wait_all",
+    "wait_all_async",
+    "wait_any",
+    "wait_any_async",
+]
+
+Waitable = Fence | Point
+"""What the multi-object waits and ``Domain.merge`` take: a fence or a timeline point."""
+
+_BATCH = 127  # one futex_waitv takes 128 words; one is the private kick word
+_SLICE_NS = 1_000_000  # the turn of each domain (or batch) when there are several
+
+
+class Completed(NamedTuple):
+    """One completed object of a multi-object wait: its position in the list
+    given, the object, and its final status (SUCCESS, or the failure: a fence's
+    status, a timeline's failure).  Immutable (a named tuple: cheap to make)."""
+
+    index: int  # type: ignore[assignment]  # (shadows tuple.index, as intended)
+    obj: Waitable
+    status: Status
+
+    @property
+    def ok(self) -> bool:
+        """True when the status is SUCCESS."""
+        return self.status is Status.SUCCESS
+
+
+def _target(obj: object) -> tuple[Domain, int, int]:
+    """(domain, handle, threshold) of a waitable; clear errors otherwise."""
+    if isinstance(obj, Fence):
+        obj._check_held()
+        return obj._dom, int(obj.handle), 1
+    if isinstance(obj, Point):
+        obj.timeline._check_held()
+        return obj.timeline._dom, int(obj.timeline.handle), obj.value
+    from .timeline import Timeline
+
+    if isinstance(obj, Timeline):
+        raise TypeError(
+            "a Timeline is not waitable by itself: wait on one of its points, timeline.point(value)"
+        )
+    raise TypeError(f"expected a Fence or a timeline Point (timeline.point(v)), got {type(obj).__name__}")
+
+
+def _status(obj: Waitable, word: int) -> Status:
+    return fence_status(word) if isinstance(obj, Fence) else _decode(word)
+
+
+def _items(objs: Iterable[Waitable]) -> tuple[list[Waitable], list[tuple[Domain, int, int]]]:
+    items = list(objs)
+    if not items:
+        raise ValueError("nothing to wait for: pass at least one Fence or Point")
+    return items, [_target(o) for o in items]
+
+
+def _ready_now(items: Sequence[Waitable], targets: Sequence[tuple[Domain, int, int]]) -> int:
+    for i, (dom, h, thr) in enumerate(targets):
+        if dom._core.word(h) >= thr:
+            return i
+    return -1
+
+
+def _completed(items: Sequence[Waitable], targets: Sequence[tuple[Domain, int, int]], i: int) -> Completed:
+    dom, h, _thr = targets[i]
+    return Completed(i, items[i], _status(items[i], dom._core.word(h)))
+
+
+def wait_any(objs: Iterable[Waitable], timeout: float | None = None) -> Completed:
+    """Block until one of ``objs`` has completed; returns it (the first in the
+    list's order among those complete) with its status.
+
+    A failure completes an object too (its status says so).  Raises
+    TimeoutError after ``timeout`` seconds (None: no limit), KeyboardInterrupt
+    on Ctrl-C, TypeError for what is not a Fence or Point, InvalidHandle for a
+    released one, ValueError for an empty list.
+    """
+    if timeout is not None and timeout < 0:
+        raise ValueError("timeout must be >= 0 or None")
+    items = objs if isinstance(objs, list) else list(objs)
+    if items:
+        # one engine call (hle_wait_many): the objects read, their handles
+        # validated, the words read and the wait done in C; index -2: not all
+        # held Fences / Points of the first one's domain, the general path below
+        first = items[0]
+        dom = first.timeline._dom if isinstance(first, Point) else getattr(first, "_dom", None)
+        core = getattr(dom, "_core", None)
+        if core is not None:
+            try:
+                i, st = core.wait_objects(items, -1 if timeout is None else int(timeout * 1e9), -1)
+            except TimeoutError:
+                raise TimeoutError(f"none of {len(items)} objects completed within {timeout} s") from None
+            if i >= 0:
+                return Completed(i, items[i], st)
+    items, targets = _items(items)
+    deadline = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
+    groups: dict[int, tuple[Domain, list[int]]] = {}
+    for i, (dom, _h, _thr) in enumerate(targets):
+        groups.setdefault(id(dom), (dom, []))[1].append(i)
+    batches = [(dom, idx[k : k + _BATCH]) for dom, idx in groups.values() for k in range(0, len(idx), _BATCH)]
+    turn = 0
+    while True:
+        i = _ready_now(items, targets)
+        if i >= 0:
+            return _completed(items, targets, i)
+        now = time.monotonic_ns()
+        if deadline is not None and now >= deadline:
+            raise TimeoutError(f"none of {len(items)} objects completed within {timeout} s")
+        left = -1 if deadline is None else deadline - now
+        dom, idx = batches[turn % len(batches)]
+        turn += 1
+        nap = left if len(batches) == 1 else (_SLICE_NS if left < 0 else min(left, _SLICE_NS))
+        core = dom._core
+        core.wait_any([(targets[j][1], targets[j][2]) for j in idx], nap, core.kick_value())
+
+
+def wait_all(objs: Iterable[Waitable], timeout: float | None = None) -> list[Completed]:
+    """Block until every one of ``objs`` has completed; returns them all, in the
+    list's order, with their statuses (a failure completes an object too: check
+    ``ok``).
+
+    Raises TimeoutError after ``timeout`` seconds (None: no limit) saying how
+    many completed, KeyboardInterrupt on Ctrl-C, and the errors of
+    :func:`wait_any` for bad input.
+    """
+    items, targets = _items(objs)
+    if timeout is not None and timeout < 0:
+        raise ValueError("timeout must be >= 0 or None")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for i, o in enumerate(items):
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            o.wait(left)
+        except TimeoutError:
+            done = sum(1 for d, h, thr in targets if d._core.word(h) >= thr)
+            raise TimeoutError(
+                f"{done} of {len(items)} objects completed within {timeout} s (the first pending: index {i})"
+            ) from None
+    return [_completed(items, targets, i) for i in range(len(items))]
+
+
+async def wait_any_async(objs: Iterable[Waitable], timeout: float | None = None) -> Completed:
+    """:func:`wait_any` without blocking the event loop (the domains' notifier
+    threads watch the words).  Cancelling it stops watching."""
+    items, targets = _items(objs)
+    i = _ready_now(items, targets)
+    if i >= 0:
+        return _completed(items, targets, i)
+    tasks = [asyncio.ensure_future(o.wait_async()) for o in items]
+    try:
+        done, _pending = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            raise TimeoutError(f"none of {len(items)} objects completed within {timeout} s")
+        first = min(tasks.index(t) for t in done)
+        return Completed(first, items[first], tasks[first].result())
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+
+
+async def wait_all_async(objs: Iterable[Waitable], timeout: float | None = None) -> list[Completed]:
+    """:func:`wait_all` without blocking the event loop."""
+    items, _targets = _items(objs)
+    tasks = [asyncio.ensure_future(o.wait_async()) for o in items]
+    try:
+        done, pending = await asyncio.wait(tasks, timeout=timeout)
+        if pending:
+            raise TimeoutError(f"{len(done)} of {len(items)} objects completed within {timeout} s")
+        return [Completed(i, o, t.result()) for i, (o, t) in enumerate(zip(items, tasks, strict=True))]
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+
+
+def packet_waits(*objs: Waitable) -> dict[str, Any]:
+    """The ``wait`` and ``wait_value`` fields of a :class:`~hostless.Packet`
+    for up to two fences or points: ``Packet(..., **hl.packet_waits(p, f))``.
+    A packet waits on a timeline with ``word >= wait_value`` (a point) and on a
+    fence until it is signaled."""
+    if len(objs) > 2:
+        raise ValueError(f"a packet waits on at most two objects, got {len(objs)} (merge the rest first)")
+    hs, vs = [0, 0], [0, 0]
+    for i, o in enumerate(objs):
+        _dom, h, thr = _target(o)
+        hs[i], vs[i] = h, (thr if isinstance(o, Point) else 0)
+    return {"wait": (hs[0], hs[1]), "wait_value": (vs[0], vs[1])}
