@@ -208,6 +208,11 @@ def test_watch_scenarios_target_something() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("HOSTLESS_MODEL_FULL"),
+    reason="the large watch-node scenarios take from minutes to over 500 s each (watch-shared-3 did "
+    "not finish): run them with HOSTLESS_MODEL_FULL=1",
+)
 @pytest.mark.parametrize("variant", pm.WATCH_VARIANTS)
 @pytest.mark.parametrize("name", list(WATCH_SLOW))
 def test_watch_nodes_slow(name: str, variant: str) -> None:

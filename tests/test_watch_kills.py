@@ -22,10 +22,11 @@ import sys
 import time
 import uuid
 
+from hostless.chaos import leaked_slots
+
 import hostless as hl
 from hostless import Status
 from hostless._abi import FENCE_DTYPE, C
-from hostless.chaos import leaked_slots
 
 
 def _raw_word(d: hl.Domain, handle: int) -> int:

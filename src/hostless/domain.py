@@ -32,6 +32,7 @@ from .shm import SHM_DIR, check_spin, path_of
 from .shm import check_join_args as _check_join_args
 from .shm import parse_size as parse_size
 from .shm import wait_ready as _wait_ready
+from .status import Status
 from .timeline import Point, Timeline
 
 if TYPE_CHECKING:

@@ -13,6 +13,7 @@ from hostless.errors import DomainFull
 from hostless.fence import Fence
 from hostless.status import Status
 from hostless.waits import wait_all, wait_any
+
 from .model import _Node, _Tl
 from .operations import WorkerOperations, hung_timeout
 from .record import SUCCESS, _slot, _sname

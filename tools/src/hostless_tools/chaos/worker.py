@@ -17,6 +17,7 @@ from hostless.domain import Domain
 from hostless.errors import AlreadySignaled, DomainFull, InvalidOperation, OutOfMemory
 from hostless.fence import Fence
 from hostless.timeline import Timeline
+
 from .algebra import AlgebraOps
 from .model import WorkerConfig, _Buf, _Node, _Shared, _Tl
 from .record import OWNER_DIED, SUCCESS, Recorder
