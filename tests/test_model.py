@@ -242,7 +242,7 @@ class DomainModel(RuleBasedStateMachine):
         # live merges takes a watch node (one more slot) instead of being refused, and a
         # merged child may be flattened into its leaves (Domain.merge); neither is in this
         # model.  Those cases are covered by tests/test_fence_algebra.py and the chaos
-        # stress (hostless.chaos AlgebraOps, tests/test_stress.py).
+        # stress (hostless_tools.chaos AlgebraOps, tests/test_stress.py).
         cands = {
             o.handle: (o, py)
             for o, py in self.refs[p]

@@ -22,11 +22,12 @@ import sys
 import time
 import uuid
 
-from hostless.chaos import leaked_slots
-
 import hostless as hl
 from hostless import Status
 from hostless._abi import FENCE_DTYPE, C
+from hostless_tools.chaos import leaked_slots
+
+from conftest import needs_test_hooks
 
 
 def _raw_word(d: hl.Domain, handle: int) -> int:
@@ -47,6 +48,7 @@ def _child_merge_killed(name: str, fence: int) -> subprocess.CompletedProcess[by
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60)
 
 
+@needs_test_hooks
 def test_creator_killed_between_publish_and_count_steals_no_count() -> None:
     d = hl.Domain.create(
         f"hl_wk_{uuid.uuid4().hex[:8]}", fences=256, watchdog_interval=0, unlink_on_close=True

@@ -214,10 +214,12 @@ void hle_watch_notify(hle_ctx *c, uint32_t idx) {
     if (w && HL_WATCHERS_COUNT(ld(w)) && !(k == HL_KIND_FENCE && ld(&f->aux))) hle_watch_scan(c, idx);
 }
 
-/* Test-only switch (tests/test_watch_kills.py): with HOSTLESS_TEST_KILL_AT=
- * watch-published in its environment, a process SIGKILLs itself between
- * publishing a watch node and counting it on its target (the window of the
- * protocol model's watch-creator-dies).  Read once; unset, it costs a load. */
+/* Test-only switch (tests/test_watch_kills.py), compiled only into the test
+ * build (HOSTLESS_TEST_HOOKS): with HOSTLESS_TEST_KILL_AT=watch-published in
+ * its environment, a process SIGKILLs itself between publishing a watch node
+ * and counting it on its target (the window of the protocol model's
+ * watch-creator-dies).  Read once; unset, it costs a load. */
+#ifdef HOSTLESS_TEST_HOOKS
 static int kill_after_publish(void) {
     static int v = -1;
     if (v < 0) {
@@ -226,6 +228,9 @@ static int kill_after_publish(void) {
     }
     return v;
 }
+#else
+#define kill_after_publish() 0
+#endif
 
 /* Create a watch node at merge position pos of composite (pidx, pgen):
  * initialised and linked while ALLOC (ours), published, counted on its
