@@ -23,11 +23,10 @@ import time
 import uuid
 
 import hostless as hl
+from conftest import needs_test_hooks
 from hostless import Status
 from hostless._abi import FENCE_DTYPE, C
 from hostless_tools.chaos import leaked_slots
-
-from conftest import needs_test_hooks
 
 
 def _raw_word(d: hl.Domain, handle: int) -> int:
