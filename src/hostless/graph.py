@@ -293,16 +293,20 @@ class _Ident:
     """An agent as a compiled graph knows it: the words of its participant slot and of its
     queue's consumer that must keep what they held at compile time."""
 
-    __slots__ = ("stage", "agent_id", "index", "ctl", "ctl_want", "consumer", "consumer_want")
+    __slots__ = (
+        "stage", "agent_id", "index", "ctl", "ctl_want", "consumer", "consumer_want",
+        "ctl_off", "consumer_off",
+    )
 
     CTL_MASK = (0xFFFFFF << 16) | 0xFF  # the incarnation's low 24 bits (what an id carries) and state
 
     def __init__(
         self, stage: str, agent_id: int, index: int, ctl: memoryview, ctl_want: int,
-        consumer: memoryview, consumer_want: int,
+        consumer: memoryview, consumer_want: int, ctl_off: int, consumer_off: int,
     ) -> None:
         self.stage, self.agent_id, self.index = stage, agent_id, index
         self.ctl, self.ctl_want, self.consumer, self.consumer_want = ctl, ctl_want, consumer, consumer_want
+        self.ctl_off, self.consumer_off = ctl_off, consumer_off  # the words' offsets in the mapping
 
     def changed(self) -> str | None:
         """None while the agent is the one compiled for; else what happened (two loads)."""
@@ -415,6 +419,7 @@ class CompiledGraph:
         self.dom = dom
         # the agents as compiled for, recorded before anything is built for them
         self._invalid: GraphInvalidated | None = None
+        self._fast = False  # run's one-call path (set once everything is built: _bind_io)
         self._idents = self._identities()
         # Python stage functions: loaded into their agents once, here (ImportError etc. surface now)
         self.kids: dict[int, int] = {
@@ -452,6 +457,9 @@ class CompiledGraph:
         for sl in self.slots:
             self._build_programs(sl)
         self._closed = False
+        # the host's whole frame in one C call (see run): when every graph input and output
+        # lives in host memory; otherwise (or when the call declines) the general path
+        self._fast = self._bind_io()
 
     # ------------------------------------------------------------ agents
     def _identities(self) -> list[_Ident]:
@@ -476,6 +484,8 @@ class CompiledGraph:
                     (inc << 16) | int(C.PART_ALIVE),
                     mv[qoff : qoff + 4].cast("I"),
                     (inc << 8) | (idx + 1),
+                    off,
+                    qoff,
                 )
             )
         return out  # (an agent already gone: the first run raises GraphInvalidated)
@@ -503,6 +513,7 @@ class CompiledGraph:
         """Remember ``e`` for every later run, fail the graph's timelines (the frames in flight
         fail: packets still queued on live agents that wait on them fail unrun), raise ``e``."""
         self._invalid = e
+        self._fast = False  # every later run goes the general path, which raises e
         for t in self.timelines + list(self.copied.values()):
             try:
                 if t.failure is None:
@@ -514,8 +525,13 @@ class CompiledGraph:
     def _exec_checked(self, prog: tuple[Any, list[Any]], value: int, timeout: float | None) -> None:
         """:meth:`_exec`; a failure or timeout first checks whether an agent died or was
         replaced (GraphInvalidated, chained to the failure)."""
+        self._checked(self._exec, prog, value, timeout)
+
+    def _checked(self, fn: Callable[..., None], *args: Any) -> None:
+        """``fn(*args)``; a StageFailed or TimeoutError first checks whether an agent died
+        or was replaced (GraphInvalidated, chained to the failure)."""
         try:
-            self._exec(prog, value, timeout)
+            fn(*args)
         except (StageFailed, TimeoutError) as e:
             try:
                 self._check_agents(thorough=True)
@@ -656,6 +672,42 @@ class CompiledGraph:
         sl.wait = (wait.build(core, _SLICE_S), wait.tags)
         sl.run = (run.build(core, _SLICE_S), run.tags)
 
+    def _bind_io(self) -> bool:
+        """Give each slot's frame programs what one call needs to do the host's whole frame
+        (``FrameProgram.bind_io``): the graph inputs' buffers (copied into, after the checks
+        :meth:`_write_inputs` makes, when an input is an exact NumPy array of the input's
+        dtype and shape), the outputs' views (copied out) and the agents' words that
+        :meth:`_check_agents` reads.  False (no fast path) when a tensor the host writes or
+        reads lives in device memory."""
+        g = self.g
+        idents = [
+            (i.ctl_off, _Ident.CTL_MASK, i.ctl_want, i.consumer_off, i.consumer_want) for i in self._idents
+        ]
+        for sl in self.slots:
+            outs = [(name, v) for name, v in sl.out_views if isinstance(v, np.ndarray)]
+            if len(outs) != len(sl.out_views):
+                return False
+            ins = []
+            for name, (shp, dt) in g.inputs.items():
+                dsts = self._input_buffers(sl, name)
+                if any(b.device != "cpu" for b in dsts):
+                    return False
+                fmt = np.empty((0,), dt).data.format
+                ins.append((name, fmt, dt.itemsize, tuple(shp), [b.handle for b in dsts]))
+            sl.run[0].bind_io(ins, outs, idents, np.ndarray)
+            sl.submit[0].bind_io(ins, [], idents, np.ndarray)
+            sl.wait[0].bind_io([], outs, idents, np.ndarray)
+        return True
+
+    def _input_buffers(self, sl: _Slot, name: str) -> list[Buffer]:
+        """The buffers graph input ``name`` is written into each frame (those of in_views)."""
+        g = self.g
+        if self.data == "shared":
+            return [sl.tensors[name]]
+        return [
+            sl.stage_in[k][pos] for k, s in enumerate(g.stages) for pos, i in enumerate(s.inputs) if i == name
+        ]
+
     def _watched(self, k: int) -> list[int]:
         """The timelines checked for a failure while the host waits for stage k (between
         sleep slices): k's and its ancestors', in topological order."""
@@ -783,8 +835,11 @@ class CompiledGraph:
         released); StageFailed, TimeoutError and the push errors as the host path
         always raised them."""
         stop = prog[0].run(value, -1 if timeout is None else _timeout_ns(timeout))
-        if stop is None:
-            return
+        if stop is not None:
+            self._stopped(prog, value, stop)
+
+    def _stopped(self, prog: tuple[Any, list[Any]], value: int, stop: tuple[Any, ...]) -> None:
+        """Raise what a frame program's stop (``FrameProgram.run``'s tuple) means."""
         k: int = prog[1][stop[0]]
         why, word = stop[1], stop[2]
         if why == "failed":  # stage k's timeline failed (or holds garbage)
@@ -820,7 +875,33 @@ class CompiledGraph:
         """Run one frame; returns the graph outputs (copies).  StageFailed on failure.
 
         The frame's packets are pushed, (host dispatch) its stages waited for and
-        copied between, and its sinks waited for by one call into the engine."""
+        copied between, and its sinks waited for by one call into the engine.  When
+        every input is a NumPy array of its input's dtype and shape (C-contiguous), that
+        call also checks the agents, writes the inputs and copies the outputs out
+        (``FrameProgram.frame``); otherwise, or when it declines, the same steps run
+        here in Python."""
+        if self._fast:
+            f = self.frame + 1
+            self.frame = f  # before the call: a frame that raised half-way is never reused
+            prog = self.slots[f % self.inflight].run
+            r = prog[0].frame(inputs, f, timeout)
+            if r.__class__ is dict:
+                return r
+            if r is not None:
+                return self._ran(self.slots[f % self.inflight], prog, f, r)
+            self.frame = f - 1  # declined, nothing done: the general path
+        return self._run(inputs, timeout)
+
+    def _ran(self, sl: _Slot, prog: tuple[Any, list[Any]], f: int, r: Any) -> dict[str, np.ndarray]:
+        """The end of a frame ``FrameProgram.frame`` ran but did not return outputs for:
+        False (an agent's words changed while it ran) or a stop tuple."""
+        if r is not False:
+            self._checked(self._stopped, prog, f, r)
+        self._check_agents()
+        return self._read_outputs(sl)
+
+    def _run(self, inputs: Mapping[str, np.ndarray], timeout: float | None) -> dict[str, np.ndarray]:
+        """:meth:`run`'s general path (in Python around the frame program)."""
         self._check()
         self._check_agents()
         self.frame += 1
@@ -840,19 +921,32 @@ class CompiledGraph:
         for inp in frames:
             if len(pending) == self.inflight:
                 v, sl = pending.pop(0)
-                self._exec_checked(sl.wait, v, timeout)
-                self._check_agents()
-                yield self._read_outputs(sl)
-            self._check_agents()
+                yield self._collect(sl, v, timeout)
             self.frame += 1
             sl = self.slots[self.frame % self.inflight]
-            self._write_inputs(sl, inp)
-            self._exec_checked(sl.submit, self.frame, timeout)
+            r = sl.submit[0].frame(inp, self.frame, timeout) if self._fast else None
+            if r is None:  # the general path
+                self._check()
+                self._check_agents()
+                self._write_inputs(sl, inp)
+                self._exec_checked(sl.submit, self.frame, timeout)
+            elif r.__class__ is not dict:
+                self._ran(sl, sl.submit, self.frame, r)
             pending.append((self.frame, sl))
         for v, sl in pending:
-            self._exec_checked(sl.wait, v, timeout)
-            self._check_agents()
-            yield self._read_outputs(sl)
+            yield self._collect(sl, v, timeout)
+
+    def _collect(self, sl: _Slot, v: int, timeout: float | None) -> dict[str, np.ndarray]:
+        """Wait for frame ``v`` of a stream (slot ``sl``) and return its outputs."""
+        r = sl.wait[0].frame(None, v, timeout) if self._fast else None
+        if r.__class__ is dict:
+            return r
+        if r is not None:
+            return self._ran(sl, sl.wait, v, r)
+        self._check()
+        self._exec_checked(sl.wait, v, timeout)
+        self._check_agents()
+        return self._read_outputs(sl)
 
     def _check(self) -> None:
         if self._closed:
@@ -863,6 +957,7 @@ class CompiledGraph:
         if self._closed:
             return
         self._closed = True
+        self._fast = False
         seen: set[int] = set()
         for sl in self.slots:
             sl.in_views, sl.out_views = {}, []  # no view outlives its buffer

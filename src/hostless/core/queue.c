@@ -127,10 +127,13 @@ static int push_sleep(void *a, uint64_t nap) {
 static int push_wait_loop(hle_ctx *c, uint64_t h, struct hl_qview *v, const struct hl_packet *p, int64_t timeout,
                           uint64_t *idx, int interruptible, void **tok) {
     struct push_wait x = {c, v, p, idx, HL_OK};
-    struct hle_waiter wt = {push_poll, push_sleep, push_check, &x, now_ns(), timeout, HLE_PUSH_SPIN_NS, 0,
-                            interruptible};
-    int r = hle_wait_loop(c, &wt, tok);
-    uint64_t t_pushed = now_ns();
+    int r = HL_OK;
+    if (!push_poll(&x)) { /* full: wait for a cell (a free one at once needs no clock, no loop) */
+        struct hle_waiter wt = {push_poll, push_sleep, push_check, &x, now_ns(), timeout, HLE_PUSH_SPIN_NS, 0,
+                                interruptible};
+        r = hle_wait_loop(c, &wt, tok);
+    }
+    uint64_t t_pushed = c->trace ? now_ns() : 0; /* no clock read when tracing is off */
     if (r == HL_E_INTR) return r;
     if (r == HL_E_CLOSED) return hle_closed_error(c, "the domain was closed while the queue was full");
     if (r == HLE_E_DEAD_CONSUMER)
