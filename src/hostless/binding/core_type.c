@@ -332,17 +332,8 @@ static PyObject *Core_wait_objects(Core *c, PyObject *const *args, Py_ssize_t na
     uint64_t w = 0;
     int r = hle_wait_many(&c->ctx, hs, vs, (int)n, timeout, spin, &idx, &w);
     if (r) return hlpy_raise(r);
-    uint64_t s = w; /* a fence's status; a timeline's failure or SUCCESS (as Timeline.wait) */
-    if (HL_HANDLE_KIND(hs[idx]) == HL_KIND_TIMELINE) {
-        if ((w & HL_TIMELINE_FAILED) ? (w & ~HL_TIMELINE_FAILED) > 0xffffffffull || (w & 0xffffffffull) == HL_STATUS_SUCCESS
-                                     : w > HL_TIMELINE_MAX) {
-            hle_fail(HL_E_CORRUPT, "timeline 0x%llx holds an invalid word 0x%llx (written by a buggy or hostile participant)",
-                     (unsigned long long)hs[idx], (unsigned long long)w);
-            return hlpy_raise(HL_E_CORRUPT);
-        }
-        s = w & HL_TIMELINE_FAILED ? (w & 0xffffffffull) : HL_STATUS_SUCCESS;
-    }
-    PyObject *st = hlpy_status_obj(s);
+    /* a fence's status; a timeline's failure or SUCCESS (as Timeline.wait) */
+    PyObject *st = HL_HANDLE_KIND(hs[idx]) == HL_KIND_TIMELINE ? hlpy_timeline_status(hs[idx], w) : hlpy_status_obj(w);
     if (!st) return NULL;
     return Py_BuildValue("(iN)", idx, st);
 }

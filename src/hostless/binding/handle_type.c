@@ -30,6 +30,17 @@ int hlpy_set_status(PyObject *cls, PyObject *map) {
 
 
 
+PyObject *hlpy_timeline_status(uint64_t h, uint64_t w) {
+    if ((w & HL_TIMELINE_FAILED) ? (w & ~HL_TIMELINE_FAILED) > 0xffffffffull || (w & 0xffffffffull) == HL_STATUS_SUCCESS
+                                 : w > HL_TIMELINE_MAX) {
+        hle_fail(HL_E_CORRUPT,
+                 "timeline 0x%llx holds an invalid word 0x%llx (written by a buggy or hostile participant)",
+                 (unsigned long long)h, (unsigned long long)w);
+        return hlpy_raise(HL_E_CORRUPT);
+    }
+    return hlpy_status_obj(w & HL_TIMELINE_FAILED ? (w & 0xffffffffull) : HL_STATUS_SUCCESS);
+}
+
 PyObject *hlpy_status_obj(uint64_t s) {
     if (!hl_status_valid(s)) {
         /* a completion word no conforming participant writes (a timeline's
@@ -286,14 +297,7 @@ static PyObject *Handle_timeline_wait(Handle *o, PyObject *const *args, Py_ssize
         return hlpy_raise(HL_E_TIMEOUT);
     }
     if (r) return hlpy_raise(r);
-    if ((w & HL_TIMELINE_FAILED) ? (w & ~HL_TIMELINE_FAILED) > 0xffffffffull || (w & 0xffffffffull) == HL_STATUS_SUCCESS
-                                 : w > HL_TIMELINE_MAX) {
-        hle_fail(HL_E_CORRUPT,
-                 "timeline 0x%llx holds an invalid word 0x%llx (written by a buggy or hostile participant)",
-                 (unsigned long long)o->handle, (unsigned long long)w);
-        return hlpy_raise(HL_E_CORRUPT);
-    }
-    return hlpy_status_obj(w & HL_TIMELINE_FAILED ? (w & 0xffffffffull) : HL_STATUS_SUCCESS);
+    return hlpy_timeline_status(o->handle, w);
 }
 
 static int Handle_traverse(Handle *b, visitproc visit, void *arg) {
