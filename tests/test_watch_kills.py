@@ -99,22 +99,24 @@ d = hl.Domain.open(sys.argv[1], watchdog_interval=0)
 t = d.timeline()
 m, (w,) = d._core.merge_points([(t.handle, 1)])
 print(t.handle, m, w, flush=True)
+assert sys.stdin.readline() == "go\\n"  # the parent holds t now
 t.release()
-d._core.release(w)  # the node's finalize takes its count back from t: stopped there
+d._core.release(w)  # the node's finalize leaves t's watch list (takes its count back): stopped there
 print("done", flush=True)
 d.close()
 """
 
 
 @needs_test_hooks
-def test_watch_target_reused_before_the_count_is_taken_back() -> None:
+def test_watch_target_reused_while_its_node_leaves() -> None:
     """The protocol model's watch-target-reuse window with real processes: a watch node's
     finalize checks its target timeline t (still t), then stops (HOSTLESS_TEST_STOP_AT=
     watchers-checked, SIGSTOP); meanwhile t's slot is freed and reused by a fence f merged
     into M, whose slot has t's generation, so that f's link to M has the 64 bits of the
-    untagged count "t's generation: 1".  Resumed, the finalize's CAS must not take that
-    "count" back: f's signal completes M.  With the first version's untagged count
-    (HL_WATCHERS_IS without the tag bit) the CAS lands in f's link, and M stays ACTIVE."""
+    untagged count "t's generation: 1" (and of no watch-list head: no tag bit).  Resumed,
+    the finalize must not write t's old field (a count's decrement, a list's unlink): f's
+    signal completes M.  With the first version's untagged count (HL_WATCHERS_IS without the
+    tag bit) the decrement lands in f's link, and M stays ACTIVE."""
     cap = 16
     d = hl.Domain.create(
         f"hl_wr_{uuid.uuid4().hex[:8]}", fences=cap, watchdog_interval=0, unlink_on_close=True
@@ -131,15 +133,21 @@ def test_watch_target_reused_before_the_count_is_taken_back() -> None:
         child = subprocess.Popen(
             [sys.executable, "-c", _CHILD_REUSE, d.name],
             env=env,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            text=True,
         )
-        assert child.stdout is not None
+        assert child.stdout is not None and child.stdin is not None
         th, mh, wh = (int(v) for v in child.stdout.readline().split())
         assert [_slot(h) for h in (th, mh, wh)] == [(1, 2), (2, 2), (3, 2)]
+        t = d.import_timeline(th)  # t stays until the node's finalize has checked it
+        child.stdin.write("go\n")
+        child.stdin.flush()
         _pid, st = os.waitpid(child.pid, os.WUNTRACED)
         assert os.WIFSTOPPED(st) and os.WSTOPSIG(st) == signal.SIGSTOP, st
         # t's slot (freed) reused by f at generation 3; M in slot 0 at generation 2 = t's
+        t.release()
         held = [d.fence() for _ in range(4, cap)]
         f = d.fence()
         assert _slot(f.handle) == (1, 3)
@@ -150,7 +158,7 @@ def test_watch_target_reused_before_the_count_is_taken_back() -> None:
         assert link == (2 << 32) | 1
         os.kill(child.pid, signal.SIGCONT)
         out, err = child.communicate(timeout=60)
-        assert child.returncode == 0 and out.split() == [b"done"], err.decode()
+        assert child.returncode == 0 and out.split() == ["done"], err
         assert _raw_field(d, 1, "parents") == link, "the node's finalize wrote into f's link"
         f.signal()
         assert _raw_word(d, m.handle) == Status.SUCCESS  # by the signal's propagation, no sweep

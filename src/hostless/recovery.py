@@ -31,6 +31,7 @@ from ._abi import FENCE_DTYPE, HEADER_DTYPE, PARTICIPANT_DTYPE, C
 
 __all__ = ["check_tables", "check_heap", "check_device_heap"]
 
+
 def _status_ok(w: int) -> bool:
     return bool(_core.status_valid(w))
 
@@ -162,11 +163,11 @@ def check_tables(
                 out.append(f"merged slot {i} has no pending child but is not signaled")
             pending[i] = aux & 0xFFFFFFFF if w == 0 else 0
         if k == int(C.KIND_TIMELINE):
-            continue  # a timeline's parents[0] counts its watch nodes (docs/abi.md 5a): no links
+            continue  # a timeline's parents[0] heads its watch list (docs/abi.md 5a): no links
         for raw_link in fences[i]["parents"]:
             link = int(raw_link)
-            if not link:
-                continue
+            if not link or link >> 63:
+                continue  # bit 63: a watch node's next (docs/abi.md 5a), not a link
             p = (link & 0xFFFFFFFF) - 1
             if not 0 <= p < fcap:
                 out.append(f"fence slot {i} links to a parent {p} outside the table")
@@ -180,7 +181,7 @@ def check_tables(
                 continue
             for raw_link in fences[i]["parents"]:
                 link = int(raw_link)
-                if not link:
+                if not link or link >> 63:
                     continue
                 p = (link & 0xFFFFFFFF) - 1
                 if p in covered and (link >> 32) & 0xFFFFFF == int(gen24[p]):

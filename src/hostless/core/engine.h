@@ -263,19 +263,19 @@ int hle_link_live(hle_ctx *c, uint64_t link);
 /* Finish what signals by plain stores left undone (propagate, resolve). */
 void hle_sweep(hle_ctx *c);
 
-/* Watch nodes (hostless_layout.h, docs/abi.md 5a).  hle_watch_eval: complete
- * watch node idx if its watched object has reached its threshold (or is
- * gone: CANCEL), then propagate it; any participant, holder or not (the
- * completion is hl_cas_word_ctl on the node as read).  hle_watch_scan:
- * evaluate every live watch node that watches slot idx (the signaller of a
- * watched object calls it when the object's watcher count is nonzero).
- * hle_watch_notify: that check, for a slot just signaled.
- * hle_watchers_add: move the watcher count of the object `h` names by
- * delta, only while it is that object (generation-checked CAS). */
+/* Watch nodes and lists (hostless_layout.h, docs/abi.md 5a).  hle_watch_eval:
+ * complete watch node idx if its watched object has reached its threshold
+ * (or is gone: CANCEL), then propagate it; any participant, holder or not
+ * (the completion is hl_cas_word_ctl on the node as read).  hle_watch_notify:
+ * for slot idx just signaled (or failed, or being freed), evaluate the nodes
+ * of its watch list (the table, hle_watch_scan, when the list is broken).
+ * hle_watch_scan: evaluate every live watch node that watches slot idx.
+ * hle_watch_unlink: watch node idx (DYING, by the caller) leaves its
+ * target's list (marked, then unlinked: generation-checked CASes). */
 void hle_watch_eval(hle_ctx *c, uint32_t idx);
 void hle_watch_scan(hle_ctx *c, uint32_t idx);
 void hle_watch_notify(hle_ctx *c, uint32_t idx);
-void hle_watchers_add(hle_ctx *c, uint64_t h, int delta);
+void hle_watch_unlink(hle_ctx *c, uint32_t idx);
 
 /* hle_merge over fences and timeline points: child i is handles[i] (a fence,
  * merged fence or timeline, each held by the caller) with threshold

@@ -86,7 +86,7 @@ void hle_propagate_link(hle_ctx *c, uint64_t link, uint32_t status, int depth) {
 
 /* 1 when `link` names a merged fence that still exists (same generation). */
 int hle_link_live(hle_ctx *c, uint64_t link) {
-    if (!link) return 0;
+    if (!link || (link & HL_WATCH_TAG)) return 0;
     int64_t pidx = HL_LINK_INDEX(link);
     if (pidx < 0 || (uint64_t)pidx >= c->cap) return 0;
     uint64_t ctl = ld(&slot(c, (uint32_t)pidx)->ctl);
@@ -108,7 +108,7 @@ void hle_propagate(hle_ctx *c, uint32_t idx, int depth) {
     for (int i = 0; i < HL_MAX_PARENTS; i++) l[i] = ld(&f->parents[i]);
     if (!same_object(c1, ld(&f->ctl))) return;
     for (int i = 0; i < HL_MAX_PARENTS; i++)
-        if (l[i]) hle_propagate_link(c, l[i], (uint32_t)w, depth);
+        if (l[i] && !(l[i] & HL_WATCH_TAG)) hle_propagate_link(c, l[i], (uint32_t)w, depth); /* a node's next: no link */
 }
 
 /* Finish what signals by plain stores (devices, firmware) left undone:
@@ -139,10 +139,12 @@ static uint64_t *watch_field(struct hl_fence *f, uint32_t kind) {
  *   HOSTLESS_TEST_KILL_AT=watch-published: SIGKILL between publishing a watch
  *     node and counting it on its target (the protocol model's
  *     watch-creator-dies window);
+ *   HOSTLESS_TEST_KILL_AT=watch-marked: SIGKILL in a watch node's finalize
+ *     between marking its next and unlinking it (its recoverer finishes);
  *   HOSTLESS_TEST_STOP_AT=watchers-checked: SIGSTOP in a watch node's
- *     finalize between checking its target's ctl and the CAS of the target's
- *     count (the model's watch-target-reuse window), so that a test can reuse
- *     the target's slot before it goes on (SIGCONT). */
+ *     finalize between checking its target's ctl and the walk that unlinks
+ *     it from the target's list (the model's watch-target-reuse window), so
+ *     that a test can reuse the target's slot before it goes on (SIGCONT). */
 #ifdef HOSTLESS_TEST_HOOKS
 static int test_switch(const char *var, const char *where, int *cache) {
     if (*cache < 0) {
@@ -155,48 +157,149 @@ static int kill_after_publish(void) {
     static int v = -1;
     return test_switch("HOSTLESS_TEST_KILL_AT", "watch-published", &v);
 }
+static int kill_after_mark(void) {
+    static int v = -1;
+    return test_switch("HOSTLESS_TEST_KILL_AT", "watch-marked", &v);
+}
 static int stop_after_check(void) {
     static int v = -1;
     return test_switch("HOSTLESS_TEST_STOP_AT", "watchers-checked", &v);
 }
 #else
 #define kill_after_publish() 0
+#define kill_after_mark() 0
 #define stop_after_check() 0
 #endif
 
-void hle_watchers_add(hle_ctx *c, uint64_t h, int delta) {
-    int64_t t = HL_HANDLE_INDEX(h);
-    if (HL_HANDLE_TAG(h) != c->tag || t < 0 || (uint64_t)t >= c->cap) return;
+/* Push watch node (widx, wgen) on the list of the object `target` names: its
+ * next, then the head (we hold the target: rule (a); the node: rule (a)).
+ * Returns 1 when pushed; 0 when the target has no list (a watch node, a
+ * merged fence, or not that object any more): the sweeps complete the node. */
+static int watch_push(hle_ctx *c, uint64_t target, uint32_t widx, uint32_t wgen) {
+    int64_t t = HL_HANDLE_INDEX(target);
+    if (HL_HANDLE_TAG(target) != c->tag || t < 0 || (uint64_t)t >= c->cap) return 0;
     struct hl_fence *f = slot(c, (uint32_t)t);
-    uint32_t kind = HL_HANDLE_KIND(h), gen = HL_HANDLE_GEN(h);
-    uint64_t *w = watch_field(f, kind);
-    if (!w) return; /* merged: no free field, the sweeps complete its watch nodes */
+    uint32_t kind = HL_HANDLE_KIND(target), gen = HL_HANDLE_GEN(target);
+    uint64_t *head = watch_field(f, kind);
+    if (!head) return 0;
     uint64_t ctl = ld(&f->ctl);
-    if (HL_CTL_KIND(ctl) != kind || (HL_CTL_GEN(ctl) & 0xffffffu) != gen) return;
-    if (kind == HL_KIND_FENCE && ld(&f->aux)) return; /* a watch node: its err is a threshold */
-    if (delta < 0 && stop_after_check()) raise(SIGSTOP);
-    uint64_t v = ld(w);
-    /* what the field holds before a first watcher: a timeline's parents[0] is
-     * 0, a fence's err is gen << 32 (hle_alloc_begin) */
+    if (HL_CTL_KIND(ctl) != kind || (HL_CTL_GEN(ctl) & 0xffffffu) != gen) return 0;
+    if (kind == HL_KIND_FENCE && ld(&f->aux)) return 0; /* a watch node: its err is a threshold */
+    /* what the field holds before a first node: a timeline's parents[0] is 0,
+     * a fence's err is gen << 32 (hle_alloc_begin) */
     uint64_t fresh = kind == HL_KIND_TIMELINE ? 0 : (uint64_t)gen << 32;
+    struct hl_fence *w = slot(c, widx);
+    uint64_t v = ld(head);
     for (;;) {
-        uint32_t n;
-        if (HL_WATCHERS_IS(v, gen))
-            n = HL_WATCHERS_COUNT(v);
-        else if (delta > 0 && v == fresh)
-            n = 0; /* a first watcher; the caller holds the object (rule (a)) */
-        else
-            return; /* another object's field: never touched (rule (c)) */
-        if (delta < 0 && n == 0) return;
-        if (cas(w, &v, HL_WATCHERS(gen, (uint32_t)((int64_t)n + delta)))) return;
+        if (!HL_WHEAD_IS(v, gen) && v != fresh) return 0; /* another object's field: never touched */
+        uint32_t ver = HL_WHEAD_IS(v, gen) ? HL_WHEAD_VER(v) : 0;
+        st(&w->parents[1], HL_WNEXT(wgen, HL_WHEAD_IS(v, gen) ? HL_WLIST_IDX1(v) : 0));
+        if (cas(head, &v, HL_WHEAD(gen, ver + 1, widx + 1))) return 1;
     }
+}
+
+/* One node of the list of `target`, read between two reads of its ctl:
+ * 1 with its ctl and next; 0 when it is moving; -1 when it is not a node of
+ * that list (a slot reused while linked, or garbage: the list is broken). */
+static int watch_node(hle_ctx *c, uint32_t idx1, uint64_t target, uint64_t *ctl, uint64_t *next) {
+    if (idx1 == 0 || idx1 > c->cap) return -1;
+    struct hl_fence *n = slot(c, idx1 - 1);
+    uint64_t c1 = ld(&n->ctl), a = ld(&n->aux), nx = ld(&n->parents[1]);
+    if (ld(&n->ctl) != c1) return 0;
+    uint32_t s = HL_CTL_STATE(c1);
+    if (HL_CTL_KIND(c1) != HL_KIND_FENCE || (s != HL_SLOT_LIVE && s != HL_SLOT_DYING) || a != target ||
+        !(nx & HL_WATCH_TAG) || HL_WNEXT_GEN(nx) != (HL_CTL_GEN(c1) & 0xffffffu))
+        return -1;
+    *ctl = c1;
+    *next = nx;
+    return 1;
+}
+
+/* Evaluate the unmarked LIVE nodes of the list from head `h` (read-only).
+ * Returns 1 when the walk reached the list's end; 0 when it met a slot that
+ * is not a node of this list, or went on longer than the table (the caller
+ * scans the table instead). */
+static int watch_walk(hle_ctx *c, uint64_t target, uint64_t h) {
+    uint32_t cur = HL_WLIST_IDX1(h);
+    for (uint32_t steps = 0; cur; steps++) {
+        uint64_t nc = 0, nx = 0;
+        int r = 0;
+        for (int tries = 0; tries < 8 && r == 0; tries++) r = watch_node(c, cur, target, &nc, &nx);
+        if (r <= 0 || steps >= c->cap) return 0;
+        if (!(nx & HL_WNEXT_MARK) && HL_CTL_STATE(nc) == HL_SLOT_LIVE) hle_watch_eval(c, cur - 1);
+        cur = HL_WLIST_IDX1(nx);
+    }
+    return 1;
+}
+
+/* One walk of the list from its head (field `head`, object generation gen)
+ * that unlinks every marked node it meets: CAS of the unmarked predecessor's
+ * next (its generation in it: rule (c)) or of the head (the object's
+ * generation and the version in it).  Returns 1 when node widx is not in the
+ * list any more (or the list is not ours to walk: another object's field, a
+ * broken list); 0 when a CAS lost a race (walk again). */
+static int watch_unlink_walk(hle_ctx *c, uint64_t *head, uint32_t gen, uint64_t target, uint32_t widx) {
+    uint64_t *pf = head;
+    uint64_t pv = ld(head);
+    int at_head = 1;
+    if (!HL_WHEAD_IS(pv, gen)) return 1;
+    uint32_t cur = HL_WLIST_IDX1(pv);
+    for (uint32_t steps = 0; cur; steps++) {
+        uint64_t nc = 0, nx = 0;
+        int r = watch_node(c, cur, target, &nc, &nx);
+        if (r == 0) return 0;
+        if (r < 0 || steps >= c->cap) return 1;
+        uint32_t nxt = HL_WLIST_IDX1(nx);
+        if (nx & HL_WNEXT_MARK) {
+            uint64_t nv = at_head ? HL_WHEAD(gen, HL_WHEAD_VER(pv) + 1, nxt) : ((pv & ~0xffffffull) | nxt);
+            if (!cas(pf, &pv, nv)) return 0;
+            if (cur - 1 == widx) return 1;
+            pv = nv; /* the predecessor stays; on to the unlinked node's next */
+        } else {
+            pf = &slot(c, cur - 1)->parents[1];
+            pv = nx;
+            at_head = 0;
+        }
+        cur = nxt;
+    }
+    return 1;
+}
+
+void hle_watch_unlink(hle_ctx *c, uint32_t widx) {
+    struct hl_fence *w = slot(c, widx);
+    uint64_t target = ld(&w->aux);
+    uint32_t wgen = HL_CTL_GEN(ld(&w->ctl)) & 0xffffffu;
+    /* mark our next: from here nobody changes it (the node is DYING by us:
+     * rule (b); an unlink of our successor expects it unmarked) */
+    uint64_t nx = ld(&w->parents[1]);
+    for (;;) {
+        if (!(nx & HL_WATCH_TAG) || HL_WNEXT_GEN(nx) != wgen) return; /* not a list node */
+        if ((nx & HL_WNEXT_MARK) || cas(&w->parents[1], &nx, nx | HL_WNEXT_MARK)) break;
+    }
+    if (kill_after_mark()) raise(SIGKILL);
+    int64_t t = HL_HANDLE_INDEX(target);
+    if (HL_HANDLE_TAG(target) != c->tag || t < 0 || (uint64_t)t >= c->cap) return;
+    struct hl_fence *tf = slot(c, (uint32_t)t);
+    uint32_t kind = HL_HANDLE_KIND(target), gen = HL_HANDLE_GEN(target);
+    uint64_t *head = watch_field(tf, kind);
+    if (!head) return;
+    for (int tries = 0; tries < 64; tries++) {
+        uint64_t tc = ld(&tf->ctl);
+        uint32_t s = HL_CTL_STATE(tc);
+        if (HL_CTL_KIND(tc) != kind || (HL_CTL_GEN(tc) & 0xffffffu) != gen || (s != HL_SLOT_LIVE && s != HL_SLOT_DYING))
+            return; /* the object is gone: nobody walks its list */
+        if (tries == 0 && stop_after_check()) raise(SIGSTOP);
+        if (watch_unlink_walk(c, head, gen, target, widx)) return;
+    }
+    /* lost 64 races: the node stays linked, marked; when its slot is reused
+     * walkers see a broken list and scan the table */
 }
 
 void hle_watch_eval(hle_ctx *c, uint32_t idx) {
     struct hl_fence *w = slot(c, idx);
     uint64_t c1 = ld(&w->ctl);
     if (HL_CTL_STATE(c1) != HL_SLOT_LIVE || HL_CTL_KIND(c1) != HL_KIND_FENCE) return;
-    uint64_t h = ld(&w->aux), thr = HL_WATCH_THRESHOLD(ld(&w->err)), word = ld(&w->word);
+    uint64_t h = ld(&w->aux), thr = ld(&w->err), word = ld(&w->word);
     if (ld(&w->ctl) != c1 || !h) return; /* another object now, or a plain fence */
     if (word == 0) {
         int64_t t = HL_HANDLE_INDEX(h);
@@ -241,9 +344,13 @@ void hle_watch_scan(hle_ctx *c, uint32_t idx) {
 
 void hle_watch_notify(hle_ctx *c, uint32_t idx) {
     struct hl_fence *f = slot(c, idx);
-    uint32_t k = HL_CTL_KIND(ld(&f->ctl));
+    uint64_t ctl = ld(&f->ctl);
+    uint32_t k = HL_CTL_KIND(ctl), gen = HL_CTL_GEN(ctl) & 0xffffffu;
     uint64_t *w = watch_field(f, k);
-    if (w && HL_WATCHERS_COUNT(ld(w)) && !(k == HL_KIND_FENCE && ld(&f->aux))) hle_watch_scan(c, idx);
+    if (!w) return;
+    uint64_t h = ld(w);
+    if (!HL_WHEAD_IS(h, gen) || !HL_WLIST_IDX1(h) || (k == HL_KIND_FENCE && ld(&f->aux))) return;
+    if (!watch_walk(c, HL_HANDLE(c->tag, k, gen, idx), h)) hle_watch_scan(c, idx);
 }
 
 /* Create a watch node at merge position pos of composite (pidx, pgen):
@@ -257,12 +364,12 @@ static uint64_t new_watch(hle_ctx *c, uint64_t target, uint64_t thr, uint32_t po
     st(&w->aux, target);
     st(&w->err, thr);
     st(&w->parents[0], HL_LINK(pos, pgen, pidx));
+    st(&w->parents[1], HL_WNEXT(gen, 0)); /* a list node from birth (not pushed yet) */
     uint64_t h = hle_alloc_publish(c, (uint32_t)idx, HL_KIND_FENCE, gen);
     if (kill_after_publish()) raise(SIGKILL);
-    /* published before counted: a signaller that misses the count advanced
-     * the word before our evaluation below reads it */
-    hle_watchers_add(c, target, +1);
-    st(&w->err, thr | HL_WATCH_COUNTED); /* we hold the node (rule (a)) */
+    /* published before pushed: a signaller that misses the node in the list
+     * advanced the word before our evaluation below reads it */
+    watch_push(c, target, (uint32_t)idx, gen);
     hle_watch_eval(c, (uint32_t)idx);
     return h;
 }
@@ -298,7 +405,7 @@ int hle_merge_points(hle_ctx *c, const uint64_t *handles, const uint64_t *values
         int done = 0;
         for (int k = 0; k < HL_MAX_PARENTS && !done && !tl; k++) {
             uint64_t old = ld(&f->parents[k]);
-            if (hle_link_live(c, old)) continue;
+            if ((old & HL_WATCH_TAG) || hle_link_live(c, old)) continue; /* a watch node's next stays */
             /* an empty link, or one whose parent was freed: reuse it */
             if (cas(&f->parents[k], &old, link)) done = 1;
         }

@@ -65,13 +65,10 @@ void hle_finalize(hle_ctx *c, uint32_t idx, uint64_t dying) {
             if (cas(&f->word, &z, HL_STATUS_CANCEL)) hl_wake_fence(f);
             hle_propagate(c, idx, 0);
             if (k == HL_KIND_FENCE) {
-                uint64_t target = ld(&f->aux);
-                if (target) {
-                    /* a watch node leaves its target's count, if its creator counted it */
-                    if (ld(&f->err) & HL_WATCH_COUNTED) hle_watchers_add(c, target, -1);
-                }
-                else if (HL_WATCHERS_COUNT(ld(&f->err)))
-                    hle_watch_scan(c, idx); /* its watch nodes: CANCEL (or its status) now */
+                if (ld(&f->aux))
+                    hle_watch_unlink(c, idx); /* a watch node leaves its target's list */
+                else
+                    hle_watch_notify(c, idx); /* a watched fence's nodes: CANCEL (or its status) now */
             }
             st(&f->parents[0], 0);
             st(&f->parents[1], 0);

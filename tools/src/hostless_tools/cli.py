@@ -30,6 +30,18 @@ def cmd_bench_fences(args: argparse.Namespace) -> int:
     return _report(fences, fences.run(cfg), args)
 
 
+def cmd_bench_algebra(args: argparse.Namespace) -> int:
+    from hostless_tools.bench import algebra
+
+    cfg = algebra.AlgebraBenchConfig.quick_config() if args.quick else algebra.AlgebraBenchConfig()
+    if args.rounds is not None:
+        cfg.rounds = max(1, args.rounds)
+    if args.n is not None:
+        cfg.n = max(100, args.n)
+    cfg.old_rev, cfg.old_site, cfg.new_site = args.old, args.old_site, args.new_site
+    return _report(algebra, algebra.run(cfg), args)
+
+
 def _report(bench: Any, result: dict[str, Any], args: argparse.Namespace) -> int:
     """Print a benchmark's report and (unless --no-write) write its result files."""
     print()
@@ -148,7 +160,7 @@ def _bench_parser(
 
 
 def add_bench(sub: Any) -> None:
-    """``hostless bench fences|buffers|pipeline``."""
+    """``hostless bench fences|buffers|pipeline|algebra``."""
     b = sub.add_parser("bench", help="benchmarks (JSON + Markdown report)")
     bsub = b.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     f = _bench_parser(
@@ -193,6 +205,20 @@ def add_bench(sub: Any) -> None:
         "the first one's figures are the goals')",
     )
     bp.add_argument("--no-ray", action="store_true", help="skip the Ray peers even when ray is importable")
+    ba = _bench_parser(
+        bsub,
+        "algebra",
+        "fence algebra, old build vs new in one run: create+signal+release, round trips with a "
+        "single wait and with wait_any over 8, a watched timeline's signal",
+        "2 rounds of 1000 (about a minute after the old build)",
+        "(nothing is pinned: accepted for symmetry)",
+        cmd_bench_algebra,
+    )
+    ba.add_argument("--old", default="d7c7636", metavar="REV", help="old build's git revision (%(default)s)")
+    ba.add_argument("--old-site", default=None, metavar="DIR", help="a folder with a built old hostless")
+    ba.add_argument("--new-site", default=None, metavar="DIR", help="the new build's folder (default: ours)")
+    ba.add_argument("--rounds", type=int, default=None, metavar="R", help="interleaved rounds (default 6)")
+    ba.add_argument("-n", type=int, default=None, metavar="N", help="operations / round trips per figure")
 
 
 def add_chaos(sub: Any) -> None:

@@ -130,8 +130,9 @@ typedef uint8_t hl_u8;
 #endif
 
 #define HL_MAGIC 0x3153534c54534f48ULL /* "HOSTLSS1" little-endian */
-#define HL_ABI_VERSION 5u /* 2: timeline wake sequence, write rule (see above); 3: the name table; 4: device heaps;
-                             5: watch nodes (timeline points and shared children in merges) */
+#define HL_ABI_VERSION 6u /* 2: timeline wake sequence, write rule (see above); 3: the name table; 4: device heaps;
+                             5: watch nodes (timeline points and shared children in merges);
+                             6: watch lists (a watched object's nodes, linked from it) */
 #define HL_HEADER_SIZE 4096u
 #define HL_PAGE 4096u
 #define HL_CACHELINE 64u
@@ -194,37 +195,48 @@ typedef uint8_t hl_u8;
 #define HL_MAX_PARENTS 2
 #define HL_MERGE_MAX_CHILDREN 32 /* per composite slot; larger merges build a tree */
 
-/* Watch nodes (ABI 5): a FENCE slot whose aux is nonzero is a watch node: it
- * completes (like a binary fence, and propagates through its own parent
- * links) when the object named by the handle in aux has word >= err: a
- * timeline point (err = the value) or a fence already in HL_MAX_PARENTS
- * merges (err = 1).  Its status is the watched fence's status, the
- * timeline's failure, else SUCCESS; CANCEL if the watched object is gone.
- * Anyone may complete it, holder or not, with hl_cas_word_ctl (write rule
- * (c)).  The watched object counts its live watch nodes, so that its
- * signaller knows to look for them: HL_WATCHERS(gen24, n) in a timeline's
- * parents[0] (timelines have no parent links) and in a plain fence's err;
- * the count carries the watched object's generation, so the decrement at a
- * watch node's finalize (by a non-holder) is generation-checked (rule (c)).
- * The count is a hint: when it is 0, or for a merged fence (no free field),
- * the node is completed by the sweeps (host waiters of merged fences before
- * every sleep, the watchdog) within their interval. */
-#define HL_WATCHERS_TAG (1ull << 63) /* set in every count: no link, merged err or timeline
-                                        word has bit 63, so a count's CAS (its generation
-                                        check) never matches another kind's value in a slot
-                                        reused meanwhile (tests/protocol_model.py,
-                                        watch-target-reuse) */
-#define HL_WATCHERS(gen, n) \
-    (HL_WATCHERS_TAG | (((hl_u64)(gen) & 0xffffffu) << 32) | ((hl_u64)(n) & 0xffffffffu))
-#define HL_WATCHERS_IS(w, gen) \
-    (((w) & HL_WATCHERS_TAG) && (((w) >> 32) & 0xffffffu) == ((hl_u64)(gen) & 0xffffffu))
-/* a watch node's err: its threshold, and HL_WATCH_COUNTED once its creator
- * counted it on the target: its finalize takes back only a count it gave
- * (tests/protocol_model.py, watch-creator-dies) */
-#define HL_WATCH_COUNTED (1ull << 63)
-#define HL_WATCH_THRESHOLD(e) ((e) & ~HL_WATCH_COUNTED)
-#define HL_WATCHERS_GEN(w) ((hl_u32)(((w) >> 32) & 0xffffffu))
-#define HL_WATCHERS_COUNT(w) ((hl_u32)((w) & 0xffffffffu))
+/* Watch nodes (ABI 5; lists ABI 6): a FENCE slot whose aux is nonzero is a
+ * watch node: it completes (like a binary fence, and propagates through its
+ * own parent link, parents[0]) when the object named by the handle in aux has
+ * word >= err: a timeline point (err = the value) or a fence already in
+ * HL_MAX_PARENTS merges (err = 1).  Its status is the watched fence's status,
+ * the timeline's failure, else SUCCESS; CANCEL if the watched object is gone.
+ * Anyone may complete it, holder or not, with hl_cas_word_ctl (write rule (c)).
+ *
+ * Watch list (ABI 6): the watched object's nodes form a singly linked list,
+ * newest first, so that its signaller visits its nodes, not the table.  The
+ * head lives in a timeline's parents[0] (timelines have no parent links) and
+ * in a plain fence's err:
+ *   head = TAG[63] | ver[62:56] | gen24[55:32] | ver[31:24] | (node index + 1)[23:0]
+ * (gen: the watched object's; ver: 15 bits bumped at every change of the head,
+ * so that an unlink that read an older head fails).  A node's next, in its
+ * parents[1] (a node has one parent link):
+ *   next = TAG[63] | MARK[62] | gen24[55:32] | (next node index + 1)[23:0]
+ * (gen: the node's own, so that a CAS of it checks the node's generation:
+ * rule (c)).  The creator pushes its node (holding the target: rule (a));
+ * a node's finalize marks its own next (DYING by itself: rule (b)), after
+ * which nobody changes it, then unlinks it: CAS of the unmarked predecessor's
+ * next (or of the head) from the node to the node's next; the walk unlinks
+ * every marked node it meets (a marked node cannot be unlinked through a
+ * marked predecessor).  No link, merged err, timeline word or block field has
+ * bit 63 (TAG): a CAS that expects a head or a next never matches another
+ * kind's value in a slot reused meanwhile (tests/protocol_model.py,
+ * watch-target-reuse).  The list is a hint: a walker that meets a slot that is
+ * not a node of that object (reused while linked: a creator or finalizer died
+ * mid-way) scans the table instead, and the sweeps (host waiters of merged
+ * fences before every sleep, the watchdog) complete every node within their
+ * interval, as for a merged fence's nodes (a merged fence has no free field). */
+#define HL_WATCH_TAG (1ull << 63)
+#define HL_WNEXT_MARK (1ull << 62)
+#define HL_WHEAD(gen, ver, idx1)                                                        \
+    (HL_WATCH_TAG | ((((hl_u64)(ver) >> 8) & 0x7fu) << 56) | (((hl_u64)(gen) & 0xffffffu) << 32) | \
+     (((hl_u64)(ver) & 0xffu) << 24) | ((hl_u64)(idx1) & 0xffffffu))
+#define HL_WHEAD_IS(w, gen) \
+    (((w) & HL_WATCH_TAG) && (((w) >> 32) & 0xffffffu) == ((hl_u64)(gen) & 0xffffffu))
+#define HL_WHEAD_VER(w) ((hl_u32)(((((w) >> 56) & 0x7fu) << 8) | (((w) >> 24) & 0xffu)))
+#define HL_WNEXT(gen, idx1) (HL_WATCH_TAG | (((hl_u64)(gen) & 0xffffffu) << 32) | ((hl_u64)(idx1) & 0xffffffu))
+#define HL_WNEXT_GEN(w) ((hl_u32)(((w) >> 32) & 0xffffffu))
+#define HL_WLIST_IDX1(w) ((hl_u32)((w) & 0xffffffu)) /* the index + 1 a head or next names; 0: none */
 
 /* ---- participant slot states; ctl = incarnation[47:16] | recoverer[15:8] | state[7:0] ---- */
 #define HL_PART_FREE 0u
@@ -334,10 +346,11 @@ struct hl_fence {
                                              merged: gen24[55:32] | pending-children bitmask[31:0];
                                              fence: 0, or the handle a watch node watches */
     hl_u64 parents[HL_MAX_PARENTS]; /* 40 HL_LINK(gen, index) of merged parents, 0 = none;
-                                             timeline: parents[0] = HL_WATCHERS(gen, n) */
+                                             timeline: parents[0] = its watch list's head;
+                                             watch node: parents[1] = its next (HL_WNEXT) */
     union {                       /*  56 */
         hl_u64 err;               /*     merged: gen24[55:32] | first error status[31:0];
-                                             fence: HL_WATCHERS(gen, n); watch node: the threshold */
+                                             fence: its watch list's head; watch node: the threshold */
         hl_u32 wake;              /*     timeline: wake sequence, the futex of its sleepers */
     };
 };
