@@ -145,8 +145,22 @@ VARIANTS = (OLD, NEW)
 FIRST = "FIRST"
 EVAL_FIRST = "EVAL_FIRST"
 COUNT_FIRST = "COUNT_FIRST"
-WATCH_VARIANTS = (FIRST, EVAL_FIRST, COUNT_FIRST, NEW)
-ALL_VARIANTS = (OLD, DRAFT, NEW, FIRST, EVAL_FIRST, COUNT_FIRST)
+# watch lists (ABI 6, docs/abi.md 5a): what src/hostless/core/ implements now.  A watched object's
+# nodes are linked from it (head in the count's field, a node's next in its parents[1], modelled
+# as the field nxt); its signaller walks them instead of scanning; a node's finalize marks its
+# next, then unlinks every marked node its walk meets with CASes that carry the predecessor's
+# (or the target's) generation.  In the watch scenarios NEW is ABI 5 (the count and the scan):
+# the old protocol, which must show nothing the scenarios did not expect of it.
+LISTS = "LISTS"
+# LISTS broken on purpose, to show that the list scenarios find what the design prevents:
+# NOMARK: a finalize unlinks its node without marking it first (two neighbours leaving at once
+# relink a node that left); NOCHECK: a walker follows any slot a next names, without checking it
+# is a node of that list (a node unlinked and reused under a walker ends its walk early).
+LISTS_NOMARK = "LISTS_NOMARK"
+LISTS_NOCHECK = "LISTS_NOCHECK"
+LIST_VARIANTS = (LISTS, LISTS_NOMARK, LISTS_NOCHECK)
+WATCH_VARIANTS = (FIRST, EVAL_FIRST, COUNT_FIRST, NEW, LISTS)
+ALL_VARIANTS = (OLD, DRAFT, NEW, FIRST, EVAL_FIRST, COUNT_FIRST, *LIST_VARIANTS)
 
 # slot states, kinds
 FREE, ALLOC, LIVE, DYING = "FREE", "ALLOC", "LIVE", "DYING"
@@ -168,7 +182,7 @@ RUN, DONE, DEAD = "run", "done", "dead"
 # so are two concurrent recoverers (to see what their stale steps hit)
 NONFATAL = frozenset({"unheld-write", "stale-write", "two-recoverers"})
 # the fields the write rule is about
-CHECKED_FIELDS = frozenset({"word", "aux", "par", "err"})
+CHECKED_FIELDS = frozenset({"word", "aux", "par", "err", "nxt"})
 TAG = 1 << 63  # NEW: the tag bit of a watcher count (HL_WATCHERS_TAG)
 
 
@@ -212,6 +226,31 @@ class Watchers(NamedTuple):
         return f"watchers(gen {self.gen}: {self.n}{', tagged' if self.tagged else ''})"
 
 
+class WHead(NamedTuple):
+    """LISTS: HL_WHEAD(gen, ver, index + 1): a watched object's list head (in the count's field)."""
+
+    gen: int
+    ver: int
+    first: int | None  # the first node's slot, None: empty
+
+    def __repr__(self) -> str:
+        return f"head(gen {self.gen} v{self.ver}: {'-' if self.first is None else self.first})"
+
+
+class WNext(NamedTuple):
+    """LISTS: HL_WNEXT(gen, index + 1) | MARK: a watch node's next (its parents[1]), carrying the
+    node's own generation."""
+
+    gen: int
+    nxt: int | None
+    mark: bool
+
+    def __repr__(self) -> str:
+        return (
+            f"next(gen {self.gen}: {'-' if self.nxt is None else self.nxt}{', marked' if self.mark else ''})"
+        )
+
+
 def enc(v: Any) -> int:
     """The 64-bit encoding of a parents[k] / err value (what a CAS of the real field compares):
     HL_LINK = pos[62:56] | gen[55:32] | (index + 1); HL_WATCHERS = tag[63] | gen[55:32] | n;
@@ -222,6 +261,17 @@ def enc(v: Any) -> int:
         return (v.pos << 56) | (v.gen << 32) | (v.p + 1)
     if isinstance(v, Watchers):
         return (TAG if v.tagged else 0) | (v.gen << 32) | v.n
+    if isinstance(v, WHead):
+        ver = v.ver & 0x7FFF
+        return (
+            TAG
+            | ((ver >> 8) << 56)
+            | (v.gen << 32)
+            | ((ver & 0xFF) << 24)
+            | (0 if v.first is None else v.first + 1)
+        )
+    if isinstance(v, WNext):
+        return TAG | ((1 << 62) if v.mark else 0) | (v.gen << 32) | (0 if v.nxt is None else v.nxt + 1)
     if isinstance(v, tuple):
         return (v[0] << 32) | v[1]
     return int(v)
@@ -240,6 +290,7 @@ class Slot(NamedTuple):
     par: tuple[Link | None, ...] = (None,)
     err: tuple[int, int] = (0, 0)
     wake: int = 0
+    nxt: WNext | None = None  # LISTS: a watch node's next (parents[1] in the C code)
     # ghost fields (not in the real slot): claimed but not initialised yet; the
     # children of a merged incarnation
     fresh: bool = False
@@ -528,7 +579,12 @@ class Ctx:
         if self.verbose:
             self.desc = f"load parents[{k}][{i}] -> {v!r}"
         sl = self.sh.slots[i]
-        if isinstance(v, Watchers) and sl.ctl.kind != TIMELINE and sl.ctl.state != FREE and not sl.fresh:
+        if (
+            isinstance(v, (Watchers, WHead))
+            and sl.ctl.kind != TIMELINE
+            and sl.ctl.state != FREE
+            and not sl.fresh
+        ):
             # a count written over a link (FIRST, watch-target-reuse): garbage to every reader
             self.violation("corrupt-link", f"parents[{k}] of slot {i} ({self.sh.slots[i].ctl!r}) holds {v!r}")
             return None
@@ -831,6 +887,7 @@ def p_alloc(x: Ctx, pc: str, L: Loc) -> Next:
             # publish); NEW: the mask; a watch node: the handle of its target
             err=L.get("thr", (gen, 0)),  # a watch node: its threshold
             par=((L["link"],) if "link" in L else (None,)) + (None,) * (x.maxpar - 1),
+            nxt=WNext(gen, None, False) if "target" in L and x.model.variant in LIST_VARIANTS else None,
             refs=1 << x.part,
             fresh=False,
             kids=(gen, L["kids"]) if kind == MERGED else None,
@@ -1257,8 +1314,12 @@ def p_finalize(x: Ctx, pc: str, L: Loc) -> Next:
     if pc == "w_aux":  # a watch node leaves its target's count; a watched fence scans
         a = x.load(i, "aux")
         if isinstance(a, Handle):
+            if x.model.variant in LIST_VARIANTS:  # marks its next, then leaves the target's list
+                return call("watch_unlink", "clear", i=i, gen=dy.gen, t=a)
             L["a"] = a
             return goto("w_counted" if x.model.variant != FIRST else "w_dec")
+        if x.model.variant in LIST_VARIANTS:  # a watched fence: its nodes (CANCEL now), through its list
+            return call("watch_notify", "clear", h=Handle(i, dy.gen, FENCE))
         return goto("w_count")
     if pc == "w_counted":  # NEW: only a count the node's creator gave is taken back
         if not x.load(i, "err") & COUNTED:
@@ -1278,6 +1339,11 @@ def p_finalize(x: Ctx, pc: str, L: Loc) -> Next:
             L["k"] = k + 1
             return goto("clear")
         x.store(i, "aux", 0, dy.gen)
+        return goto(
+            "clear_nxt" if x.model.variant in LIST_VARIANTS and x.sh.slots[i].nxt is not None else "free"
+        )
+    if pc == "clear_nxt":  # LISTS: a node's next is its parents[1] (cleared with the links)
+        x.store(i, "nxt", None, dy.gen)
         return goto("free")
     if pc == "free":
         ok, _ = x.cas(i, "ctl", dy, Ctl(dy.gen, dy.kind, 0, FREE))
@@ -1523,6 +1589,8 @@ def p_new_watch(x: Ctx, pc: str, L: Loc) -> Next:
             return call("watch_eval", "count", i=w.idx)
         return goto("count")
     if pc == "count":
+        if x.model.variant in LIST_VARIANTS:
+            return call("watch_push", "eval", t=t, w=w)
         return call("watchers_add", "counted", h=t, delta=1)
     if pc == "counted":
         if x.model.variant != FIRST:
@@ -1592,7 +1660,8 @@ def p_watch_eval(x: Ctx, pc: str, L: Loc) -> Next:
         L["a"] = x.load(i, "aux")
         return goto("thr")
     if pc == "thr":
-        L["thr"] = x.load(i, "err") & ~COUNTED
+        e = x.load(i, "err")
+        L["thr"] = e & ~COUNTED if isinstance(e, int) else 0  # another object now: c2 drops it
         return goto("word")
     if pc == "word":
         L["w"] = x.load(i, "word")
@@ -1643,6 +1712,14 @@ def p_watch_notify(x: Ctx, pc: str, L: Loc) -> Next:
     it, so that read is not modelled.)  COUNT_FIRST: the count was read before the word was
     stored (the caller passes it as `count`)."""
     h: Handle = L["h"]
+    if pc == "start" and x.model.variant in LIST_VARIANTS:  # the head: walk the list when it names a node
+        v = load_count(x, h)
+        if not isinstance(v, WHead) or v.gen != h.gen or v.first is None:
+            return ret()
+        L["first"] = v.first
+        return goto("aux" if h.kind == FENCE else "walk")
+    if pc == "walk":
+        return tail("watch_walk", h=h, cur=L["first"], steps=0)
     if pc == "start":
         if "count" in L:
             v = L["count"]
@@ -1656,6 +1733,8 @@ def p_watch_notify(x: Ctx, pc: str, L: Loc) -> Next:
     if pc == "aux":  # a watch node's err is a threshold, not a count
         if x.load(h.idx, "aux") != 0:
             return ret()
+        if x.model.variant in LIST_VARIANTS:
+            return goto("walk")
         return tail("watch_scan", t=h.idx)
     raise ModelError(pc)
 
@@ -1682,6 +1761,192 @@ def p_watch_scan(x: Ctx, pc: str, L: Loc) -> Next:
         if c.state == LIVE and c.kind == FENCE:
             return call("watch_eval", "aux", i=i)
         return goto("aux")
+    raise ModelError(pc)
+
+
+def list_node(x: Ctx, pc: str, L: Loc, nxt_pc: str) -> Next | None:
+    """LISTS: the seqlock read of node L["cur"] of the list of L["h"] (ctl, aux, next, ctl), one
+    step per pc ("n_c1", "n_aux", "n_nxt", "n_c2"); leaves L["nc"], L["nn"] and goes to nxt_pc;
+    L["broken"] = True when it is not a node of that list (another object: a slot reused while
+    linked); None when pc is none of these."""
+    i = L["cur"]
+    if pc == "n_c1":
+        L["nc"] = x.load(i, "ctl")
+        return goto("n_aux")
+    if pc == "n_aux":
+        L["na"] = x.load(i, "aux")
+        return goto("n_nxt")
+    if pc == "n_nxt":
+        L["nn"] = x.load(i, "nxt")
+        return goto("n_c2")
+    if pc == "n_c2":
+        c1, a, n = L["nc"], L.pop("na"), L["nn"]
+        if x.load(i, "ctl") != c1:
+            return goto("n_c1")  # moving: read again
+        h: Handle = L["h"] if "h" in L else L["t"]
+        ok = (
+            c1.kind == FENCE
+            and c1.state in (LIVE, DYING)
+            and a == h
+            and isinstance(n, WNext)
+            and n.gen == c1.gen
+        )
+        if x.model.variant == LISTS_NOCHECK and not ok:  # broken on purpose: trusts the slot
+            L["nn"] = n if isinstance(n, WNext) else WNext(c1.gen, None, False)
+        elif not ok:
+            L["broken"] = True
+        return goto(nxt_pc)
+    return None
+
+
+@procedure("watch_walk")
+def p_watch_walk(x: Ctx, pc: str, L: Loc) -> Next:
+    """LISTS, hle_watch_notify's walk (read-only): from node cur, evaluate every unmarked LIVE
+    node of h's list; a broken list (or one longer than the table) scans the table instead."""
+    h: Handle = L["h"]
+    if pc == "start":
+        if L["cur"] is None:
+            return ret()
+        if L["steps"] > x.cap:
+            return tail("watch_scan", t=h.idx)
+        return goto("n_c1")
+    if pc == "again":  # a walk from a node that left meanwhile: once more from the head
+        v = load_count(x, h)
+        if not isinstance(v, WHead) or v.gen != h.gen:
+            return ret()
+        L["cur"], L["steps"] = v.first, 0
+        return goto("start")
+    r = list_node(x, pc, L, "node")
+    if r is not None:
+        return r
+    if pc == "node":
+        if L.pop("broken", False):
+            L.pop("nc"), L.pop("nn")
+            L["tries"] = L.get("tries", 0) + 1
+            if L["tries"] < 2:
+                return goto("again")
+            return tail("watch_scan", t=h.idx)
+        c1, n = L.pop("nc"), L.pop("nn")
+        i = L["cur"]
+        L["cur"], L["steps"] = n.nxt, L["steps"] + 1
+        if not n.mark and c1.state == LIVE:
+            return call("watch_eval", "start", i=i)
+        return goto("start")
+    raise ModelError(pc)
+
+
+@procedure("watch_push")
+def p_watch_push(x: Ctx, pc: str, L: Loc) -> Next:
+    """LISTS, watch_push: the creator (holding target t and node w) checks t, sets w's next to
+    the head's node, then CASes the head to w (from the fresh field of a first node)."""
+    t: Handle = L["t"]
+    w: Handle = L["w"]
+    if pc == "start":
+        c = x.load(t.idx, "ctl")
+        if c.kind != t.kind or c.gen != t.gen:
+            return ret(False)
+        return goto("load")
+    if pc == "load":
+        L["v"] = load_count(x, t)
+        return goto("next")
+    v = L["v"]
+    if isinstance(v, WHead) and v.gen == t.gen:
+        first, ver = v.first, v.ver
+    elif enc(v) == 0 or (t.kind == FENCE and enc(v) == t.gen << 32):
+        first, ver = None, 0
+    else:
+        del L["v"]
+        return ret(False)  # another object's field: never touched
+    if pc == "next":
+        x.store(w.idx, "nxt", WNext(w.gen, first, False), w.gen)  # we hold the node (rule (a))
+        return goto("cas")
+    if pc == "cas":
+        ok, cur = x.cas_enc(t.idx, count_field(x, t), v, WHead(t.gen, ver + 1, w.idx), t.gen)
+        if ok:
+            del L["v"]
+            return ret(True)
+        L["v"] = cur
+        return goto("next")
+    raise ModelError(pc)
+
+
+@procedure("watch_unlink")
+def p_watch_unlink(x: Ctx, pc: str, L: Loc) -> Next:
+    """LISTS, hle_watch_unlink by node i's finalize (DYING by it, or its recoverer): mark i's
+    next (CAS), check the target t is still there, then walk t's list from its head, unlinking
+    every marked node met: a CAS of the unmarked predecessor's next (carrying its generation) or
+    of the head (carrying t's generation and the version) to the marked node's next.  Done when
+    i was unlinked or is not in the list; a lost CAS walks again."""
+    i, gen = L["i"], L["gen"]
+    t: Handle = L["t"]
+    if pc == "start":
+        L["mv"] = x.load(i, "nxt")
+        return goto("mark")
+    if pc == "mark" and x.model.variant == LISTS_NOMARK:  # broken on purpose: no mark
+        n = L.pop("mv")
+        if not isinstance(n, WNext) or n.gen != gen:
+            return ret()
+        return goto("target")
+    if pc == "mark":
+        n = L.pop("mv")
+        if not isinstance(n, WNext) or n.gen != gen:
+            return ret()  # not a list node
+        if n.mark:
+            return goto("target")
+        ok, cur = x.cas(i, "nxt", n, n._replace(mark=True), gen)  # rule (b): DYING by us
+        if not ok:
+            L["mv"] = cur
+            return goto("mark")
+        return goto("target")
+    if pc == "target":
+        c = x.load(t.idx, "ctl")
+        if c.kind != t.kind or c.gen != t.gen or c.state not in (LIVE, DYING):
+            return ret()  # the object is gone: nobody walks its list
+        return goto("head")
+    if pc == "head":
+        pv = load_count(x, t)
+        if not isinstance(pv, WHead) or pv.gen != t.gen:
+            return ret()
+        L["pf"], L["pv"], L["cur"], L["steps"] = None, pv, pv.first, 0
+        return goto("step")
+    if pc == "step":
+        if L["cur"] is None or L["steps"] > x.cap:
+            return goto("done")
+        return goto("n_c1")
+    r = list_node(x, pc, L, "node")
+    if r is not None:
+        return r
+    if pc == "node":
+        if L.pop("broken", False):  # a node that left under us (or a broken list): again, 3 times
+            L.pop("nc"), L.pop("nn")
+            L["tries"] = L.get("tries", 0) + 1
+            return goto("head" if L["tries"] < 3 else "done")
+        L.pop("nc")
+        n = L.pop("nn")
+        L["steps"] += 1
+        if n.mark or (x.model.variant == LISTS_NOMARK and L["cur"] == i):
+            L["unl"] = n
+            return goto("unlink")
+        L["pf"], L["pv"], L["cur"] = L["cur"], n, n.nxt
+        return goto("step")
+    if pc == "unlink":
+        n, pf, pv, cur = L.pop("unl"), L["pf"], L["pv"], L["cur"]
+        if pf is None:  # the head: the object's generation and the version are in it
+            new: Any = WHead(t.gen, pv.ver + 1, n.nxt)
+            ok, _ = x.cas_enc(t.idx, count_field(x, t), pv, new, t.gen)
+        else:  # the predecessor's next: its generation is in it (rule (c))
+            new = pv._replace(nxt=n.nxt)
+            ok, _ = x.cas(pf, "nxt", pv, new, pv.gen, checked=True)
+        if not ok:
+            return goto("head")  # lost a race: walk again
+        if cur == i:
+            return goto("done")
+        L["pv"], L["cur"] = new, n.nxt
+        return goto("step")
+    if pc == "done":
+        for k in ("pf", "pv", "cur", "steps", "tries"):
+            L.pop(k, None)
+        return ret()
     raise ModelError(pc)
 
 
@@ -1968,6 +2233,7 @@ class Scenario:
     watch: bool = False
     expect: tuple[tuple[str, tuple[str, ...]], ...] = ()
     slow: bool = False  # explored only by the slow test (pytest -m slow)
+    variants: tuple[str, ...] = WATCH_VARIANTS  # a watch scenario: the variants it is explored for
 
 
 class Model:
@@ -2008,7 +2274,20 @@ class Model:
                 kids=kids,
             )
         for o in scn.objects:
-            if o.watch is not None:
+            if o.watch is not None and self.variant in LIST_VARIANTS:  # pushed in the objects' order
+                t = by_var[o.watch[0]]
+                ts = slots[t.idx]
+                head = ts.par[0] if t.kind == TIMELINE else ts.err
+                first = head.first if isinstance(head, WHead) else None
+                ver = head.ver if isinstance(head, WHead) else 0
+                slots[o.idx] = slots[o.idx]._replace(
+                    aux=Handle(t.idx, 1, t.kind), err=o.watch[1], nxt=WNext(1, first, False)
+                )
+                hd = WHead(1, ver + 1, o.idx)
+                slots[t.idx] = (
+                    ts._replace(par=(hd,) + ts.par[1:]) if t.kind == TIMELINE else ts._replace(err=hd)
+                )
+            elif o.watch is not None:
                 t = by_var[o.watch[0]]
                 slots[o.idx] = slots[o.idx]._replace(
                     aux=Handle(t.idx, 1, t.kind), err=o.watch[1] | (COUNTED if self.variant != FIRST else 0)
@@ -2309,6 +2588,7 @@ def watch_final_issues(sh: Shared) -> list[Issue]:
                     f"watch node {i} is ACTIVE but {a!r} " + (f"is at {fmt(tw)}" if there else "is gone"),
                 )
             )
+    bad += watch_list_issues(sh)
     for a, n in live.items():
         there, _ = watch_target(sh, a)
         if not there:
@@ -2318,6 +2598,43 @@ def watch_final_issues(sh: Shared) -> list[Issue]:
         have = e & 0xFFFFFFFF if (e >> 32) & 0xFFFFFF == a.gen else 0
         if n and have < n:
             bad.append(("watch-count", f"{a!r} counts {have} watch nodes, {n} are LIVE"))
+    return bad
+
+
+def watch_list_issues(sh: Shared) -> list[Issue]:
+    """LISTS, at final states (every finalize and recovery done): the list of every watched
+    object still there holds exactly its LIVE nodes, unmarked, with no cycle and no stranger
+    (a node left out is evaluated by the sweeps only; a slot reused while linked sends every
+    signaller to the table scan)."""
+    bad: list[Issue] = []
+    for ti, t in enumerate(sh.slots):
+        head = t.par[0] if t.ctl.kind == TIMELINE else t.err
+        if t.ctl.state not in (LIVE, DYING) or not isinstance(head, WHead) or head.gen != t.ctl.gen:
+            continue
+        h = Handle(ti, t.ctl.gen, t.ctl.kind)
+        want = {i for i, s in enumerate(sh.slots) if s.ctl.state == LIVE and s.aux == h}
+        seen: list[int] = []
+        cur = head.first
+        while cur is not None:
+            s = sh.slots[cur]
+            if cur in seen or s.aux != h or not isinstance(s.nxt, WNext) or s.nxt.gen != s.ctl.gen:
+                bad.append(
+                    (
+                        "watch-list",
+                        f"the list of {h!r} reaches slot {cur} ({s.ctl!r}, {s.nxt!r}) after {seen}",
+                    )
+                )
+                break
+            if s.nxt.mark or s.ctl.state != LIVE:
+                bad.append(("watch-list", f"the list of {h!r} still holds slot {cur} ({s.ctl!r}, {s.nxt!r})"))
+                break
+            seen.append(cur)
+            cur = s.nxt.nxt
+        else:
+            if set(seen) != want:
+                bad.append(
+                    ("watch-list", f"the list of {h!r} holds {seen}, its LIVE nodes are {sorted(want)}")
+                )
     return bad
 
 
@@ -2979,6 +3296,71 @@ def watch_shared(composites: int = 2) -> Scenario:
     )
 
 
+LIST_SCENARIO_VARIANTS = (NEW, LISTS, LISTS_NOMARK, LISTS_NOCHECK)
+
+
+def watch_list_neighbours() -> Scenario:
+    return Scenario(
+        name="watch-list-neighbours",
+        doc="""Timeline t (slot 0, at 0) with three watch nodes on t@1, pushed w1, w2, w3: the list
+        is t -> w3 -> w2 -> w1.  P1 releases w2 and P2 (killable at every step; R recovers it)
+        releases w3 at the same time: neighbours leave the list together.  At the end t's list
+        holds exactly w1 (no freed node linked, no cycle) and nothing leaks.  LISTS_NOMARK (no
+        mark before the unlink) relinks a node that left.  (A signaller walking the list meanwhile
+        is watch-list-reuse's.)""",
+        cap=4,
+        nparts=4,
+        objects=(
+            Obj("t", 0, TIMELINE, (0, 1, 2)),
+            Obj("w1", 1, FENCE, (0,), watch=("t", 1)),
+            Obj("w2", 2, FENCE, (1,), watch=("t", 1)),
+            Obj("w3", 3, FENCE, (2,), watch=("t", 1)),
+        ),
+        procs=(
+            Process("P1", 1, (("release", "w2"),)),
+            Process("P2", 2, (("release", "w3"),), killable=True),
+            Process("R", 3, (("await_dead", 2), ("recover", 2))),
+        ),
+        watch=True,
+        # NEW (ABI 5) too: a finalizer killed after decrementing the count and before FREE is
+        # finalized again by its recoverer, which decrements again: the count drops below the
+        # live nodes and the signaller skips the scan (the list's unlink is idempotent)
+        expect=((NEW, ("watch-count",)), (LISTS_NOMARK, ("watch-list",)), (LISTS_NOCHECK, ("watch-list",))),
+        min_states=1000,
+        variants=LIST_SCENARIO_VARIANTS,
+    )
+
+
+def watch_list_reuse() -> Scenario:
+    return Scenario(
+        name="watch-list-reuse",
+        doc="""Timeline t (slot 0, at 0) with watch nodes w1 (slot 1) and w2 (slot 2, held by P) on
+        t@1: the list is t -> w2 -> w1.  S signals t to 1
+        and walks the list while P releases w2 (unlinked, freed) and Q allocates a fence f in the
+        only slot that frees (2, the table is full) and releases it: a walker that read the head
+        before the unlink reaches f.  w1 must complete with SUCCESS (a walker that meets a slot
+        that is not a node of t's list scans the table).  LISTS_NOCHECK (a walker that trusts the
+        slot: f's empty next ends its walk) loses w1's completion.""",
+        cap=3,
+        nparts=4,
+        hint=2,
+        objects=(
+            Obj("t", 0, TIMELINE, (0, 1, 2)),
+            Obj("w1", 1, FENCE, (1,), watch=("t", 1)),
+            Obj("w2", 2, FENCE, (2,), watch=("t", 1)),
+        ),
+        procs=(
+            Process("S", 0, (("tl_signal", "t", 1),)),
+            Process("P", 2, (("release", "w2"),)),
+            Process("Q", 3, (("alloc", "f", FENCE), ("release", "f"))),
+        ),
+        watch=True,
+        expect=((LISTS_NOCHECK, ("lost-completion",)),),
+        min_states=1000,
+        variants=LIST_SCENARIO_VARIANTS,
+    )
+
+
 def watch_scenarios() -> list[Scenario]:
     return [
         watch_birth(),
@@ -2989,6 +3371,8 @@ def watch_scenarios() -> list[Scenario]:
         watch_creator_dies(),
         watch_shared(2),
         watch_shared(3),
+        watch_list_neighbours(),
+        watch_list_reuse(),
     ]
 
 
@@ -3056,7 +3440,7 @@ def main(argv: list[str]) -> int:
             continue
         scn = scenario(scn.name, sweeps)
         print(f"== {scn.name}: {' '.join(scn.doc.split())}")
-        for variant in WATCH_VARIANTS if scn.watch else variants:
+        for variant in scn.variants if scn.watch else variants:
             stop = scn.expect_old if quick and variant == OLD else ()
             if quick and scn.watch:
                 stop = dict(scn.expect).get(variant, ())

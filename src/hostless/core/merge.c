@@ -236,8 +236,10 @@ static int watch_walk(hle_ctx *c, uint64_t target, uint64_t h) {
  * that unlinks every marked node it meets: CAS of the unmarked predecessor's
  * next (its generation in it: rule (c)) or of the head (the object's
  * generation and the version in it).  Returns 1 when node widx is not in the
- * list any more (or the list is not ours to walk: another object's field, a
- * broken list); 0 when a CAS lost a race (walk again). */
+ * list any more (or the field is not a list of that object); 0 when a CAS
+ * lost a race or a node moved (walk again); -1 when the walk met a slot that
+ * is not a node of the list: a node that left while we read it (its finalize
+ * cleared it: walk again from the head), or a broken list. */
 static int watch_unlink_walk(hle_ctx *c, uint64_t *head, uint32_t gen, uint64_t target, uint32_t widx) {
     uint64_t *pf = head;
     uint64_t pv = ld(head);
@@ -248,7 +250,7 @@ static int watch_unlink_walk(hle_ctx *c, uint64_t *head, uint32_t gen, uint64_t 
         uint64_t nc = 0, nx = 0;
         int r = watch_node(c, cur, target, &nc, &nx);
         if (r == 0) return 0;
-        if (r < 0 || steps >= c->cap) return 1;
+        if (r < 0 || steps >= c->cap) return -1;
         uint32_t nxt = HL_WLIST_IDX1(nx);
         if (nx & HL_WNEXT_MARK) {
             uint64_t nv = at_head ? HL_WHEAD(gen, HL_WHEAD_VER(pv) + 1, nxt) : ((pv & ~0xffffffull) | nxt);
@@ -283,16 +285,18 @@ void hle_watch_unlink(hle_ctx *c, uint32_t widx) {
     uint32_t kind = HL_HANDLE_KIND(target), gen = HL_HANDLE_GEN(target);
     uint64_t *head = watch_field(tf, kind);
     if (!head) return;
-    for (int tries = 0; tries < 64; tries++) {
+    for (int tries = 0, broken = 0; tries < 64 && broken < 3; tries++) {
         uint64_t tc = ld(&tf->ctl);
         uint32_t s = HL_CTL_STATE(tc);
         if (HL_CTL_KIND(tc) != kind || (HL_CTL_GEN(tc) & 0xffffffu) != gen || (s != HL_SLOT_LIVE && s != HL_SLOT_DYING))
             return; /* the object is gone: nobody walks its list */
         if (tries == 0 && stop_after_check()) raise(SIGSTOP);
-        if (watch_unlink_walk(c, head, gen, target, widx)) return;
+        int r = watch_unlink_walk(c, head, gen, target, widx);
+        if (r > 0) return;
+        if (r < 0) broken++;
     }
-    /* lost 64 races: the node stays linked, marked; when its slot is reused
-     * walkers see a broken list and scan the table */
+    /* lost 64 races, or the list is broken: the node stays linked, marked;
+     * when its slot is reused walkers see a broken list and scan the table */
 }
 
 void hle_watch_eval(hle_ctx *c, uint32_t idx) {
@@ -350,7 +354,11 @@ void hle_watch_notify(hle_ctx *c, uint32_t idx) {
     if (!w) return;
     uint64_t h = ld(w);
     if (!HL_WHEAD_IS(h, gen) || !HL_WLIST_IDX1(h) || (k == HL_KIND_FENCE && ld(&f->aux))) return;
-    if (!watch_walk(c, HL_HANDLE(c->tag, k, gen, idx), h)) hle_watch_scan(c, idx);
+    uint64_t target = HL_HANDLE(c->tag, k, gen, idx);
+    /* a walk that met a node leaving under it goes once more from the head */
+    if (watch_walk(c, target, h)) return;
+    h = ld(w);
+    if (!HL_WHEAD_IS(h, gen) || !watch_walk(c, target, h)) hle_watch_scan(c, idx);
 }
 
 /* Create a watch node at merge position pos of composite (pidx, pgen):

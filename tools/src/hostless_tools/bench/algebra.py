@@ -97,11 +97,13 @@ def _best_per_op(fn: Any, n: int, reps: int = 5) -> float:
 
 
 _PEER = """
-import sys
+import os, sys
 import hostless as hl
+if int(sys.argv[5]) >= 0:
+    os.sched_setaffinity(0, {int(sys.argv[5])})
 d = hl.Domain.open(sys.argv[1], watchdog_interval=0)
 ping, pong = d.import_timeline(int(sys.argv[2])), d.import_timeline(int(sys.argv[3]))
-idle = [d.import_fence(int(h)) for h in sys.argv[5:]]
+idle = [d.import_fence(int(h)) for h in sys.argv[6:]]
 n, use_any = int(sys.argv[4]), bool(idle)
 for i in range(1, n + 1):
     if use_any:
@@ -114,12 +116,18 @@ d.close()
 
 
 def _round_trips(hl: Any, n: int, use_any: bool) -> float:
-    """p50 of n two-process round trips (ns)."""
+    """p50 of n two-process round trips (ns); this process and the peer on two CPUs when there
+    are two (as ``hostless bench fences``)."""
+    from .harness import pin, pin_cpus
+
+    mine, peer_cpu = pin_cpus()
+    pin(mine)
     dom = hl.Domain.create(f"hl_bench_alg_{os.getpid()}_{time.monotonic_ns() % 10**9}", unlink_on_close=True)
     try:
         ping, pong = dom.timeline(), dom.timeline()
         idle = [dom.fence() for _ in range(7)] if use_any else []
-        args = [dom.name, str(ping.handle), str(pong.handle), str(n), *(str(f.handle) for f in idle)]
+        cpu = str(-1 if peer_cpu is None else peer_cpu)
+        args = [dom.name, str(ping.handle), str(pong.handle), str(n), cpu, *(str(f.handle) for f in idle)]
         peer = subprocess.Popen([sys.executable, "-c", _PEER, *args])
         try:
             samples = []
@@ -212,7 +220,9 @@ def build_old(rev: str, into: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "HOSTLESS_TEST_HOOKS"}
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps"]
     pip += ["--target", site, src]
-    subprocess.run(pip, env=env, check=True, stdout=subprocess.DEVNULL)
+    r = subprocess.run(pip, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"building {rev} failed (pip install --target {site}):\n{r.stderr[-4000:]}")
     return site
 
 
