@@ -94,6 +94,7 @@ from .domain import Domain
 from .errors import CorruptDomain, HostlessError
 from .kernels import check_stage, f64
 from .queue import _timeout_ns
+from .segments import GpuSegment, check_gpu_stage, fuse
 from .stagefn import describe
 from .status import Status, timeline_failure
 from .timeline import Timeline
@@ -149,14 +150,17 @@ class GraphInvalidated(StageFailed):
 class Stage:
     name: str
     agent: Agent
-    kernel: str | Callable[..., Any]
-    """A built-in kernel's name, a user kernel's name (``spawn(user_kernels=...)``)
-    or a plain Python function (:mod:`hostless.stagefn`)."""
+    kernel: str | Callable[..., Any] | GpuSegment
+    """A built-in kernel's name, a user kernel's name (``spawn(user_kernels=...)``),
+    a plain Python function (:mod:`hostless.stagefn`), or (in a compiled graph) a
+    segment of GPU function stages (:mod:`hostless.segments`)."""
     inputs: list[str]
     output: str
     shape: tuple[int, ...]
     dtype: np.dtype
     scalars: list[float | int] = field(default_factory=list)
+    arrays: str | None = None
+    """A GPU function stage's array library: "torch" or "cupy" (:mod:`hostless.segments`)."""
 
 
 class Graph:
@@ -189,18 +193,26 @@ class Graph:
         inputs: Sequence[str],
         output: tuple[str, Sequence[int], Any],
         scalars: Sequence[Any] = (),
+        arrays: str | None = None,
     ) -> Graph:
         """Add a stage running ``kernel`` on ``agent``: inputs by name, output (name, shape, dtype).
 
         ``kernel`` is the name of a built-in kernel of the agent's kind (see
-        :mod:`hostless.kernels`), of a user kernel given to ``spawn``, or a
+        :mod:`hostless.kernels`), of a user kernel given to ``spawn``, a
         plain Python function run by a cpu agent, called as
         ``kernel(*inputs, *scalars)`` and returning the output (the contract
-        is in :mod:`hostless.stagefn`)."""
-        if callable(kernel):
+        is in :mod:`hostless.stagefn`), or a function run by a cuda agent on
+        PyTorch tensors (``arrays="torch"``) or CuPy arrays (``arrays="cupy"``),
+        captured as a CUDA graph with the GPU stages next to it
+        (:mod:`hostless.segments`)."""
+        if callable(kernel) and agent.spec.gpu_functions:
+            arrays = check_gpu_stage(name, kernel, scalars, arrays)
+        elif arrays is not None:
+            raise ValueError(f"stage {name!r}: arrays= is for functions on cuda agents")
+        elif callable(kernel):
             if not agent.spec.stage_functions:
                 where = "hostless-agent (native='exe')" if agent.native == "exe" else agent.kind
-                raise TypeError(f"stage {name!r}: Python functions run on cpu agents, not {where}")
+                raise TypeError(f"stage {name!r}: Python functions run on cpu and cuda agents, not {where}")
             describe(kernel, scalars)  # refuses lambdas, nested functions, scalars JSON cannot carry
         else:
             agent.spec.kernel(kernel, agent.user_kernels)  # KeyError naming the kernels it has
@@ -221,9 +233,8 @@ class Graph:
             except ValueError as e:
                 raise ValueError(f"stage {name!r}: {e}") from None
         self._fresh(oname)
-        self.stages.append(
-            Stage(name, agent, kernel, list(inputs), oname, tuple(oshape), np.dtype(odtype), list(scalars))
-        )
+        shp, dt = tuple(oshape), np.dtype(odtype)
+        self.stages.append(Stage(name, agent, kernel, list(inputs), oname, shp, dt, list(scalars), arrays))
         return self
 
     def _shape_of(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -249,7 +260,17 @@ class Graph:
             raise ValueError("a graph needs at least one stage")
         if inflight < 1:
             raise ValueError("inflight must be >= 1")
-        return CompiledGraph(self, dispatch, data, inflight if dispatch == "direct" else 1)
+        return CompiledGraph(self._fused(), dispatch, data, inflight if dispatch == "direct" else 1)
+
+    def _fused(self) -> Graph:
+        """This graph with each run of GPU function stages as one segment stage
+        (:func:`hostless.segments.fuse`); itself when there are none."""
+        stages = fuse(self.stages)
+        if all(a is b for a, b in zip(stages, self.stages, strict=False)) and len(stages) == len(self.stages):
+            return self
+        g = Graph(self.dom)
+        g.inputs, g.constants, g.stages = self.inputs, self.constants, stages
+        return g
 
 
 def _check_cast(name: str, arr: np.ndarray, dt: np.dtype) -> None:
@@ -376,7 +397,14 @@ def place_tensors(
             users[i].add(dev)
     read = {i for s in stages for i in s.inputs}
     per_frame = set(ins) | {s.output for s in stages if s.output not in read}  # inputs, sinks' outputs
-    resident = {n for s in stages if s.agent.spec.resident for n in [s.output, *s.inputs]}
+    # per-frame tensors of a resident kernel, or of a GPU segment (its captured graph moves them by
+    # DMA from the pinned heap), stay in host memory
+    resident = {
+        n
+        for s in stages
+        if s.agent.spec.resident or isinstance(getattr(s, "kernel", None), GpuSegment)
+        for n in [s.output, *s.inputs]
+    }
     for n, devs in users.items():
         if len(devs) == 1:
             (d,) = devs
@@ -427,6 +455,12 @@ class CompiledGraph:
             for k, s in enumerate(g.stages)
             if callable(s.kernel)
         }
+        # GPU segments: loaded (functions imported, run once, checked) into their agents here
+        self.segments: dict[int, tuple[str, str]] = {}  # stage -> (mode, why eager) as prepared
+        for k, s in enumerate(g.stages):
+            if isinstance(s.kernel, GpuSegment):
+                self.kids[k], *mw = s.agent.load_segment(s.kernel.request(g._shape_of))
+                self.segments[k] = (mw[0], mw[1])
         self.timelines: list[Timeline] = [dom.timeline(owner=s.agent.id) for s in g.stages]
         self.dag = Dag.build([s.output for s in g.stages], [s.inputs for s in g.stages])
         # direct + copy: a stage with a successor it does not push signals here when its copies are done
@@ -456,6 +490,10 @@ class CompiledGraph:
         self.slots = [self._build_slot() for _ in range(inflight)]
         for sl in self.slots:
             self._build_programs(sl)
+        for k in self.segments:  # each slot's buffers captured once, as a CUDA graph
+            for sl in self.slots:
+                hs = [b.handle for b in sl.stage_in[k]] + [sl.stage_out[k].handle]
+                self.segments[k] = g.stages[k].agent.prepare_segment(self.kids[k], hs)
         self._closed = False
         # the host's whole frame in one C call (see run): when every graph input and output
         # lives in host memory; otherwise (or when the call declines) the general path
@@ -566,12 +604,23 @@ class CompiledGraph:
                 why = "copy mode: staged through host memory, one private copy per reader"
             elif d == "cpu" and any(s.agent.spec.resident for s in g.stages if n in (s.output, *s.inputs)):
                 why = "host memory: the host touches it every frame; the GPU command processor reads it"
+            elif d == "cpu" and any(
+                isinstance(s.kernel, GpuSegment) for s in g.stages if n in (s.output, *s.inputs)
+            ):
+                why = "host memory: the host touches it every frame; the segment's graph moves it by DMA"
             elif d == "cpu":
                 devs = sorted({s.agent.device for s in g.stages if n in s.inputs or s.output == n})
                 why = "host memory: used on " + ", ".join(devs) if devs else "host memory"
             else:
                 why = f"{d} memory: every engine that touches it runs on {d}"
             lines.append(f"  {n:<12} {d:<7} {what}; read by {', '.join(readers) or 'the host'}; {why}")
+        for k, (mode, why) in self.segments.items():
+            s = g.stages[k]
+            how = (
+                "captured as a CUDA graph, replayed per frame" if mode == "graph" else f"runs eagerly: {why}"
+            )
+            arrays = s.kernel.arrays if isinstance(s.kernel, GpuSegment) else "?"
+            lines.append(f"  segment {s.name} on {s.agent.kind} ({arrays}): {how}")
         return "\n".join(lines)
 
     def _build_slot(self) -> _Slot:
@@ -610,7 +659,9 @@ class CompiledGraph:
                 if self.data == "copy" and dag.succs[k]:
                     follow = self._copy_follows(sl, k, follow)
             words = (
-                [] if callable(s.kernel) else [_scalar_word(x) for x in s.scalars]
+                []
+                if callable(s.kernel) or isinstance(s.kernel, GpuSegment)
+                else [_scalar_word(x) for x in s.scalars]
             )  # functions: bound at load
             p = self._packet(sl, s, bufs, words, k, follow)
             pk[k] = p
@@ -766,7 +817,7 @@ class CompiledGraph:
     def _packet(
         self, sl: _Slot, s: Stage, bufs: list[int], scalars: list[int], k: int, follow: list[Follow]
     ) -> Packet:
-        kernel = self.kids[k] if callable(s.kernel) else s.kernel
+        kernel = self.kids[k] if callable(s.kernel) or isinstance(s.kernel, GpuSegment) else s.kernel
         return self._raw_packet(sl, s.agent, kernel, bufs, scalars, self.timelines[k].handle, 0, follow)
 
     def _args(self, sl: _Slot, ka: Kernargs) -> int:
@@ -971,6 +1022,12 @@ class CompiledGraph:
         for b in self.consts.values():
             if lowlevel.is_held(b):
                 b.release()
+        for k, kid in self.kids.items():
+            if k in self.segments:
+                try:  # the agent's graphs hold the slots' buffers
+                    self.g.stages[k].agent.drop_segment(kid)
+                except (HostlessError, TimeoutError):
+                    pass  # the agent is gone: its references went with it
         for t in self.timelines + list(self.copied.values()):
             t.release()
 

@@ -13,14 +13,19 @@ reference to the block until the stream has passed the push.
 
 from __future__ import annotations
 
+import queue as _queue
+import threading
+from collections import OrderedDict
 from typing import Any
 
+from .. import stagefn
 from .._abi import C
 from ..domain import Domain
 from ..kernels import Kernel
 from ..queue import Queue
 from ..status import Status
 from ..wire import FO_PACKET, BadPacket, Packet, PacketType, follow_offset
+from .gpufn import MAX_RUNNERS, Runner, Segment
 from .kinds import FLAG_STAGE_COPY
 from .loop import _EV_END, _EV_START, _SIGNALABLE, _WAITABLE, FAIL_BUDGET, AgentLoop, _debug, _kind
 
@@ -64,6 +69,130 @@ class CudaLoop(AgentLoop):
         # on first use, and that must never happen behind a pending stream wait
         # (module loading can wait for the device, which the wait holds: deadlock)
         self.warm: set[Any] = set()
+        # GPU stages from user functions (hostless.agents.gpufn): segments by kernel id, their
+        # runners by the buffers' handles; requests from the spawner's load channel, served
+        # by this thread between packets (never behind a pending stream wait)
+        self.runners: dict[int, OrderedDict[tuple[int, ...], Runner]] = {}
+        self.requests: _queue.Queue[tuple[dict[str, Any], list[Any], threading.Event]] = _queue.Queue()
+
+    # ------------------------------------------------------------ load channel
+    def load_function(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A request of the spawner's private channel (the channel's thread): handed to
+        the loop thread, which owns the stream; returns its reply or raises its error."""
+        box: list[Any] = []
+        done = threading.Event()
+        self.requests.put((req, box, done))
+        while not done.wait(1.0):
+            if not self.running:
+                raise RuntimeError("the agent is stopping")
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]  # type: ignore[no-any-return]
+
+    def service(self) -> None:
+        while True:
+            try:
+                req, box, done = self.requests.get_nowait()
+            except _queue.Empty:
+                return
+            try:
+                box.append(self._request(req))
+            except BaseException as e:  # the spawner gets it, with its traceback
+                box.append(e)
+            done.set()
+
+    def _request(self, req: dict[str, Any]) -> dict[str, Any]:
+        """``segment``: load a segment under ``id``; ``prepare``: capture it over ``buffers``;
+        ``drop``: forget it.  Every request first lets the stream drain."""
+        from ..kernels import FUNCTION_KERNEL_BASE
+
+        op, kid = req.get("op"), req.get("id")
+        if not isinstance(kid, int) or isinstance(kid, bool) or kid < FUNCTION_KERNEL_BASE:
+            raise ValueError(f"a segment id is an int >= {FUNCTION_KERNEL_BASE}, got {kid!r}")
+        self.peer.stream.synchronize()
+        self._recycle()
+        if op == "segment":
+            if kid in self.kernels:
+                raise ValueError(f"kernel id {kid} is taken")
+            seg = Segment(req, self.peer.device)
+            self.kernels[kid] = seg
+            self.runners[kid] = OrderedDict()
+            return {"id": kid, "mode": seg.mode, "why": seg.why}
+        got = self.kernels.get(kid)
+        if not isinstance(got, Segment):
+            raise ValueError(f"no segment {kid}")
+        seg = got
+        if op == "prepare":
+            hs = req.get("buffers")
+            if not isinstance(hs, list) or not all(isinstance(h, int) for h in hs):
+                raise ValueError("prepare names a list of buffer handles")
+            r = self._runner(kid, seg, tuple(hs))
+            return {"id": kid, "mode": r.mode, "why": r.why}
+        if op == "drop":
+            for r in self.runners.pop(kid, {}).values():
+                r.release()
+            del self.kernels[kid]
+            return {"id": kid}
+        raise ValueError(f"unknown request {op!r}")
+
+    def _runner(self, kid: int, seg: Segment, hs: tuple[int, ...]) -> Runner:
+        """The runner of segment ``kid`` over buffers ``hs``: prepared at compile time, or
+        captured now (the stream drained first: never capture behind a pending wait)."""
+        rs = self.runners[kid]
+        r = rs.get(hs)
+        if r is not None:
+            return r
+        bufs: list[Any] = []
+        try:
+            for h in hs:
+                if _kind(h) != _KIND_BUFFER:
+                    raise BadPacket(f"handle {h:#x} is not a buffer")
+                try:
+                    bufs.append(self.dom.import_buffer(h))
+                except Exception as e:
+                    raise BadPacket(f"handle {h:#x}: {e}") from None
+            self.peer.stream.synchronize()
+            try:
+                r = seg.runner(self.dom, self.peer, bufs)
+            except ValueError as e:
+                raise BadPacket(str(e)) from None
+        except BaseException:
+            for b in bufs:
+                b.release()
+            raise
+        rs[hs] = r
+        if len(rs) > MAX_RUNNERS:
+            _h, old = rs.popitem(last=False)
+            self.inflight.append((self.peer.stream.record(), [old]))
+        return r
+
+    def _segment(self, idx: int, pkt: Packet, seg: Segment, hs: tuple[int, ...], follow: list[Any]) -> None:
+        """A packet of a segment: waits, the replay (or the eager functions), the gated
+        signal and the follow-ups, all queued on the stream."""
+        peer, st = self.peer, self.peer.stream
+        r = self._runner(pkt.kernel, seg, hs)
+        targets = self._resolve_follow(follow)
+        block: Any = None
+        keep: list[Any] = []
+        if targets:
+            block = self.dom.import_buffer(pkt.args)
+            keep.append(block)
+        try:
+            gate = self._wait_inputs_on_gpu(pkt)
+            keep.append(_Keep([gate]))
+            try:
+                r.launch(int(st.ptr))
+            except Exception as e:
+                self.records.write(pkt.signal, stagefn.format_error(e))
+                raise
+            if pkt.signal:
+                peer.signal(self.cache.get(pkt.signal, _SIGNALABLE), pkt.signal_value, gate)
+            nb = len(hs)
+            for q, j in targets:
+                at = follow_offset(nb, 0, j) + FO_PACKET
+                keep.append(_Keep([peer.enqueue(q, block, gate, offset=at)]))
+        finally:
+            self.inflight.append((st.record(), keep))
 
     def _recycle(self) -> None:
         """Release what the stream work that has completed kept alive."""
@@ -124,6 +253,13 @@ class CudaLoop(AgentLoop):
             scalars: tuple[int, ...] = ()
             if pkt.type == PacketType.KERNEL:
                 fn, hs, scalars, follow = self.kernel_call(pkt)
+                if isinstance(fn, Segment):
+                    if scalars:
+                        raise BadPacket("a segment's packet carries no scalars")
+                    queued = True
+                    self._segment(idx, pkt, fn, tuple(hs), follow)
+                    self.trace(_EV_END, self.queue.handle, idx, pkt.signal, 0, 1)
+                    return
                 bufs = [self.cache.get(h, (_KIND_BUFFER,)) for h in hs]
                 if not bufs:
                     raise BadPacket("kernel packet without buffers")

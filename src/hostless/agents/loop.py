@@ -193,6 +193,7 @@ class AgentLoop:
         q = self.queue
         idle = 0
         while self.running:
+            self.service()
             r = q.pop_raw(50_000_000, self.spin_ns)  # 50 ms bounded wait after the spin
             if r is None:
                 idle += 1
@@ -223,6 +224,10 @@ class AgentLoop:
     def execute(self, idx: int, pkt: Packet) -> None:
         """Run packet ``idx`` of the queue (a subclass's); never raises for a bad packet."""
         raise NotImplementedError
+
+    def service(self) -> None:
+        """Between packets (and at least every 50 ms when idle): the loop thread's other work
+        (a subclass's: the cuda agent serves its spawner's load requests here)."""
 
     def check(self, pkt: Packet) -> None:
         """Validate the packet's type, signal and waits before anything runs (BadPacket)."""

@@ -1,0 +1,148 @@
+"""GPU segments: a graph's consecutive GPU function stages, run as one captured CUDA graph.
+
+``g.stage("cnn", gpu, my_model, ["x", "w"], ("y", (8, 10), "f4"), arrays="torch")``
+adds a stage whose function takes PyTorch tensors (``arrays="cupy"``: CuPy
+arrays) on a cuda agent.  The contract is the cpu stage functions' one
+(:mod:`hostless.stagefn`: imported by qualified name, also from a script run as
+``__main__``; called as ``fn(*inputs, *scalars)``, or with ``out=`` when it has
+that parameter; returns an array of the output's shape whose dtype casts to the
+output's with NumPy's ``same_kind`` rule), with arrays on the agent's GPU that
+are zero-copy views of the stage's device buffers.  The function must only
+queue GPU work on the current stream (no host synchronization, no ``.item()``,
+no host copies), as for any CUDA graph capture; what breaks that runs eagerly.
+
+At compile time, :func:`fuse` turns each run of such stages into one *segment*:
+stages that follow each other in the graph's order, on the same cuda agent, with
+the same ``arrays``, where every output but the last is read only inside the run
+(so it never needs a buffer of the domain: it lives in the captured graph's own
+memory).  A segment is one stage to the rest of the graph: one packet per frame,
+one timeline, its external inputs and its last output.  The agent captures it
+once per frame slot (:mod:`hostless.agents.gpufn`) and replays it per frame;
+:meth:`hostless.graph.CompiledGraph.plan` says for each segment whether it was
+captured, or runs eagerly and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .stagefn import describe
+
+__all__ = ["ARRAYS", "GpuSegment", "fuse", "check_gpu_stage"]
+
+ARRAYS = ("torch", "cupy")
+"""What a GPU stage function takes: PyTorch tensors or CuPy arrays."""
+
+
+def check_gpu_stage(name: str, fn: Callable[..., Any], scalars: Sequence[Any], arrays: str | None) -> str:
+    """The checks of a GPU function stage when it is added; returns its ``arrays``.  TypeError
+    or ValueError, saying what to change, for a function another process cannot import, scalars
+    JSON cannot carry, or an unknown array library."""
+    if arrays is None:
+        raise ValueError(
+            f"stage {name!r}: a function on a cuda agent takes PyTorch tensors or CuPy arrays: "
+            "say which with arrays='torch' or arrays='cupy'"
+        )
+    if arrays not in ARRAYS:
+        raise ValueError(f"stage {name!r}: arrays is one of {ARRAYS}, got {arrays!r}")
+    describe(fn, scalars)
+    return arrays
+
+
+@dataclass
+class GpuSegment:
+    """Consecutive GPU function stages of one graph on one cuda agent (see the module)."""
+
+    stages: list[Any]
+    """The user's stages (:class:`hostless.graph.Stage`), in order."""
+    inputs: list[str]
+    """The tensors it reads from outside, in order of first use."""
+    arrays: str
+
+    @property
+    def name(self) -> str:
+        return "+".join(s.name for s in self.stages)
+
+    def request(self, shape_of: Callable[[str], tuple[tuple[int, ...], np.dtype]]) -> dict[str, Any]:
+        """What the agent loads (``Agent.load_segment``): the functions by name and how each
+        stage's arguments are wired (segment inputs, or earlier stages' outputs)."""
+        pos = {n: i for i, n in enumerate(self.inputs)}
+        made: dict[str, int] = {}
+        stages = []
+        for k, s in enumerate(self.stages):
+            args = [pos[i] if i in pos else -(made[i] + 1) for i in s.inputs]
+            stages.append(
+                {
+                    "name": s.name,
+                    "fn": describe(s.kernel, s.scalars),
+                    "args": args,
+                    "shape": list(s.shape),
+                    "dtype": s.dtype.str,
+                }
+            )
+            made[s.output] = k
+        ins = []
+        for n in self.inputs:
+            shp, dt = shape_of(n)
+            ins.append({"shape": list(shp), "dtype": dt.str})
+        return {"arrays": self.arrays, "inputs": ins, "stages": stages}
+
+
+def _gpu_fn(s: Any) -> bool:
+    return callable(s.kernel) and bool(getattr(s, "arrays", None)) and s.agent.spec.gpu_functions
+
+
+def fuse(stages: Sequence[Any]) -> list[Any]:
+    """The stages with every run of GPU function stages replaced by one stage whose kernel is
+    a :class:`GpuSegment` (a lone GPU function stage too: a segment of one)."""
+    readers: dict[str, set[int]] = {}
+    for k, s in enumerate(stages):
+        for i in s.inputs:
+            readers.setdefault(i, set()).add(k)
+    out: list[Any] = []
+    k = 0
+    while k < len(stages):
+        s = stages[k]
+        if not _gpu_fn(s):
+            out.append(s)
+            k += 1
+            continue
+        run = [k]
+        j = k + 1
+        while j < len(stages):
+            t = stages[j]
+            if not (_gpu_fn(t) and t.agent is s.agent and t.arrays == s.arrays):
+                break
+            members = set(run) | {j}
+            # every output of the run so far is read, and only inside the run
+            if not all(readers.get(stages[m].output) and readers[stages[m].output] <= members for m in run):
+                break
+            run.append(j)
+            j += 1
+        members_out = {stages[m].output for m in run}
+        ins: list[str] = []
+        for m in run:
+            for i in stages[m].inputs:
+                if i not in members_out and i not in ins:
+                    ins.append(i)
+        seg = GpuSegment([stages[m] for m in run], ins, s.arrays)
+        last = stages[run[-1]]
+        out.append(
+            dataclasses.replace(
+                s,
+                name=seg.name,
+                kernel=seg,
+                inputs=ins,
+                output=last.output,
+                shape=last.shape,
+                dtype=last.dtype,
+                scalars=[],
+            )
+        )
+        k = run[-1] + 1
+    return out
