@@ -44,6 +44,7 @@ tools: $(VENV)/.tools
 demo: tools
 	$(PY) examples/demo.py
 	$(PY) examples/pipeline_demo.py
+	$(PY) examples/gpu_pipeline.py
 	$(PY) examples/by_name.py
 
 test: tools
