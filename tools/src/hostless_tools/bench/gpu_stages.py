@@ -252,6 +252,7 @@ def hostless_rows(
     res: dict[str, Any] = {}
     for dispatch, data in modes:
         with g.compile(dispatch=dispatch, data=data) as cg:
+
             def step(cg: Any = cg) -> Any:
                 return cg.run(feed, timeout=300)[out]
 
@@ -594,7 +595,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="direct+shared only")
     ap.add_argument("--tag", default="h200")
     ap.add_argument(
-        "--agent-spin", type=float, default=50e-6, help="seconds an idle agent polls before it parks (default 50 us)"
+        "--agent-spin",
+        type=float,
+        default=50e-6,
+        help="seconds an idle agent polls before it parks (default 50 us)",
     )
     a = ap.parse_args(argv)
     res = run(a.frames, a.n_gemm, a.n_small, a.n_data, a.quick, a.agent_spin)
