@@ -58,8 +58,6 @@ class GraphInvalidated(StageFailed):
 
 
 @dataclass
-
-
 class Stage:
     name: str
     agent: Agent
