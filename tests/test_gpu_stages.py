@@ -69,7 +69,8 @@ def test_torch_chain_is_one_captured_segment(dom, gpu, dispatch, data):
         xs = [rng.standard_normal((64, 64)).astype("f4") for _ in range(6)]
         outs = list(cg.stream([{"x": x} for x in xs], timeout=60))
         for x, o in zip(xs, outs, strict=True):
-            np.testing.assert_allclose(o["y"], F.ref_softmax(np.maximum(F.ref_affine(x, w, 0.5), 0)), atol=2e-5)
+            ref = F.ref_softmax(np.maximum(F.ref_affine(x, w, 0.5), 0))
+            np.testing.assert_allclose(o["y"], ref, atol=2e-5)
 
 
 def test_cupy_gemm_runs_eagerly_and_says_why(dom, gpu):
