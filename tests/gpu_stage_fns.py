@@ -63,3 +63,9 @@ def ref_softmax(x: np.ndarray) -> np.ndarray:
 
 def cpu_double(x: np.ndarray) -> np.ndarray:
     return x * 2
+
+
+def cpu_fail_on_negative(x: np.ndarray) -> np.ndarray:
+    if (x < 0).any():
+        raise ValueError("negative input")
+    return x

@@ -178,3 +178,51 @@ def test_killed_gpu_agent_fails_the_graph_in_bounded_time(dom):
         cg.run({"x": np.zeros((64, 64), "f4")}, timeout=20)
     assert time.monotonic() - t0 < 10
     cg.close()
+
+
+def test_armed_segment_between_cpu_stages_streams_and_fails_cleanly(dom, gpu):
+    """cpu -> torch segment -> cpu in direct+shared: the segment is armed (no packet per
+    frame); frames stream with 3 in flight; a failing cpu stage before it fails the frame
+    with that stage named; closing drains the armed stream (the agent serves the next graph)."""
+    cpu = agents.spawn(dom, "cpu")
+    try:
+        n = 32
+        g = Graph(dom).input("x", (n,), "f4")
+        g.stage("pre", cpu, F.cpu_double, ["x"], ("p", (n,), "f4"))
+        g.stage("relu", gpu, F.t_relu, ["p"], ("r", (n,), "f4"), arrays="torch")
+        g.stage("post", cpu, "scale", ["r"], ("y", (n,), "f4"), scalars=[0.5])
+        with g.compile(dispatch="direct", data="shared", inflight=3) as cg:
+            assert "armed" in cg.plan(), cg.plan()
+            xs = [np.linspace(-k, k, n, dtype="f4") for k in range(1, 40)]
+            outs = list(cg.stream([{"x": x} for x in xs], timeout=30))
+            for x, o in zip(xs, outs, strict=True):
+                np.testing.assert_allclose(o["y"], np.maximum(2 * x, 0) * 0.5)
+            for x in xs[:5]:
+                np.testing.assert_allclose(cg.run({"x": x}, timeout=30)["y"], np.maximum(x, 0))
+        g2 = Graph(dom).input("x", (n,), "f4")
+        g2.stage("relu", gpu, F.t_relu, ["x"], ("y", (n,), "f4"), arrays="torch")
+        with g2.compile() as cg2:  # a root segment: armed on the host's fed timeline
+            assert "armed" in cg2.plan(), cg2.plan()
+            for k in range(20):
+                x = np.linspace(-k, k, n, dtype="f4")
+                np.testing.assert_allclose(cg2.run({"x": x}, timeout=30)["y"], np.maximum(x, 0))
+    finally:
+        cpu.stop()
+
+
+def test_armed_segment_passes_an_input_failure_on(dom, gpu):
+    cpu = agents.spawn(dom, "cpu")
+    try:
+        g = Graph(dom).input("x", (8,), "f4")
+        g.stage("pre", cpu, F.cpu_fail_on_negative, ["x"], ("p", (8,), "f4"))
+        g.stage("relu", gpu, F.t_relu, ["p"], ("y", (8,), "f4"), arrays="torch")
+        with g.compile(dispatch="direct", data="shared") as cg:
+            assert "armed" in cg.plan()
+            np.testing.assert_allclose(cg.run({"x": np.ones(8, "f4")}, timeout=30)["y"], 1.0)
+            t0 = time.monotonic()
+            with pytest.raises(StageFailed) as ei:
+                cg.run({"x": -np.ones(8, "f4")}, timeout=30)
+            assert ei.value.stage == "pre" and "negative input" in str(ei.value)
+            assert time.monotonic() - t0 < 5
+    finally:
+        cpu.stop()

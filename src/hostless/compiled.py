@@ -29,7 +29,7 @@ from .graphparts import (
 )
 from .placement import place_tensors
 from .queue import _timeout_ns
-from .segments import GpuSegment
+from .segments import GpuSegment, arm_plan
 from .status import Status, timeline_failure
 from .timeline import Timeline
 from .wire import FO_PACKET, PK_WAIT_VALUE, Follow, FrameOps, Kernargs, Packet, PacketType, follow_offset
@@ -66,8 +66,21 @@ class CompiledGraph:
             if isinstance(s.kernel, GpuSegment):
                 self.kids[k], *mw = s.agent.load_segment(s.kernel.request(g._shape_of))
                 self.segments[k] = (mw[0], mw[1])
-        self.timelines: list[Timeline] = [dom.timeline(owner=s.agent.id) for s in g.stages]
         self.dag = Dag.build([s.output for s in g.stages], [s.inputs for s in g.stages])
+        # armed segments (direct dispatch, shared data, captured; hostless.segments.arm_plan):
+        # their frames are queued ahead on the GPU; nobody pushes their packets; each frame
+        # waits on the host word (the frame program stores the frame number there once the
+        # frame's inputs are written), then on its predecessors' points; the stages they feed
+        # are host-pushed.  ``fed``, a timeline of this process, is never signalled: it fails
+        # when the graph is over (closed, invalidated, or this process died): the agents disarm
+        self.armed: set[int] = set()
+        self.hostpushed: set[int] = set()
+        if dispatch == "direct" and data == "shared":
+            captured = [k for k, (mode, _w) in self.segments.items() if mode == "graph"]
+            self.armed, self.hostpushed = arm_plan(self.dag.preds, captured, MAX_PACKET_WAITS)
+        self.fed: Timeline | None = dom.timeline() if self.armed else None
+        self.host_word: Buffer | None = dom.buffer((1,), np.uint64) if self.armed else None
+        self.timelines: list[Timeline] = [dom.timeline(owner=s.agent.id) for s in g.stages]
         # direct + copy: a stage with a successor it does not push signals here when its copies are done
         self.copied: dict[int, Timeline] = {}
         if dispatch == "direct" and data == "copy":
@@ -98,7 +111,20 @@ class CompiledGraph:
         for k in self.segments:  # each slot's buffers captured once, as a CUDA graph
             for sl in self.slots:
                 hs = [b.handle for b in sl.stage_in[k]] + [sl.stage_out[k].handle]
-                self.segments[k] = g.stages[k].agent.prepare_segment(self.kids[k], hs)
+                self.segments[k] = g.stages[k].agent.prepare_segment(self.kids[k], hs, gated=k in self.armed)
+        for k in sorted(self.armed):
+            assert self.fed is not None and self.host_word is not None
+            waits = [self.timelines[p].handle for p in self.dag.preds[k]]
+            slots = [[b.handle for b in sl.stage_in[k]] + [sl.stage_out[k].handle] for sl in self.slots]
+            g.stages[k].agent.arm_segment(
+                self.kids[k],
+                slots,
+                waits,
+                self.timelines[k].handle,
+                self.fed.handle,
+                self.host_word.handle,
+                self.frame + 1,
+            )
         self._closed = False
         # the host's whole frame in one C call (see run): when every graph input and output
         # lives in host memory; otherwise (or when the call declines) the general path
@@ -157,7 +183,7 @@ class CompiledGraph:
         fail: packets still queued on live agents that wait on them fail unrun), raise ``e``."""
         self._invalid = e
         self._fast = False  # every later run goes the general path, which raises e
-        for t in self.timelines + list(self.copied.values()):
+        for t in self.timelines + list(self.copied.values()) + ([self.fed] if self.fed else []):
             try:
                 if t.failure is None:
                     t.fail(Status.OWNER_DIED)
@@ -222,6 +248,8 @@ class CompiledGraph:
         for k, (mode, why) in self.segments.items():
             s = g.stages[k]
             how = "captured as a CUDA graph, replayed per frame"
+            if k in self.armed:
+                how += "; armed: queued ahead on the GPU behind waits on its inputs, no packet per frame"
             if mode != "graph":
                 how = f"runs eagerly: {why}"
             arrays = s.kernel.arrays if isinstance(s.kernel, GpuSegment) else "?"
@@ -260,7 +288,11 @@ class CompiledGraph:
             bufs = [b.handle for b in sl.stage_in[k]] + [sl.stage_out[k].handle]
             follow: list[Follow] = []
             if direct:
-                follow = [entry[j] for j in dag.succs[k] if dag.pusher(j) == k]
+                follow = [
+                    entry[j]
+                    for j in dag.succs[k]
+                    if dag.pusher(j) == k and j not in self.armed and j not in self.hostpushed
+                ]
                 if self.data == "copy" and dag.succs[k]:
                     follow = self._copy_follows(sl, k, follow)
             words = (
@@ -270,7 +302,9 @@ class CompiledGraph:
             )  # functions: bound at load
             p = self._packet(sl, s, bufs, words, k, follow)
             pk[k] = p
-            if direct and dag.preds[k]:
+            if k in self.hostpushed:
+                self._set_waits(p, [self._waited(j) for j in dag.preds[k]])
+            elif direct and dag.preds[k] and k not in self.armed:
                 entry[k] = self._join(sl, k, p)
         sl.packets = pk
         for name in g.inputs:
@@ -298,6 +332,11 @@ class CompiledGraph:
             submit.store(h, off)
         if self.dispatch == "direct":
             for k in dag.roots:
+                if k not in self.armed:
+                    submit.push(g.stages[k].agent.queue.handle, sl.packets[k], tag=k)
+            if self.host_word is not None:  # the frame is written: armed segments may start it
+                submit.store(self.host_word.handle, 0)
+            for k in sorted(self.hostpushed):  # (topological order) each waits on its inputs' points
                 submit.push(g.stages[k].agent.queue.handle, sl.packets[k], tag=k)
         else:
             # host: launch what is ready, wait for the launched in topological order, copy
@@ -627,14 +666,20 @@ class CompiledGraph:
         for b in self.consts.values():
             if lowlevel.is_held(b):
                 b.release()
+        if self.fed is not None:
+            # the armed segments' agents see the graph is over (they release what they queued)
+            if self.fed.failure is None:
+                self.fed.fail(Status.CANCEL)
         for k, kid in self.kids.items():
             if k in self.segments:
                 try:  # the agent's graphs hold the slots' buffers
                     self.g.stages[k].agent.drop_segment(kid)
                 except (HostlessError, TimeoutError):
                     pass  # the agent is gone: its references went with it
-        for t in self.timelines + list(self.copied.values()):
+        for t in self.timelines + list(self.copied.values()) + ([self.fed] if self.fed else []):
             t.release()
+        if self.host_word is not None:
+            self.host_word.release()
 
     def __enter__(self) -> CompiledGraph:
         return self

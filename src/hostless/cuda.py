@@ -97,6 +97,7 @@ extern "C" __global__ void hl_signal(unsigned long long *word, int kind, unsigne
                                      const int *gate) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int g = gate ? *(volatile const int *)gate : 0;
+    if (g < 0) return; /* a cancelled frame of an armed segment: not signalled */
     __threadfence_system();
     if (kind == 2) {
         /* the header's operations, as on the host (a failure keeps the last value in aux) */
@@ -108,6 +109,54 @@ extern "C" __global__ void hl_signal(unsigned long long *word, int kind, unsigne
     } else {
         atomicCAS_system(word, 0ull, g ? (unsigned long long)g : (unsigned long long)HL_STATUS_SUCCESS);
     }
+    __threadfence_system();
+}
+
+/* The wait of an armed segment's frame on its predecessors' points, once its host word says
+ * the frame was submitted (so each point is reached, or failed, in bounded time): spin, one
+ * thread sleeping between looks, until every word has reached `value` (kinds as hl_gate) or
+ * *cancel is set; then gate = -1 when cancelled (the agent's quiesce: nothing of the frame is
+ * committed, signalled or pushed), else hl_gate's status. */
+extern "C" __global__ void hl_wait_points(const unsigned long long *const *words, const int *kinds, int n,
+                                          unsigned long long value, const int *cancel, int *gate) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    for (int i = 0; i < n; i++) {
+        const volatile unsigned long long *w = (const volatile unsigned long long *)words[i];
+        for (;;) {
+            unsigned long long x = *w;
+            if (kinds[i] == 2 ? x >= value : x != 0) break;
+            if (*(const volatile int *)cancel) { *gate = -1; return; }
+            __nanosleep(200);
+        }
+    }
+    if (*(const volatile int *)cancel) { *gate = -1; return; }
+    __threadfence_system();
+    int st = 0;
+    for (int i = 0; i < n && !st; i++) {
+        unsigned long long w = *(volatile const unsigned long long *)words[i];
+        if (kinds[i] == 2) {
+            if (w & HL_TIMELINE_FAILED) st = (int)(w & 0xffffffffull);
+        } else if (w != HL_STATUS_SUCCESS) {
+            st = (int)w;
+        }
+    }
+    *gate = st;
+}
+
+/* *old = the word, which becomes v (one atomic step): an armed segment's host word is set past
+ * every frame to release its queued waits (the agent's quiesce) ... */
+extern "C" __global__ void hl_xchg64(unsigned long long *word, unsigned long long v,
+                                     unsigned long long *old) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    *old = atomicExch_system(word, v);
+    __threadfence_system();
+}
+
+/* ... and back to *old unless the host stored a newer frame number meanwhile. */
+extern "C" __global__ void hl_cas64(unsigned long long *word, unsigned long long expect,
+                                    const unsigned long long *old) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    atomicCAS_system(word, expect, *old);
     __threadfence_system();
 }
 
@@ -194,6 +243,9 @@ class CudaPeer:
         self._k_gate = self.module.get_function("hl_gate")
         self._k_signal = self.module.get_function("hl_signal")
         self._k_commit = self.module.get_function("hl_commit")
+        self.k_wait_points = self.module.get_function("hl_wait_points")
+        self.k_xchg64 = self.module.get_function("hl_xchg64")
+        self.k_cas64 = self.module.get_function("hl_cas64")
         self._wake_fn = cu.CUhostFn(lowlevel.host_wake_fn())
         self._closed = False
         # device arrays of the completion-word addresses of input sets seen recently (graphs
@@ -253,6 +305,16 @@ class CudaPeer:
         """
         flag = self.cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
         self._word_op("cuStreamWaitValue64", obj, value, flag, stream)
+
+    def wait_word(self, dptr: int, value: int, stream: Any = None) -> None:
+        """Make ``stream`` wait until the u64 at device address ``dptr`` is >= value (a word of
+        a heap buffer: :meth:`buffer_dptr`)."""
+        cu = self.cu
+        flag = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+        err = cu.cuStreamWaitValue64(
+            self._cu_stream(stream), cu.CUdeviceptr(dptr), cu.cuuint64_t(value), flag
+        )
+        self._check(err[0] if isinstance(err, tuple) else err, "cuStreamWaitValue64")
 
     def write_value(self, obj: Any, value: int, stream: Any = None) -> None:
         """``cuStreamWriteValue64`` of ``value`` into the word of ``obj`` (a plain device store)."""

@@ -25,7 +25,7 @@ captured, or runs eagerly and why.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ import numpy as np
 
 from .stagefn import describe
 
-__all__ = ["ARRAYS", "GpuSegment", "fuse", "check_gpu_stage"]
+__all__ = ["ARRAYS", "GpuSegment", "fuse", "check_gpu_stage", "arm_plan"]
 
 ARRAYS = ("torch", "cupy")
 """What a GPU stage function takes: PyTorch tensors or CuPy arrays."""
@@ -146,3 +146,29 @@ def fuse(stages: Sequence[Any]) -> list[Any]:
         )
         k = run[-1] + 1
     return out
+
+
+def arm_plan(
+    preds: Sequence[Sequence[int]], captured: Collection[int], max_waits: int
+) -> tuple[set[int], set[int]]:
+    """Which segments a direct, shared-data graph arms, and which stages the host then pushes.
+
+    An *armed* segment (``captured``: its graph was captured; at most 15 predecessors) has its
+    frames queued ahead on the GPU (:class:`hostless.agents.cuda_agent.Armed`), behind a wait
+    on the graph's host word and on its predecessors' points; nobody pushes its packets.
+
+    The GPU then pushes nothing into a queue: on a PCIe machine without PCIe atomics its
+    system-scope atomics on host memory are not atomic against the host's (docs/gpu.md), and
+    every queue has host producers.  So in a graph with armed segments every other stage with
+    predecessors is *host-pushed*: the host pushes it when it submits the frame, in
+    topological order after the roots, waiting on all its predecessors' points (no follow-up
+    packets at all).  Every queue then holds a frame's packets in topological order, frames
+    in order, so the earliest unfinished packet is always at the head of its queue with its
+    inputs done: no agent waits on a packet queued behind its own.  A packet waits on at most
+    ``max_waits`` points: a graph with a wider join arms nothing (and runs as before).
+    Returns (armed, host-pushed)."""
+    armed = {k for k in captured if len(preds[k]) <= 15}
+    rest = [j for j in range(len(preds)) if j not in armed and preds[j]]
+    if not armed or any(len(preds[j]) > max_waits for j in rest):
+        return set(), set()
+    return armed, set(rest)

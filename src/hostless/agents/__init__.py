@@ -165,13 +165,50 @@ class Agent:
             reply = self._checked_reply({**desc, "op": "segment", "id": kid}, deadline, what, timeout)
             return kid, str(reply.get("mode", "eager")), str(reply.get("why", ""))
 
-    def prepare_segment(self, kid: int, buffers: Sequence[int], timeout: float = 120.0) -> tuple[str, str]:
+    def prepare_segment(
+        self, kid: int, buffers: Sequence[int], gated: bool = False, timeout: float = 120.0
+    ) -> tuple[str, str]:
         """Capture segment ``kid`` over ``buffers`` (handles: inputs, then the output) as a
-        CUDA graph in the agent; returns ("graph" or "eager", why eager)."""
+        CUDA graph in the agent (``gated``: its result into scratch, committed per frame only
+        when the frame's inputs succeeded: for :meth:`arm_segment`); returns ("graph" or
+        "eager", why eager)."""
         with self._channel(timeout) as deadline:
-            req = {"op": "prepare", "id": kid, "buffers": [int(h) for h in buffers]}
+            req = {"op": "prepare", "id": kid, "buffers": [int(h) for h in buffers], "gated": bool(gated)}
             reply = self._checked_reply(req, deadline, f"segment {kid}", timeout)
             return str(reply.get("mode", "eager")), str(reply.get("why", ""))
+
+    def arm_segment(
+        self,
+        kid: int,
+        slots: Sequence[Sequence[int]],
+        waits: Sequence[int],
+        signal: int,
+        fed: int,
+        host_word: int,
+        start: int,
+        timeout: float = 120.0,
+    ) -> None:
+        """Arm segment ``kid`` (prepared ``gated`` over each slot's ``buffers``): from frame
+        ``start`` on, the agent queues each frame's work ahead on the GPU, behind a stream wait
+        on the u64 of the host buffer ``host_word`` (the host stores the frame number there
+        once it wrote the frame) and a wait on the ``waits`` timelines reaching the frame
+        number, then commits and signals ``signal`` (:class:`hostless.agents.cuda_agent.Armed`;
+        it pushes nothing: the graph pushes the stages it feeds from the host).  ``fed`` is a
+        timeline of the graph's host: when it fails (the graph closed or invalidated, or its
+        host died) the agent disarms."""
+        req = {
+            "op": "arm",
+            "id": kid,
+            "slots": [{"buffers": [int(h) for h in s]} for s in slots],
+            "waits": [int(h) for h in waits],
+            "signal": int(signal),
+            "fed": int(fed),
+            "host_word": int(host_word),
+            "start": int(start),
+            "inflight": len(slots),
+        }
+        with self._channel(timeout) as deadline:
+            self._checked_reply(req, deadline, f"segment {kid}", timeout)
 
     def drop_segment(self, kid: int, timeout: float = 30.0) -> None:
         """Make the agent forget segment ``kid`` and release the buffers its graphs hold."""

@@ -18,6 +18,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
+
 from .. import stagefn
 from .._abi import C
 from ..domain import Domain
@@ -74,6 +76,7 @@ class CudaLoop(AgentLoop):
         # by this thread between packets (never behind a pending stream wait)
         self.runners: dict[int, OrderedDict[tuple[int, ...], Runner]] = {}
         self.requests: _queue.Queue[tuple[dict[str, Any], list[Any], threading.Event]] = _queue.Queue()
+        self.armed: dict[int, Armed] = {}  # segments armed by their graph (direct dispatch): by id
 
     # ------------------------------------------------------------ load channel
     def load_function(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -90,6 +93,9 @@ class CudaLoop(AgentLoop):
         return box[0]  # type: ignore[no-any-return]
 
     def service(self) -> None:
+        for kid, a in list(self.armed.items()):
+            if not a.pump():
+                self._disarm(kid)
         while True:
             try:
                 req, box, done = self.requests.get_nowait()
@@ -109,6 +115,7 @@ class CudaLoop(AgentLoop):
         op, kid = req.get("op"), req.get("id")
         if not isinstance(kid, int) or isinstance(kid, bool) or kid < FUNCTION_KERNEL_BASE:
             raise ValueError(f"a segment id is an int >= {FUNCTION_KERNEL_BASE}, got {kid!r}")
+        self._quiesce()
         self.peer.stream.synchronize()
         self._recycle()
         if op == "segment":
@@ -126,22 +133,58 @@ class CudaLoop(AgentLoop):
             hs = req.get("buffers")
             if not isinstance(hs, list) or not all(isinstance(h, int) for h in hs):
                 raise ValueError("prepare names a list of buffer handles")
-            r = self._runner(kid, seg, tuple(hs))
+            r = self._runner(kid, seg, tuple(hs), bool(req.get("gated", False)))
             return {"id": kid, "mode": r.mode, "why": r.why}
+        if op == "arm":
+            if kid in self.armed:
+                raise ValueError(f"segment {kid} is armed already")
+            slots = req.get("slots")
+            if not isinstance(slots, list) or not slots:
+                raise ValueError("arm names the slots' buffers and argument blocks")
+            runners = []
+            for sl in slots:
+                hs = sl.get("buffers")
+                if not isinstance(hs, list) or not all(isinstance(h, int) for h in hs):
+                    raise ValueError("arm: a slot names a list of buffer handles")
+                r = self._runner(kid, seg, tuple(hs), True)
+                if r.mode != "graph":
+                    raise ValueError(
+                        f"segment {kid} runs eagerly over these buffers ({r.why}): it cannot be armed"
+                    )
+                runners.append(r)
+            self.armed[kid] = Armed(self, kid, req, runners)
+            self.pop_timeout_ns = 1_000_000  # pump the armed segments every millisecond
+            return {"id": kid}  # (the first pump is the loop's next service(), not this reply's)
         if op == "drop":
+            if kid in self.armed:
+                self._disarm(kid)
             for r in self.runners.pop(kid, {}).values():
                 r.release()
             del self.kernels[kid]
             return {"id": kid}
         raise ValueError(f"unknown request {op!r}")
 
-    def _runner(self, kid: int, seg: Segment, hs: tuple[int, ...]) -> Runner:
-        """The runner of segment ``kid`` over buffers ``hs``: prepared at compile time, or
-        captured now (the stream drained first: never capture behind a pending wait)."""
+    def _disarm(self, kid: int) -> None:
+        a = self.armed.pop(kid)
+        a.close()
+        if not self.armed:
+            self.pop_timeout_ns = 50_000_000
+
+    def _quiesce(self) -> None:
+        """Before what may synchronize the whole device: no armed frame left waiting."""
+        for a in self.armed.values():
+            a.quiesce()
+
+    def _runner(self, kid: int, seg: Segment, hs: tuple[int, ...], gated: bool = False) -> Runner:
+        """The runner of segment ``kid`` over buffers ``hs`` (``gated``: its result into
+        scratch, for an armed segment's gated commit): prepared at compile time, or captured
+        now (the stream drained first: never capture behind a pending wait)."""
         rs = self.runners[kid]
-        r = rs.get(hs)
+        key = (*hs, int(gated))
+        r = rs.get(key)
         if r is not None:
             return r
+        self._quiesce()
         bufs: list[Any] = []
         try:
             for h in hs:
@@ -153,14 +196,14 @@ class CudaLoop(AgentLoop):
                     raise BadPacket(f"handle {h:#x}: {e}") from None
             self.peer.stream.synchronize()
             try:
-                r = seg.runner(self.dom, self.peer, bufs)
+                r = seg.runner(self.dom, self.peer, bufs, gated)
             except ValueError as e:
                 raise BadPacket(str(e)) from None
         except BaseException:
             for b in bufs:
                 b.release()
             raise
-        rs[hs] = r
+        rs[key] = r
         if len(rs) > MAX_RUNNERS:
             _h, old = rs.popitem(last=False)
             self.inflight.append((self.peer.stream.record(), [old]))
@@ -267,6 +310,7 @@ class CudaLoop(AgentLoop):
                 if sig not in self.warm:
                     # first run of this signature: without pending waits (the
                     # result goes to a scratch buffer that is never committed)
+                    self._quiesce()
                     st.synchronize()
                     with st:
                         tmp = cp.empty(bufs[-1].shape, bufs[-1].dtype)
@@ -336,3 +380,150 @@ class _Keep:
 
     def release(self) -> None:
         self.objs = []
+
+
+class Armed:
+    """A segment armed by its graph (direct dispatch, shared data): the GPU work of its next
+    frames is queued ahead on a stream of its own, so neither a packet nor this process is on
+    a frame's path.
+
+    Frame ``f`` runs in slot ``f % inflight``, queued as: a stream wait
+    (``cuStreamWaitValue64``) until the graph's *host word* (a u64 of a heap buffer that the
+    host's frame program stores the frame number into, a release store after the frame's
+    inputs) reaches ``f``; then ``hl_wait_points``, one thread waiting for the predecessors'
+    timeline points ``f`` (bounded: the frame was submitted) and computing the gate; the
+    slot's captured graph (its result into device scratch); the gated commit of the scratch
+    into the output buffer; the gated signal of the stage's timeline to ``f`` (an input's
+    failure passes on) and a host function that wakes its sleepers.  It pushes nothing: the
+    GPU's atomics on host memory are not atomic against the host's on a PCIe machine without
+    PCIe atomics, so the stages it feeds are pushed by the graph's host, waiting on its point
+    (:func:`hostless.segments.arm_plan`).
+    :meth:`pump` (the agent's loop, every millisecond) keeps up to ``window`` frames queued
+    past the last one signalled.  What waits indefinitely (for frames the host has not
+    submitted) is only the stream wait on the host word: the GPU front end's, no SM.
+
+    :meth:`quiesce` (before anything in this process that may synchronize the whole device:
+    a load, a capture, a kernel's first run) makes the queued frames pass without effect: the
+    cancel flag is set, the host word exchanged for a value past every frame, the stream
+    drained (each frame's gate is -1: nothing committed or signalled), then the host
+    word is put back unless the host stored a newer frame meanwhile, and the frames not
+    signalled are queued again by the next :meth:`pump`.  Disarming (the graph's ``drop``, or
+    its ``fed`` timeline failing: the graph closed or invalidated, or its host died and
+    recovery failed it) is a quiesce without the way back, then the release of everything.
+    """
+
+    WINDOW = 16
+    """At most this many frames queued ahead (and at least 4, and twice the slots): each is
+    several stream operations, and a stream holds a bounded number before a launch blocks."""
+    PAST = 2**63 - 1
+
+    def __init__(self, loop: CudaLoop, kid: int, req: dict[str, Any], runners: list[Runner]) -> None:
+        import cupyx
+
+        cp, dom, peer = loop.cp, loop.dom, loop.peer
+        self.loop, self.kid, self.runners = loop, kid, runners
+        held: list[Any] = []
+        try:
+            start, inflight = req.get("start"), req.get("inflight")
+            if not isinstance(start, int) or not 0 < start < 2**62 or inflight != len(runners):
+                raise ValueError("arm: start is a frame number, inflight the number of slots")
+            waits = req.get("waits")
+            if not isinstance(waits, list) or len(waits) > 16:
+                raise ValueError("arm: at most 16 wait timelines")
+            for h in [*waits, req.get("fed"), req.get("signal")]:
+                if not isinstance(h, int) or _kind(h) != _KIND_TIMELINE:
+                    raise ValueError(f"arm: {h!r} is not a timeline handle")
+                held.append(dom.import_timeline(h))
+            self.waits, self.fed, self.signal = held[: len(waits)], held[-2], held[-1]
+            hw = req.get("host_word")
+            if not isinstance(hw, int) or _kind(hw) != _KIND_BUFFER:
+                raise ValueError("arm: host_word is a buffer handle")
+            word = dom.import_buffer(hw)
+            held.append(word)
+            if word.device != "cpu" or word.nbytes < 8:
+                raise ValueError("arm: the host word is a host buffer of at least 8 bytes")
+            self.word = peer.buffer_dptr(word)
+        except BaseException:
+            for o in held:
+                o.release()
+            raise
+        self.held = held
+        self.inflight = inflight
+        self.window = min(self.WINDOW, max(4, 2 * inflight))
+        self.next = start
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.side = cp.cuda.Stream(non_blocking=True)
+        self.cancel = cupyx.zeros_pinned((1,), np.int32)  # mapped: its host address is its device one
+        self.gates = cp.zeros(self.window, dtype=cp.int32)
+        self.old = cp.zeros(1, dtype=cp.uint64)
+        self.addrs = cp.asarray(np.array([peer.word_addr(t) for t in self.waits] or [0], dtype=np.uint64))
+        self.kinds = cp.asarray(np.full(max(1, len(self.waits)), 2, dtype=np.int32))
+
+    def pump(self) -> bool:
+        """Queue frames up to ``window`` past the last one signalled; False when the graph is
+        over (its ``fed`` timeline failed).  After a failed frame (this stage's timeline
+        failed) nothing more is queued."""
+        if self.fed.failure is not None:
+            return False
+        if self.signal.failure is not None:
+            return True  # a failed frame: nothing more is queued until the graph is compiled again
+        done = self.signal.value
+        peer, st = self.loop.peer, self.stream
+        while self.next <= done + self.window:
+            f = self.next
+            gate = self.gates[f % self.window : f % self.window + 1]
+            peer.wait_word(self.word, f, st)
+            peer.k_wait_points(
+                (1,),
+                (1,),
+                (
+                    self.addrs,
+                    self.kinds,
+                    np.int32(len(self.waits)),
+                    np.uint64(f),
+                    np.uint64(self.cancel.ctypes.data),
+                    gate,
+                ),
+                stream=st,
+            )
+            s = f % self.inflight
+            r = self.runners[s]
+            r.launch(int(st.ptr))
+            peer.commit(r.buffers[-1], r.scratch, gate, st)
+            peer.signal(self.signal, f, gate, st)
+            self.next = f + 1
+        return True
+
+    def _release_queued(self) -> None:
+        """Set the cancel flag and the host word past every frame; drain the stream."""
+        peer = self.loop.peer
+        self.cancel[0] = 1
+        peer.k_xchg64((1,), (1,), (np.uint64(self.word), np.uint64(self.PAST), self.old), stream=self.side)
+        self.side.synchronize()
+        self.stream.synchronize()
+
+    def quiesce(self) -> None:
+        """Let the queued frames pass without effect; the next :meth:`pump` queues the ones
+        not signalled again (see the class)."""
+        failed = self.signal.failure is not None
+        if not failed and self.next <= self.signal.value + 1:
+            return  # nothing queued
+        self._release_queued()
+        peer = self.loop.peer
+        peer.k_cas64((1,), (1,), (np.uint64(self.word), np.uint64(self.PAST), self.old), stream=self.side)
+        self.side.synchronize()
+        self.cancel[0] = 0
+        if not failed:
+            self.next = self.signal.value + 1
+
+    def close(self) -> None:
+        """Let the queued frames pass without effect, then release everything."""
+        try:
+            self._release_queued()
+        finally:
+            for o in self.held:
+                try:
+                    o.release()
+                except Exception:
+                    pass
+            self.held = []

@@ -327,9 +327,9 @@ class Segment:
             _clear_capture_error()
         _sync()
 
-    def runner(self, dom: Domain, peer: Any, buffers: Sequence[Any]) -> Runner:
+    def runner(self, dom: Domain, peer: Any, buffers: Sequence[Any], gated: bool = False) -> Runner:
         """A runner over ``buffers`` (inputs then the output; imported by the caller)."""
-        return Runner(self, dom, peer, buffers)
+        return Runner(self, dom, peer, buffers, gated)
 
 
 def _sync() -> None:
@@ -352,9 +352,15 @@ def _clear_capture_error() -> None:
 
 
 class Runner:
-    """A segment bound to one frame slot's buffers: a captured graph (or the eager body)."""
+    """A segment bound to one frame slot's buffers: a captured graph (or the eager body).
 
-    def __init__(self, seg: Segment, dom: Domain, peer: Any, buffers: Sequence[Any]) -> None:
+    ``gated``: the result goes to device ``scratch`` (a CuPy array), which the caller commits
+    into the output buffer only when the frame's gate is open (an armed segment's frames,
+    :class:`hostless.agents.cuda_agent.Armed`); otherwise straight into the output buffer."""
+
+    def __init__(
+        self, seg: Segment, dom: Domain, peer: Any, buffers: Sequence[Any], gated: bool = False
+    ) -> None:
         lib = seg.lib
         if len(buffers) != len(seg.inputs) + 1:
             raise ValueError(
@@ -383,6 +389,11 @@ class Runner:
         self.out_dev = out.device != "cpu"
         self.out_arr = lib.wrap(peer.array(out)) if self.out_dev else None
         self.out_ptr, self.out_bytes = peer.buffer_dptr(out), out.nbytes
+        self.scratch: Any = None
+        self.scratch_arr: Any = None
+        if gated:
+            self.scratch = peer.cp.empty(tuple(out.shape), np.dtype(out.dtype))
+            self.scratch_arr = lib.wrap(self.scratch)
         self.outs = seg._outs()
         self.mode, self.why = seg.mode, seg.why
         self.launch: Callable[[int], None] = self._eager
@@ -399,7 +410,9 @@ class Runner:
         for dst, src, n in self.copy_in:
             _memcpy(dst, src, n, stream)
         r = self.seg.compute(self.dins, self.outs)
-        if self.out_arr is not None:
+        if self.scratch_arr is not None:
+            self.seg.lib.copy(self.scratch_arr, r)
+        elif self.out_arr is not None:
             self.seg.lib.copy(self.out_arr, r)
         else:
             _memcpy(self.out_ptr, self.seg.lib.ptr(r), self.out_bytes, stream)
@@ -412,6 +425,7 @@ class Runner:
         """Drop the graph and the buffers (after the stream passed its last launch)."""
         self.launch = self._eager
         self.dins, self.outs, self.out_arr = [], [], None
+        self.scratch = self.scratch_arr = None
         for b in self.buffers:
             try:
                 b.release()

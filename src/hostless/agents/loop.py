@@ -181,6 +181,8 @@ class AgentLoop:
         self.wait_timeout = wait_timeout
         self.follow_timeout = follow_timeout
         self.stale_below = 0
+        self.pop_timeout_ns = 50_000_000
+        """How long an idle loop sleeps on its doorbell before it looks again (service, parent)."""
         """Packets below this index were queued for the dead consumer this agent replaced
         (what :meth:`Queue.bind` returned): they fail unrun, with OWNER_DIED."""
         self.failures = 0  # packets failed and follow-ups dropped (statistics)
@@ -194,7 +196,7 @@ class AgentLoop:
         idle = 0
         while self.running:
             self.service()
-            r = q.pop_raw(50_000_000, self.spin_ns)  # 50 ms bounded wait after the spin
+            r = q.pop_raw(self.pop_timeout_ns, self.spin_ns)  # a bounded wait after the spin
             if r is None:
                 idle += 1
                 if os.getppid() != self.parent:

@@ -310,8 +310,9 @@ void hle_agent_default_table(const struct hle_agent_cfg *cfg, uint32_t *present,
  * What a host does per frame of a prepared pipeline (hostless.graph), as a
  * list of ops run in order in one call, with one unlock of the caller's lock:
  *   STORE  handle = a buffer, arg = a byte offset in it (8-aligned): the u64
- *          there becomes the frame number (a follow-up packet's value inside
- *          an argument block);
+ *          there becomes the frame number, a release store (a follow-up
+ *          packet's value inside an argument block; the word an armed GPU
+ *          segment waits on, after the inputs the frame wrote);
  *   PUSH   handle = a queue, packet = a prepared packet whose u64 words
  *          selected by mask (only signal_value, wait_value[0], wait_value[1])
  *          become the frame number; pushed as hle_queue_push (timeout_ns);
