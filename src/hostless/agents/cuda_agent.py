@@ -78,6 +78,10 @@ class CudaLoop(AgentLoop):
         self.requests: _queue.Queue[tuple[dict[str, Any], list[Any], threading.Event]] = _queue.Queue()
         self.armed: dict[int, Armed] = {}  # segments armed by their graph (direct dispatch): by id
 
+    ARMED_POLL_NS = 100_000
+    """While segments are armed the loop looks at them this often (it queues their next frames):
+    ``Armed.WINDOW`` frames per look at most."""
+
     # ------------------------------------------------------------ load channel
     def load_function(self, req: dict[str, Any]) -> dict[str, Any]:
         """A request of the spawner's private channel (the channel's thread): handed to
@@ -153,7 +157,7 @@ class CudaLoop(AgentLoop):
                     )
                 runners.append(r)
             self.armed[kid] = Armed(self, kid, req, runners)
-            self.pop_timeout_ns = 1_000_000  # pump the armed segments every millisecond
+            self.pop_timeout_ns = self.ARMED_POLL_NS  # pump the armed segments this often
             return {"id": kid}  # (the first pump is the loop's next service(), not this reply's)
         if op == "drop":
             if kid in self.armed:
@@ -398,7 +402,7 @@ class Armed:
     GPU's atomics on host memory are not atomic against the host's on a PCIe machine without
     PCIe atomics, so the stages it feeds are pushed by the graph's host, waiting on its point
     (:func:`hostless.segments.arm_plan`).
-    :meth:`pump` (the agent's loop, every millisecond) keeps up to ``window`` frames queued
+    :meth:`pump` (the agent's loop, every 100 us) keeps up to ``window`` frames queued
     past the last one signalled.  What waits indefinitely (for frames the host has not
     submitted) is only the stream wait on the host word: the GPU front end's, no SM.
 
@@ -412,9 +416,9 @@ class Armed:
     recovery failed it) is a quiesce without the way back, then the release of everything.
     """
 
-    WINDOW = 16
-    """At most this many frames queued ahead (and at least 4, and twice the slots): each is
-    several stream operations, and a stream holds a bounded number before a launch blocks."""
+    WINDOW = 32
+    """Frames queued ahead past the last one signalled: each is six stream operations, and a
+    stream holds a bounded number before a launch blocks."""
     PAST = 2**63 - 1
 
     def __init__(self, loop: CudaLoop, kid: int, req: dict[str, Any], runners: list[Runner]) -> None:
@@ -449,7 +453,7 @@ class Armed:
             raise
         self.held = held
         self.inflight = inflight
-        self.window = min(self.WINDOW, max(4, 2 * inflight))
+        self.window = max(self.WINDOW, 2 * inflight)
         self.next = start
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.side = cp.cuda.Stream(non_blocking=True)

@@ -196,7 +196,8 @@ class AgentLoop:
         idle = 0
         while self.running:
             self.service()
-            r = q.pop_raw(self.pop_timeout_ns, self.spin_ns)  # a bounded wait after the spin
+            # a bounded wait after the spin (both at most pop_timeout_ns: service() runs that often)
+            r = q.pop_raw(self.pop_timeout_ns, min(self.spin_ns, self.pop_timeout_ns))
             if r is None:
                 idle += 1
                 if os.getppid() != self.parent:
