@@ -127,6 +127,23 @@ def _ok(res: Any, what: str) -> Any:
     return vals[0] if len(vals) == 1 else tuple(vals)
 
 
+CU_PARTS = ("gpucp.cu", "gpucp_decode.cu", "gpucp_sync.cu", "gpucp_front.cu")
+"""The processor's CUDA source files (beside this module), in the order NVRTC reads them: one
+program, the files concatenated (gpucp.cu: the header comment, constants and workers;
+gpucp_decode.cu: reading slots, buffers and argument blocks; gpucp_sync.cu: waits, signals,
+failure passing and queue pushes; gpucp_front.cu: the front end's loop and the kernel)."""
+
+
+def source() -> bytes:
+    """The CUDA source NVRTC compiles: the files of :data:`CU_PARTS`, concatenated."""
+    here = os.path.dirname(__file__)
+    parts = []
+    for name in CU_PARTS:
+        with open(os.path.join(here, name), "rb") as f:
+            parts.append(f.read())
+    return b"".join(parts)
+
+
 def compile_cubin(device: int) -> bytes:
     """gpucp.cu compiled by NVRTC for the device's architecture (a cubin)."""
     from cuda.bindings import driver as cu
@@ -138,7 +155,7 @@ def compile_cubin(device: int) -> bytes:
     attr = cu.CUdevice_attribute
     major = _ok(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "attribute")
     minor = _ok(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "attribute")
-    src = open(os.path.join(os.path.dirname(__file__), "gpucp.cu"), "rb").read()
+    src = source()
     inc = os.path.dirname(abi_header_path())
     prog = _ok(nvrtc.nvrtcCreateProgram(src, b"gpucp.cu", 0, [], []), "nvrtcCreateProgram")
     opts = [f"-I{inc}".encode(), b"--std=c++14", f"--gpu-architecture=sm_{major}{minor}".encode()]
