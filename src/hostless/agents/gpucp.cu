@@ -1,7 +1,12 @@
 /*
  * gpucp.cu -- the GPU command processor: a resident kernel that consumes a
  * hostless queue with no host in the loop (compiled with NVRTC by
- * hostless.agents.gpucp, from this file and hostless.h).
+ * hostless.agents.gpucp, from this file and hostless.h).  One program in four
+ * files, concatenated in this order (gpucp.CU_PARTS): gpucp.cu (this comment,
+ * the constants, the workers), gpucp_decode.cu (the front end's reads: slots,
+ * buffers, argument blocks, ERT commands), gpucp_sync.cu (waits, signals,
+ * failure passing, queue pushes) and gpucp_front.cu (the front end's loop and
+ * the kernel).
  *
  * Grid: block 0 is the front end (warp 0 takes and decodes packets; its
  * other warps join it to run small jobs); blocks 1..W are the workers,
@@ -90,6 +95,14 @@
 #include "hostless.h"
 #include "hostless_gpucp.h" /* the control block, the job and its cache: shared with the host */
 
+/* The CPU agents' limits, hostless_engine.h's (which NVRTC cannot include), passed by
+ * hostless.agents.gpucp as -D options from hostless._abi.C: HL_CP_HOP_LIMIT (HLE_AGENT_HOP_LIMIT:
+ * own-queue chains cut after it), HL_CP_FAIL_DEPTH (HLE_AGENT_FAIL_DEPTH: nested follow-ups failed
+ * this deep) and HL_CP_FAIL_BUDGET (HLE_AGENT_FAIL_BUDGET: and this many signals a packet). */
+#if !defined(HL_CP_HOP_LIMIT) || !defined(HL_CP_FAIL_DEPTH) || !defined(HL_CP_FAIL_BUDGET)
+#error "HL_CP_HOP_LIMIT, HL_CP_FAIL_DEPTH and HL_CP_FAIL_BUDGET are hostless_engine.h's HLE_AGENT_*: compile through hostless.agents.gpucp.compile_cubin, which passes them"
+#endif
+
 #define HL_CP_FW 36          /* follow-up words kept in shared memory (4 follow-ups) */
 #define HL_CP_STOP_POLL 4096
 #define HL_CP_FULL 0xffffffffu
@@ -99,9 +112,6 @@
 #define HL_CP_QCACHE 4       /* queues pushed into, kept validated */
 #define HL_FOLLOW_WORDS 9    /* sizeof(struct hl_follow) / 8 */
 #define HL_CP_ERT_WORDS 32   /* an ERT command of at most 256 bytes */
-#define HL_CP_HOP_LIMIT 64   /* as hostless_engine.h's HLE_AGENT_HOP_LIMIT: own-queue chains cut after it */
-#define HL_CP_FAIL_DEPTH 16  /* HLE_AGENT_FAIL_DEPTH: nested follow-ups failed this deep */
-#define HL_CP_FAIL_BUDGET 256 /* HLE_AGENT_FAIL_BUDGET: and this many signals a packet */
 #define HL_CP_HOPS 256       /* remembered hop counts of our pushes into our own queue */
 #define HL_CP_PUSH_NS 1000000000ull /* a packet's follow-ups wait for a full queue this long, in all */
 

@@ -1,3 +1,6 @@
+/* gpucp_decode.cu -- part of gpucp.cu's program (read after the parts before it in gpucp.CU_PARTS,
+ * never compiled alone): the front end's reads: slots, buffers, argument blocks, ERT commands. */
+
 /* --------------------------------------------------------------- front end */
 
 /* Lane `lane` reads word `lane % 8` of slot h's 64 bytes into s[] (lanes

@@ -1,3 +1,6 @@
+/* gpucp_front.cu -- part of gpucp.cu's program (read after the parts before it in gpucp.CU_PARTS,
+ * never compiled alone): the front end's loop and the kernel. */
+
 __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh, unsigned int host_index,
                                  const hl_u64 *dh_va, struct hl_cp_ctl *ctl, struct cp_share *sh, struct cp_gent *gc,
                                  struct cp_job *ljob, float *As, float *Bs, float *red, struct cp_front &F,

@@ -1,3 +1,6 @@
+/* gpucp_sync.cu -- part of gpucp.cu's program (read after the parts before it in gpucp.CU_PARTS,
+ * never compiled alone): waits, signals, failure passing, queue pushes. */
+
 /* Wait for input h (value v for a timeline; both checked by the caller: hl_wait_kind_ok,
  * hl_point_ok): 0 (succeeded), its failure status (hl_input_status: ERROR for a final word that is
  * not a status), or -1 (stop). */
