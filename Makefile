@@ -109,7 +109,7 @@ agent: build/hostless-agent
 #     ours), every child process inheriting it:
 #       - `hostless fuzz` (hostless-tools, installed from ./tools) with $(SAN_CASES) cases (hostile writes into live domains under innocent
 #         processes; its report goes to build/san-results),
-#       - tests/test_stress.py (protocol stress with kills);
+#       - tests/stress/test_stress.py (protocol stress with kills);
 #  3. fails on any sanitizer report: ASan aborts the process (abort_on_error=1), UBSan halts it
 #     (UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1), the fuzzer classifies that innocent as a
 #     crash (it attaches the report, which it points at per-innocent files), and every other
@@ -146,8 +146,8 @@ sanitize: $(SAN_VENV)/.installed
 	echo "== hostless fuzz under ASan+UBSan: $(SAN_CASES) cases, seed $(SAN_SEED)"; \
 	$(SAN_VENV)/bin/hostless fuzz hlsan --cases $(SAN_CASES) --seed $(SAN_SEED) --quiet \
 	    -o build/san-results || status=1; \
-	echo "== tests/test_stress.py under ASan+UBSan"; \
-	$(SAN_PY) -m pytest -q -p no:cacheprovider tests/test_stress.py || status=1; \
+	echo "== tests/stress/test_stress.py under ASan+UBSan"; \
+	$(SAN_PY) -m pytest -q -p no:cacheprovider tests/stress/test_stress.py || status=1; \
 	if [ -n "$$(ls -A $(SAN_LOGS))" ]; then \
 	    echo "== sanitizer reports:"; for f in $(SAN_LOGS)/*; do echo "--- $$f"; head -60 "$$f"; done; status=1; \
 	fi; \

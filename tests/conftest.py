@@ -1,5 +1,16 @@
 """Shared fixtures and helpers of the hostless test suite.
 
+The suite is in folders by kind (the README's "Where things are" says which):
+unit (the handle types and the domain), agents (agents and graphs), model (the
+protocol models and their replays against the engine), c (C programs taking part),
+hostile (hostile peers and memory, trust), stress (SIGKILL soaks and chaos), gpu
+(skipped without a GPU), tools (hostless-tools) and repo (the README, the docs'
+figures, the import layers).  Test modules import helpers by module name, this
+file's (``from conftest import ...``) and other test files' (``import
+test_agents_hostile``) alike: every folder of the suite is put on ``sys.path`` here,
+so a folder runs alone (``pytest tests/gpu``) as it runs with the rest; module names
+are unique across the folders (pytest's default import mode needs that anyway).
+
 Every test that creates a domain uses a unique name (``domain_name``) and the
 name is unlinked when the test ends, whatever happened.  Child participants
 run as separate interpreters (``subprocess`` + ``sys.executable -c``): a
@@ -25,6 +36,12 @@ import pytest
 
 import hostless as hl
 from hostless._abi import FENCE_DTYPE, C
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+for _folder in sorted(os.listdir(TESTS)):
+    _path = os.path.join(TESTS, _folder)
+    if os.path.isdir(_path) and not _folder.startswith((".", "_")) and _path not in sys.path:
+        sys.path.append(_path)
 
 # Prepended to every child's code.
 CHILD_PRELUDE = "import os, sys, time\nimport hostless as hl\n"

@@ -27,7 +27,7 @@ from hostless_tools.bench.pipeline_report import derive, evaluate_goals, ray_row
 from hostless_tools.bench.pipeline_trace import frame_steps, step_summary
 from hostless_tools.bench.pipeline_workloads import idle_cpu, proc_cpu_ticks
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tiny() -> pipeline.PipelineBenchConfig:
