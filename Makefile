@@ -46,8 +46,16 @@ demo: tools
 	$(PY) examples/pipeline_demo.py
 	$(PY) examples/by_name.py
 
-test: tools
-	$(PY) -m pytest -q -ra tests
+# the suite in TEST_JOBS processes (pytest-xdist), a file's tests in one of them (--dist loadfile:
+# a file's module fixtures are made once, its tests see each other's order); TEST_JOBS=0: one
+# process.  HOSTLESS_TEST_FULL=1 runs the soaks and model-based tests at full size (tests/conftest.py).
+TEST_JOBS ?= 2
+$(VENV)/.test-deps: $(VENV)/.created
+	$(PIP) install -q "pytest-xdist>=3.5"
+	touch $@
+
+test: tools $(VENV)/.test-deps
+	$(PY) -m pytest -q -ra -n $(TEST_JOBS) --dist loadfile tests
 	$(PY) -m ruff check $(RUFF_PATHS)
 	$(PY) -m mypy
 	$(MAKE) --no-print-directory lint-imports

@@ -271,6 +271,19 @@ needs_test_hooks = pytest.mark.skipif(
 )
 """Mark a test that drives a failure through hostless._core.testing (heap_lock_forever, ...)."""
 
+FULL = os.environ.get("HOSTLESS_TEST_FULL", "") not in ("", "0")
+"""``HOSTLESS_TEST_FULL=1``: the soaks and model-based tests run at their full size (more kills,
+more examples, longer sequences) instead of the smaller default that keeps ``make test`` within
+its time on a 2-core machine.  The defaults are the same tests with smaller counts: every
+check still runs, each adversarial step (a SIGKILL at a random point, a random operation
+sequence) still happens many times."""
+
+
+def full_or(default: int, full: int) -> int:
+    """``full`` under ``HOSTLESS_TEST_FULL=1``, else ``default`` (a soak's or a model's size)."""
+    return full if FULL else default
+
+
 SLACK = 2.0
 """Seconds a unit test adds to any time it bounds (``expected + SLACK``): the machine
 that runs the suite may be a loaded 2-core VM shared with other test runs, where a

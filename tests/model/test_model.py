@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import hostless as hl
-from conftest import fence_table, unique_name, unlink_quietly
+from conftest import fence_table, full_or, unique_name, unlink_quietly
 
 S = hl.Status
 CAP = 10
@@ -381,7 +381,7 @@ class DomainModel(RuleBasedStateMachine):
 
 TestDomainModel = DomainModel.TestCase
 TestDomainModel.settings = settings(
-    max_examples=150,
+    max_examples=full_or(60, 150),
     stateful_step_count=50,
     deadline=None,
     database=None,
