@@ -16,7 +16,7 @@
  * is dead.
  *
  * The write rule (hostless.h, "THE WRITE RULE"; explored by
- * tests/protocol_model.py): a participant writes a slot's fields only
+ * tests/model/protocol_model.py): a participant writes a slot's fields only
  *   (a) while it holds a reference to that object (its bit in refs; during
  *       recovery of a dead participant d, d's bit, which only d's one
  *       recoverer may use: it holds d's liveness lock while it recovers), or

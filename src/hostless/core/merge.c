@@ -214,7 +214,7 @@ void hle_watch_notify(hle_ctx *c, uint32_t idx) {
     if (w && HL_WATCHERS_COUNT(ld(w)) && !(k == HL_KIND_FENCE && ld(&f->aux))) hle_watch_scan(c, idx);
 }
 
-/* Test-only switch (tests/test_watch_kills.py), compiled only into the test
+/* Test-only switch (tests/stress/test_watch_kills.py), compiled only into the test
  * build (HOSTLESS_TEST_HOOKS): with HOSTLESS_TEST_KILL_AT=watch-published in
  * its environment, a process SIGKILLs itself between publishing a watch node
  * and counting it on its target (the window of the protocol model's

@@ -91,7 +91,7 @@ void hle_drop_ref(hle_ctx *c, uint32_t idx, uint64_t bit, uint32_t actor) {
     for (;;) {
         /* refs read between two reads of ctl: a mask read before another
          * object's initialisation must not meet that object's LIVE ctl (the
-         * protocol model found a leak that way: tests/protocol_model.py) */
+         * protocol model found a leak that way: tests/model/protocol_model.py) */
         uint64_t ctl = ld(&f->ctl);
         uint64_t m = ld(&f->refs);
         if (ld(&f->ctl) != ctl) continue;

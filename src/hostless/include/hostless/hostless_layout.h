@@ -212,7 +212,7 @@ typedef uint8_t hl_u8;
 #define HL_WATCHERS_TAG (1ull << 63) /* set in every count: no link, merged err or timeline
                                         word has bit 63, so a count's CAS (its generation
                                         check) never matches another kind's value in a slot
-                                        reused meanwhile (tests/protocol_model.py,
+                                        reused meanwhile (tests/model/protocol_model.py,
                                         watch-target-reuse) */
 #define HL_WATCHERS(gen, n) \
     (HL_WATCHERS_TAG | (((hl_u64)(gen) & 0xffffffu) << 32) | ((hl_u64)(n) & 0xffffffffu))
@@ -220,7 +220,7 @@ typedef uint8_t hl_u8;
     (((w) & HL_WATCHERS_TAG) && (((w) >> 32) & 0xffffffu) == ((hl_u64)(gen) & 0xffffffu))
 /* a watch node's err: its threshold, and HL_WATCH_COUNTED once its creator
  * counted it on the target: its finalize takes back only a count it gave
- * (tests/protocol_model.py, watch-creator-dies) */
+ * (tests/model/protocol_model.py, watch-creator-dies) */
 #define HL_WATCH_COUNTED (1ull << 63)
 #define HL_WATCH_THRESHOLD(e) ((e) & ~HL_WATCH_COUNTED)
 #define HL_WATCHERS_GEN(w) ((hl_u32)(((w) >> 32) & 0xffffffu))

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import hostless as hl
-from conftest import unique_name, unlink_quietly
+from conftest import full_or, unique_name, unlink_quietly
 from hostless._abi import C
 
 G = int(C.DEVICE_GRANULE)
@@ -191,7 +191,7 @@ class DeviceHeapMachine(RuleBasedStateMachine):
 
 
 DeviceHeapMachine.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=full_or(25, 60),  # sequences of up to 40 steps each
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

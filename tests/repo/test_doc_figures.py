@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
 
 ALIAS = re.compile(r"<!--\s*figfile:\s*(?P<name>\w+)\s*=\s*(?P<file>\S+)\s*-->")

@@ -1,4 +1,4 @@
-"""The explicit-state model checker of the fence-table protocol (tests/protocol_model.py).
+"""The explicit-state model checker of the fence-table protocol (tests/model/protocol_model.py).
 
 For every scenario, every interleaving is explored for three variants of the
 protocol:

@@ -1,7 +1,7 @@
 """Explicit-state model checker of the command-queue protocol
 (``src/hostless/include/hostless/hostless_queue.h``).
 
-Pure Python, standard library only.  ``python tests/queue_model.py`` explores
+Pure Python, standard library only.  ``python tests/model/queue_model.py`` explores
 every scenario against every variant and prints the state counts and, for each
 violation found, a shortest counterexample trace (one line per atomic step).
 

@@ -1,4 +1,4 @@
-"""One participant of tests/test_protocol_replay.py: a process joined to the domain that runs
+"""One participant of tests/model/test_protocol_replay.py: a process joined to the domain that runs
 a model process's API operations on command (forked by a multiprocessing forkserver that
 has hostless imported, so that a replay starts its participants in milliseconds)."""
 

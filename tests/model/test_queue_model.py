@@ -1,4 +1,4 @@
-"""The explicit-state model checker of the command-queue protocol (tests/queue_model.py).
+"""The explicit-state model checker of the command-queue protocol (tests/model/queue_model.py).
 
 Every interleaving of each small scenario is explored:
 

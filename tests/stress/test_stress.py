@@ -8,7 +8,8 @@
 * the harness can fail: stale writes into workers' slots (made by the test
   through ``dom.raw()``) are reported, in-process and end to end.
 
-The sizes keep the file under about a minute on a 2-core machine.
+The sizes keep the file under about 40 s on a 2-core machine; HOSTLESS_TEST_FULL=1 runs the
+full sizes (20,000 iterations of the reported loop, 60 kills), ``hostless chaos`` longer soaks.
 
 On the ABI v1 core (commit 02ab32b, before the write rule) these runs failed
 on a 2-vCPU machine: the reported loop with 20-38 ``fresh_not_active`` per run
@@ -31,6 +32,7 @@ import numpy as np
 import pytest
 
 import hostless as hl
+from conftest import full_or
 from hostless._abi import FENCE_DTYPE, C, owner_code
 from hostless_tools import chaos
 
@@ -80,8 +82,9 @@ def test_no_kill_stress() -> None:
 
 def test_reported_loop_three_processes() -> None:
     """``a, b = d.fence(), d.fence(); m = d.merge([a, b]); a.signal(); b.signal(); m.wait(1);
-    m.release(); a.release(); b.release()`` (+ a new timeline) in 3 processes x 20,000 iterations."""
-    n = 20_000
+    m.release(); a.release(); b.release()`` (+ a new timeline) in 3 processes x 8,000 iterations
+    (20,000 with HOSTLESS_TEST_FULL=1; the ABI v1 core showed 20-38 anomalies in 20,000)."""
+    n = full_or(8_000, 20_000)
     r = chaos.run(
         workers=3, mode="repro", iterations=n, seconds=60.0, fences=256, buffers=False, shared=False
     )
@@ -94,13 +97,15 @@ def test_reported_loop_three_processes() -> None:
 
 
 def test_kill_stress() -> None:
-    # 60 kills take ~18 s on a quiet 2-core machine; the run ends at 60 kills, and the time
-    # limit only bounds a machine so loaded that kills come slowly (41 in 40 s were seen at a
-    # load average of 21: too little time, not a protocol problem)
-    r = chaos.run(workers=3, kills=60, seconds=150.0, fences=256)
+    # 60 kills take ~18 s on a quiet 2-core machine (the default runs 30, HOSTLESS_TEST_FULL=1
+    # 60); the run ends at that many kills, and the time limit only bounds a machine so loaded
+    # that kills come slowly (41 in 40 s were seen at a load average of 21: too little time,
+    # not a protocol problem)
+    kills = full_or(30, 60)
+    r = chaos.run(workers=3, kills=kills, seconds=150.0, fences=256)
     print(_explain(r))
     _assert_clean(r)
-    assert r["kills"] >= 45, _explain(r)
+    assert r["kills"] >= kills * 3 // 4, _explain(r)
     sh = r["shared"]
     assert sh["waits"] > 0 and sh["statuses"].get("OWNER_DIED", 0) > 0, sh
     # the fence algebra (issue 27) ran under the kills: composites over points of several

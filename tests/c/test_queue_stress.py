@@ -1,6 +1,6 @@
 """Stress of the ABI's queue push (hostless_queue.h: hl_queue_reserve / hl_queue_publish) in C.
 
-tests/queue_stress.c is built with ``gcc -O2 -pthread -I src/hostless/include/hostless`` and
+tests/c/queue_stress.c is built with ``gcc -O2 -pthread -I src/hostless/include/hostless`` and
 run: producer threads push numbered packets with every kind of hint (none,
 the index after their last push, stale by 1-4 laps, random at most
 write_index), some pausing between reserve and publish, into a small queue
@@ -9,7 +9,7 @@ packet arrives exactly once, whole, per producer in order, and that the
 hinted path was taken.  The same program under ``-fsanitize=thread`` (skipped
 where TSan does not work), and built with a deliberately broken hinted
 reserve (-DQS_BROKEN), which it must reject.  The two sequences the model
-finds (tests/queue_model.py) are replayed against the real header: the
+finds (tests/model/queue_model.py) are replayed against the real header: the
 producer killed in its window must leave a queue that still takes pushes (the
 fix); a hint ahead of write_index, outside the contract, still wedges it (a
 strict xfail).  About 10 s in all.
@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SRC = ROOT / "tests" / "queue_stress.c"
+ROOT = Path(__file__).resolve().parents[2]
+SRC = Path(__file__).with_name("queue_stress.c")
 INC = ROOT / "src" / "hostless" / "include" / "hostless"
 GCC = shutil.which("gcc")
 
-needs_gcc = pytest.mark.skipif(GCC is None, reason="gcc is not installed: cannot build tests/queue_stress.c")
+needs_gcc = pytest.mark.skipif(GCC is None, reason="gcc is not installed: cannot build queue_stress.c")
 
 
 def build(out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
@@ -127,7 +127,7 @@ def test_stress_under_tsan(tmp_path: Path) -> None:
                 raises=AssertionError,
                 reason="outside the contract (the header rules out hints ahead of write_index): such a "
                 "hint leaves write_index behind read_index once the hole is filled and both consumed: "
-                "HL_E_CORRUPT (tests/queue_model.py, hint-ahead)",
+                "HL_E_CORRUPT (tests/model/queue_model.py, hint-ahead)",
             ),
         ),
     ],

@@ -3,8 +3,8 @@
  * queue (hostless_queue.h: hl_queue_reserve / hl_queue_publish) against the
  * consumer protocol of core/queue.c (pop_poll), in one process.
  *
- * Built and run by tests/test_queue_stress.py:
- *   gcc -O2 -pthread -I src/hostless tests/queue_stress.c -o queue_stress
+ * Built and run by tests/c/test_queue_stress.py:
+ *   gcc -O2 -pthread -I src/hostless tests/c/queue_stress.c -o queue_stress
  *   ./queue_stress stress CAPACITY PRODUCERS PACKETS_EACH SEED
  *   ./queue_stress repro-death | repro-ahead
  *
@@ -23,7 +23,7 @@
  * good; 1: a check failed (the message says which); 2: no progress for 10 s.
  *
  * repro-death / repro-ahead: one thread, deterministic; the two sequences
- * tests/queue_model.py finds (death-in-window: fixed by recovery's
+ * tests/model/queue_model.py finds (death-in-window: fixed by recovery's
  * hl_queue_skip_reserved; hint-ahead: outside the contract).  Exit 0 when the
  * queue still accepts a push afterwards, 3 when the reserve returns
  * HL_E_CORRUPT (the queue is wedged).

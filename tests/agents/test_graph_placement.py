@@ -4,7 +4,7 @@ each tensor in host memory or in a GPU's memory, tested case by case without a G
 The rule needs only each stage's agent spec (hostless.agents.kinds: whether it is a
 resident GPU kernel) and device, what the stage reads and writes, the data mode and the
 names of the domain's device heaps, so agents are faked by plain objects here
-(tests/test_gpu_devmem.py runs the same rule on real GPUs)."""
+(tests/gpu/test_gpu_devmem.py runs the same rule on real GPUs)."""
 
 from __future__ import annotations
 
@@ -192,7 +192,7 @@ def test_gpucp_on_gpu_1() -> None:
 
 
 def test_the_gpu_suites_graphs() -> None:
-    """The graphs tests/test_gpu_devmem.py compiles on a GPU, placed here without one (the
+    """The graphs tests/gpu/test_gpu_devmem.py compiles on a GPU, placed here without one (the
     same expectations, so a change to the rule shows on the CPU first)."""
     chain = [st("cuda", ["x", "w"], "h"), st("cuda", ["h"], "y")]
     assert place(chain, constants=["w"]) == {"x": "cuda:0", "w": "cuda:0", "h": "cuda:0", "y": "cuda:0"}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 CREATE = re.compile(r"""Domain\.(?:create|open)\(\s*(["'])([A-Za-z0-9._-]+)\1""")
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import hostless as hl
-from conftest import unique_name, unlink_quietly
+from conftest import full_or, unique_name, unlink_quietly
 
 HEAP = 1 << 20
 FENCES = 128
@@ -251,7 +251,7 @@ class HeapMachine(RuleBasedStateMachine):
 
 
 HeapMachine.TestCase.settings = settings(
-    max_examples=100,
+    max_examples=full_or(40, 100),
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

@@ -1,8 +1,8 @@
 """The fence-table model's counterexamples, replayed against the C engine.
 
-tests/protocol_model.py explores every interleaving of small scenarios and shows
+tests/model/protocol_model.py explores every interleaving of small scenarios and shows
 the OLD protocol's bugs as counterexample traces (one atomic step a line).  This
-file ties that model to the code the way tests/queue_stress.c ties the queue
+file ties that model to the code the way tests/c/queue_stress.c ties the queue
 model: for every violation the model finds in OLD (``Scenario.expect_old``), the
 trace is exported as data (``Violation.steps``, ``protocol_model.api_events``)
 and replayed on a real domain, which is then checked with the model's own
@@ -61,7 +61,7 @@ What it cannot show: an interleaving inside one operation (the model's
 what such an interleaving would leave behind in the orders the API allows; and
 a lost wake-up costs the engine one bounded sleep (the domain's poll interval),
 not a hang, so the replay sees a waiter that returns either way (the wake-up
-itself is timed by tests/test_timeline.py's lost-wake-up test).
+itself is timed by tests/unit/test_timeline.py's lost-wake-up test).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import unique_name
+from conftest import full_or, unique_name
 from hostless import cli
 from hostless._abi import C
 from hostless_tools import fuzz
@@ -47,7 +47,7 @@ def test_layout_matches_abi() -> None:
 
 
 def test_small_run_no_crash_or_hang() -> None:
-    n = 2 * len(fuzz.REGIONS)
+    n = full_or(1, 2) * len(fuzz.REGIONS)  # every region at least once (hostless fuzz: longer runs)
     r = fuzz.run(unique_name("hlfuzz"), cases=n, seed=20261201, window=0.25, cli=0.2)
     msg = _explain(r)
     assert sum(r["totals"].values()) == n

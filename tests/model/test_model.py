@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import hostless as hl
-from conftest import fence_table, unique_name, unlink_quietly
+from conftest import fence_table, full_or, unique_name, unlink_quietly
 
 S = hl.Status
 CAP = 10
@@ -241,8 +241,8 @@ class DomainModel(RuleBasedStateMachine):
         # Plain fences with fewer than two live merges only: since issue 27 a fence in two
         # live merges takes a watch node (one more slot) instead of being refused, and a
         # merged child may be flattened into its leaves (Domain.merge); neither is in this
-        # model.  Those cases are covered by tests/test_fence_algebra.py and the chaos
-        # stress (hostless_tools.chaos AlgebraOps, tests/test_stress.py).
+        # model.  Those cases are covered by tests/unit/test_fence_algebra.py and the chaos
+        # stress (hostless_tools.chaos AlgebraOps, tests/stress/test_stress.py).
         cands = {
             o.handle: (o, py)
             for o, py in self.refs[p]
@@ -381,7 +381,7 @@ class DomainModel(RuleBasedStateMachine):
 
 TestDomainModel = DomainModel.TestCase
 TestDomainModel.settings = settings(
-    max_examples=150,
+    max_examples=full_or(60, 150),
     stateful_step_count=50,
     deadline=None,
     database=None,

@@ -6,7 +6,7 @@ seeing a rewritten block, failure passing (to follow-ups too), a bad packet
 failing alone, STOP, a killed host process (its stage fails OWNER_DIED; a new
 processor serves), and both isolations (green context, bounded grid).  Then
 directed hostile packets (``test_hostile_packet_fails_alone``, about 90 cases
-mirroring tests/test_agents_hostile.py plus the GPU's own: lying buffer slots
+mirroring tests/hostile/test_agents_hostile.py plus the GPU's own: lying buffer slots
 and metadata, shapes and dtypes, ERT cu_masks and counts): each fails alone and
 the processor serves a good packet after it.
 """
@@ -309,7 +309,7 @@ def test_ert_commands_run_on_the_gpu(dom):
 # --------------------------------------------------------------------------- hostile packets
 #
 # Directed bad packets for the GPU command processor, mirroring the CPU agents' cases
-# (tests/test_agents_hostile.py) that apply to it, with the GPU's own: buffer slots and
+# (tests/hostile/test_agents_hostile.py) that apply to it, with the GPU's own: buffer slots and
 # metadata that lie (offsets and sizes past the heap or the device heap, a placement on a
 # device heap that does not exist), shapes and dtypes its kernels refuse, ERT commands with
 # bad cu_masks and counts.  Each bad packet must fail alone (its signal ERROR, or the

@@ -1,4 +1,4 @@
-"""User-registered kernels for tests/test_agents.py.
+"""User-registered kernels for tests/agents/test_agents.py.
 
 An agent imports this module by name (``user_kernels={"axpy":
 "hl_user_kernels:axpy"}``); the tests put this folder on the agent's

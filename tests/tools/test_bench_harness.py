@@ -20,7 +20,7 @@ import pytest
 from hostless_tools import bench
 from hostless_tools.bench import buffers, fences, harness, pipeline, report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # "pipeline" results (benchmark name of the first pipeline benchmark, before issue 11's agent sets)
 # are kept as records: the report code that wrote them is in git history (9b34e6a and before)
 BENCHES: dict[str, Any] = {"fences": fences, "buffers": buffers, "pipeline-native": pipeline}

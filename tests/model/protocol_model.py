@@ -1,6 +1,6 @@
 """Explicit-state model checker of the fence-table protocol of the C engine (``src/hostless/core/``).
 
-Pure Python, standard library only.  ``python tests/protocol_model.py`` runs
+Pure Python, standard library only.  ``python tests/model/protocol_model.py`` runs
 every scenario against both protocol variants and prints, for each, the number
 of states explored, the transitions, and either "no violation" or the
 counterexample traces (one line per atomic step: "process: procedure(..): step").
@@ -109,7 +109,7 @@ whose pin check sees the same generation DYING, waits for the slot to settle
 and examines it again instead of skipping it.  (Comments below that say "NEW"
 describe what DRAFT and NEW share; "NEW+fix" marks the two changes.)
 
-What it finds (``python tests/protocol_model.py``)
+What it finds (``python tests/model/protocol_model.py``)
 ---------------------------------------------------
 OLD: every bug the scenarios are about.  DRAFT: none of those, but two others:
 a leaked slot (LIVE, refs 0) when the undo drop_ref of a failed recovery pin
@@ -120,7 +120,7 @@ is only transiently DYING while an importer takes a reference
 
 The counterexamples as data: ``Violation.steps`` (one ``Step`` per trace line),
 ``api_events`` (the trace at API granularity) and ``linearizations`` (the API-level
-orders it allows); tests/test_protocol_replay.py replays OLD's against the C engine.
+orders it allows); tests/model/test_protocol_replay.py replays OLD's against the C engine.
 """
 
 from __future__ import annotations
@@ -2353,7 +2353,7 @@ class Violation:
     message: str
     trace: list[str]
     steps: list[Step] = field(default_factory=list)
-    """The trace as data (one Step per line of ``trace``): what tests/test_protocol_replay.py
+    """The trace as data (one Step per line of ``trace``): what tests/model/test_protocol_replay.py
     replays against the C engine."""
 
 
@@ -3033,7 +3033,7 @@ def report(res: Result, out: Any = None, max_notes: int = 3) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """python tests/protocol_model.py [--quick] [--no-draft] [--sweeps=N] [scenario ...]
+    """python tests/model/protocol_model.py [--quick] [--no-draft] [--sweeps=N] [scenario ...]
 
     Every scenario against OLD, DRAFT and NEW (the implemented protocol); --no-draft skips DRAFT.
     --quick: stop the OLD search once the violations the scenario expects are found (the full

@@ -6,7 +6,7 @@ of the wrong kind or generation, an argument block shorter than its counts,
 shapes that do not fit), each failing that packet with ERROR while the agent
 goes on; malformed ERT commands for the C command processor (bad header,
 CU, payload count, chained command out of range) likewise, with the states
-written back as the reference ErtProcessor (tests/ert_reference.py, the processor
+written back as the reference ErtProcessor (tests/agents/ert_reference.py, the processor
 the Python npu agent ran) writes them; the C kernels against
 the NumPy ones of hostless.kernels on random and edge shapes (1xN, Nx1,
 1x1; heap buffers have no empty dimension), GEMM through the BLAS and, without one, through the Python kernel;
