@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from . import _core
 from .fence import Fence
 from .status import Status, fence_status
 from .timeline import Point, _decode
@@ -55,6 +56,9 @@ class Completed(NamedTuple):
     def ok(self) -> bool:
         """True when the status is SUCCESS."""
         return self.status is Status.SUCCESS
+
+
+_core.set_completed(Completed)
 
 
 def _target(obj: object) -> tuple[Domain, int, int]:
@@ -106,24 +110,15 @@ def wait_any(objs: Iterable[Waitable], timeout: float | None = None) -> Complete
     on Ctrl-C, TypeError for what is not a Fence or Point, InvalidHandle for a
     released one, ValueError for an empty list.
     """
+    # one C call when objs is a list of held Fences / Points of one domain
+    # (hostless._core.wait_any: objects read, handles validated, the engine's
+    # hle_wait_many, the Completed built); None: the general path below
+    done = _core.wait_any(objs, timeout)
+    if done is not None:
+        return done  # type: ignore[no-any-return]
     if timeout is not None and timeout < 0:
         raise ValueError("timeout must be >= 0 or None")
-    items = objs if isinstance(objs, list) else list(objs)
-    if items:
-        # one engine call (hle_wait_many): the objects read, their handles
-        # validated, the words read and the wait done in C; index -2: not all
-        # held Fences / Points of the first one's domain, the general path below
-        first = items[0]
-        dom = first.timeline._dom if isinstance(first, Point) else getattr(first, "_dom", None)
-        core = getattr(dom, "_core", None)
-        if core is not None:
-            try:
-                i, st = core.wait_objects(items, -1 if timeout is None else int(timeout * 1e9), -1)
-            except TimeoutError:
-                raise TimeoutError(f"none of {len(items)} objects completed within {timeout} s") from None
-            if i >= 0:
-                return Completed(i, items[i], st)
-    items, targets = _items(items)
+    items, targets = _items(objs)
     deadline = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
     groups: dict[int, tuple[Domain, list[int]]] = {}
     for i, (dom, _h, _thr) in enumerate(targets):

@@ -10,7 +10,11 @@ waits on a merged fence, and the composite's word is read from the mapping (read
 fence's status through the API sweeps, which would complete the node behind the signaller's
 back): what the signal itself completed is what is read.  With the first version's cleanup
 (the dead creator's node decrementing the count unconditionally, commit 26975ee) the
-composite reads ACTIVE after the signal."""
+composite reads ACTIVE after the signal.
+
+The second test stops (SIGSTOP, HOSTLESS_TEST_STOP_AT=watchers-checked) a watch node's
+finalize in the protocol model's watch-target-reuse window, reuses the target's slot, and
+resumes it: with the first version's untagged count the finalize's CAS wrote into a link."""
 
 from __future__ import annotations
 
@@ -74,4 +78,88 @@ def test_creator_killed_between_publish_and_count_steals_no_count() -> None:
         assert d.check() == []
         assert leaked_slots(d) == []  # the dead creator's node and every other slot freed
     finally:
+        d.close()
+
+
+def _raw_field(d: hl.Domain, index: int, field: str) -> int:
+    """Field `field` of fence-table slot `index`, read from the mapping."""
+    off = int(d.header()["fences_offset"]) + index * int(C.FENCE_SIZE) + FENCE_DTYPE.fields[field][1]
+    return int(struct.unpack_from("<Q", d.raw(), off)[0])
+
+
+def _slot(h: int) -> tuple[int, int]:
+    """(index, generation) of a handle."""
+    return (h & 0xFFFFFF) - 1, (h >> 24) & 0xFFFFFF
+
+
+_CHILD_REUSE = """
+import sys
+import hostless as hl
+d = hl.Domain.open(sys.argv[1], watchdog_interval=0)
+t = d.timeline()
+m, (w,) = d._core.merge_points([(t.handle, 1)])
+print(t.handle, m, w, flush=True)
+t.release()
+d._core.release(w)  # the node's finalize takes its count back from t: stopped there
+print("done", flush=True)
+d.close()
+"""
+
+
+@needs_test_hooks
+def test_watch_target_reused_before_the_count_is_taken_back() -> None:
+    """The protocol model's watch-target-reuse window with real processes: a watch node's
+    finalize checks its target timeline t (still t), then stops (HOSTLESS_TEST_STOP_AT=
+    watchers-checked, SIGSTOP); meanwhile t's slot is freed and reused by a fence f merged
+    into M, whose slot has t's generation, so that f's link to M has the 64 bits of the
+    untagged count "t's generation: 1".  Resumed, the finalize's CAS must not take that
+    "count" back: f's signal completes M.  With the first version's untagged count
+    (HL_WATCHERS_IS without the tag bit) the CAS lands in f's link, and M stays ACTIVE."""
+    cap = 16
+    d = hl.Domain.create(
+        f"hl_wr_{uuid.uuid4().hex[:8]}", fences=cap, watchdog_interval=0, unlink_on_close=True
+    )
+    child = None
+    try:
+        # y keeps slot 0 at generation 1 while every other slot goes to generation 1 and
+        # free: the child's objects then get generation 2, and slot 0 will too, later
+        y = d.fence()
+        assert _slot(y.handle) == (0, 1)
+        for f in [d.fence() for _ in range(cap - 1)]:
+            f.release()
+        env = {**os.environ, "HOSTLESS_TEST_STOP_AT": "watchers-checked"}
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD_REUSE, d.name],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert child.stdout is not None
+        th, mh, wh = (int(v) for v in child.stdout.readline().split())
+        assert [_slot(h) for h in (th, mh, wh)] == [(1, 2), (2, 2), (3, 2)]
+        _pid, st = os.waitpid(child.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(st) and os.WSTOPSIG(st) == signal.SIGSTOP, st
+        # t's slot (freed) reused by f at generation 3; M in slot 0 at generation 2 = t's
+        held = [d.fence() for _ in range(4, cap)]
+        f = d.fence()
+        assert _slot(f.handle) == (1, 3)
+        y.release()
+        m = d.merge([f])
+        assert _slot(m.handle) == (0, 2)
+        link = _raw_field(d, 1, "parents")  # parents[0]: HL_LINK(pos 0, gen 2, slot 0)
+        assert link == (2 << 32) | 1
+        os.kill(child.pid, signal.SIGCONT)
+        out, err = child.communicate(timeout=60)
+        assert child.returncode == 0 and out.split() == [b"done"], err.decode()
+        assert _raw_field(d, 1, "parents") == link, "the node's finalize wrote into f's link"
+        f.signal()
+        assert _raw_word(d, m.handle) == Status.SUCCESS  # by the signal's propagation, no sweep
+        for x in [m, f, *held]:
+            x.release()
+        assert d.check() == []
+        assert leaked_slots(d) == []
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
         d.close()

@@ -189,6 +189,42 @@ def test_wait_bad_input(dom):
         hl.wait_all([f])
 
 
+def test_wait_any_one_call_path(dom):
+    """hl.wait_any's one C call (a list of held Fences and Points of one domain):
+    the timeout's checks, its error message, the Completed it builds, and the
+    general path for what it does not take (a generator, a released fence)."""
+    f, t = dom.fence(), dom.timeline(1)
+    objs = [f, t.point(2), t.point(1)]
+    r = hl.wait_any(objs, timeout=0)
+    assert type(r) is hl.Completed and tuple(r) == (2, objs[2], Status.SUCCESS) and r.ok
+    assert r == hl.wait_any(x for x in objs)  # not a list: the general path, the same answer
+    for bad, exc in ((-1, ValueError), (float("nan"), ValueError), ("1", TypeError)):
+        with pytest.raises(exc):
+            hl.wait_any(objs[:2], timeout=bad)  # type: ignore[arg-type]
+    with pytest.raises(TimeoutError, match="none of 2 objects completed within 0.01 s"):
+        hl.wait_any(objs[:2], timeout=0.01)
+    g = dom.fence()
+    g.release()
+    with pytest.raises(hl.InvalidHandle):
+        hl.wait_any([f, g], timeout=0)
+
+
+def test_wait_any_list_changed_during_the_wait(dom):
+    """The list may change while the wait sleeps (the GIL is released): the
+    Completed names the object waited for, not what is at its index later.
+    Fails on the first version (items[i] read after the wait: IndexError)."""
+    f0, f1 = dom.fence(), dom.fence()
+    objs: list[hl.Fence] = [f0, f1]
+
+    def change() -> None:
+        objs.clear()
+        f1.signal(Status.ERROR)
+
+    threading.Timer(0.05, change).start()
+    r = hl.wait_any(objs, timeout=5)
+    assert (r.index, r.obj, r.status) == (1, f1, Status.ERROR) and objs == []
+
+
 def test_wait_any_ctrl_c(dom):
     f = dom.fence()
     threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()

@@ -106,6 +106,10 @@ PyObject *Core_agent_run(Core *c, PyObject *args);
 PyObject *hlpy_blas_probe(PyObject *self, PyObject *args);
 PyObject *hlpy_agent_table(PyObject *self, PyObject *args);
 
+/* waits.c: Core.wait_many, and the module's wait_any / set_completed (hl.wait_any's one-call path) */
+PyObject *Core_wait_many(Core *c, PyObject *const *args, Py_ssize_t nargs);
+extern PyMethodDef hlpy_wait_methods[];
+
 /* codecs.c: ERT decoding, failure and trace records (module functions) */
 extern PyMethodDef hlpy_codec_methods[];
 #ifdef HOSTLESS_TEST_HOOKS

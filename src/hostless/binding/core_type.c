@@ -218,126 +218,6 @@ static PyObject *Core_wait_any(Core *c, PyObject *args) {
     return out;
 }
 
-/* wait_many([(handle, value), ...], timeout_ns, spin_ns) -> (index, word): the
- * first complete object in list order (a point carries its value, a fence 0);
- * timeout_ns < 0: forever; spin_ns < 0: the domain's spin.  TimeoutError,
- * KeyboardInterrupt, InvalidHandle as the single waits. */
-static PyObject *Core_wait_many(Core *c, PyObject *const *args, Py_ssize_t nargs) {
-    NEED_ATTACHED(c);
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "wait_many(pairs, timeout_ns, spin_ns)");
-        return NULL;
-    }
-    long long timeout = PyLong_AsLongLong(args[1]);
-    if (timeout == -1 && PyErr_Occurred()) return NULL;
-    long long spin = PyLong_AsLongLong(args[2]);
-    if (spin == -1 && PyErr_Occurred()) return NULL;
-    if (spin < 0) spin = c->ctx.spin_ns;
-    PyObject *seq = PySequence_Fast(args[0], "wait_many expects a sequence of (handle, value)");
-    if (!seq) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n < 1 || n > HLE_WAIT_MANY_MAX) {
-        Py_DECREF(seq);
-        PyErr_Format(PyExc_ValueError, "wait_many takes 1..%d objects, got %zd", HLE_WAIT_MANY_MAX, n);
-        return NULL;
-    }
-    uint64_t hs[HLE_WAIT_MANY_MAX], vs[HLE_WAIT_MANY_MAX];
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *t = items[i];
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2) {
-            Py_DECREF(seq);
-            PyErr_SetString(PyExc_TypeError, "wait_many expects (handle, value) pairs");
-            return NULL;
-        }
-        hs[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 0));
-        vs[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 1));
-        if (PyErr_Occurred()) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-    }
-    Py_DECREF(seq);
-    int idx = -1;
-    uint64_t w = 0;
-    int r = hle_wait_many(&c->ctx, hs, vs, (int)n, timeout, spin, &idx, &w);
-    if (r) return hlpy_raise(r);
-    return Py_BuildValue("(iK)", idx, (unsigned long long)w);
-}
-
-/* One (handle, value) from a held Fence / merged fence (value 0) or a Point
- * (its timeline's handle, its value) of this core: 1; 0 when it is none of
- * those (another domain, released, a bare Timeline, another type: the caller
- * takes the general path, which says what is wrong); -1 with an exception. */
-static PyObject *g_s_timeline, *g_s_value;
-static int wait_pair(Core *c, PyObject *o, uint64_t *h, uint64_t *v) {
-    if (PyObject_TypeCheck(o, &HandleType)) {
-        Handle *x = (Handle *)o;
-        uint32_t k = HL_HANDLE_KIND(x->handle);
-        if (x->core != c || !x->held || (k != HL_KIND_FENCE && k != HL_KIND_MERGED)) return 0;
-        *h = x->handle;
-        *v = 0;
-        return 1;
-    }
-    if (!g_s_timeline && !(g_s_timeline = PyUnicode_InternFromString("timeline"))) return -1;
-    if (!g_s_value && !(g_s_value = PyUnicode_InternFromString("value"))) return -1;
-    PyObject *t = PyObject_GetAttr(o, g_s_timeline);
-    if (!t) {
-        PyErr_Clear();
-        return 0;
-    }
-    int ok = PyObject_TypeCheck(t, &HandleType) && ((Handle *)t)->core == c && ((Handle *)t)->held &&
-             HL_HANDLE_KIND(((Handle *)t)->handle) == HL_KIND_TIMELINE;
-    if (ok) *h = ((Handle *)t)->handle;
-    Py_DECREF(t);
-    if (!ok) return 0;
-    PyObject *val = PyObject_GetAttr(o, g_s_value);
-    if (!val) {
-        PyErr_Clear();
-        return 0;
-    }
-    *v = PyLong_AsUnsignedLongLong(val);
-    Py_DECREF(val);
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    return 1;
-}
-
-/* wait_objects(list, timeout_ns, spin_ns) -> (index, Status): hl.wait_any's one
- * engine call over Fences and Points of this domain (hle_wait_many); index -2
- * (nothing waited for) when an item is not one of those or there are more
- * than HLE_WAIT_MANY_MAX: the caller's general path handles (or refuses) it. */
-static PyObject *Core_wait_objects(Core *c, PyObject *const *args, Py_ssize_t nargs) {
-    NEED_ATTACHED(c);
-    if (nargs != 3 || !PyList_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "wait_objects(list, timeout_ns, spin_ns)");
-        return NULL;
-    }
-    long long timeout = PyLong_AsLongLong(args[1]);
-    if (timeout == -1 && PyErr_Occurred()) return NULL;
-    long long spin = PyLong_AsLongLong(args[2]);
-    if (spin == -1 && PyErr_Occurred()) return NULL;
-    if (spin < 0) spin = c->ctx.spin_ns;
-    Py_ssize_t n = PyList_GET_SIZE(args[0]);
-    if (n < 1 || n > HLE_WAIT_MANY_MAX) return Py_BuildValue("(iO)", -2, Py_None);
-    uint64_t hs[HLE_WAIT_MANY_MAX], vs[HLE_WAIT_MANY_MAX];
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int r = wait_pair(c, PyList_GET_ITEM(args[0], i), &hs[i], &vs[i]);
-        if (r < 0) return NULL;
-        if (r == 0) return Py_BuildValue("(iO)", -2, Py_None);
-    }
-    int idx = -1;
-    uint64_t w = 0;
-    int r = hle_wait_many(&c->ctx, hs, vs, (int)n, timeout, spin, &idx, &w);
-    if (r) return hlpy_raise(r);
-    /* a fence's status; a timeline's failure or SUCCESS (as Timeline.wait) */
-    PyObject *st = HL_HANDLE_KIND(hs[idx]) == HL_KIND_TIMELINE ? hlpy_timeline_status(hs[idx], w) : hlpy_status_obj(w);
-    if (!st) return NULL;
-    return Py_BuildValue("(iN)", idx, st);
-}
-
 static PyObject *Core_kick(Core *c, PyObject *noargs) {
     hle_kick(&c->ctx);
     Py_RETURN_NONE;
@@ -726,7 +606,6 @@ static PyMethodDef Core_methods[] = {
     {"kick", (PyCFunction)Core_kick, METH_NOARGS, NULL},
     {"kick_value", (PyCFunction)Core_kick_value, METH_NOARGS, NULL},
     {"wait_many", (PyCFunction)(void (*)(void))Core_wait_many, METH_FASTCALL, NULL},
-    {"wait_objects", (PyCFunction)(void (*)(void))Core_wait_objects, METH_FASTCALL, NULL},
     {"reap", (PyCFunction)Core_reap, METH_NOARGS, NULL},
     {"participants", (PyCFunction)Core_participants, METH_NOARGS, NULL},
     {"lock_held", (PyCFunction)Core_lock_held, METH_O, NULL},

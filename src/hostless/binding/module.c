@@ -215,7 +215,8 @@ PyMODINIT_FUNC PyInit__core(void) {
         return NULL;
     }
 #endif
-    if (hlpy_add_abi_constants(m) < 0 || PyModule_AddFunctions(m, hlpy_codec_methods) < 0) {
+    if (hlpy_add_abi_constants(m) < 0 || PyModule_AddFunctions(m, hlpy_codec_methods) < 0 ||
+        PyModule_AddFunctions(m, hlpy_wait_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }

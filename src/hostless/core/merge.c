@@ -133,6 +133,37 @@ static uint64_t *watch_field(struct hl_fence *f, uint32_t kind) {
     return kind == HL_KIND_TIMELINE ? &f->parents[0] : kind == HL_KIND_FENCE ? &f->err : NULL;
 }
 
+/* Test-only switches (tests/stress/test_watch_kills.py), compiled only into the test
+ * build (HOSTLESS_TEST_HOOKS), each read once from the environment; unset,
+ * they cost a load:
+ *   HOSTLESS_TEST_KILL_AT=watch-published: SIGKILL between publishing a watch
+ *     node and counting it on its target (the protocol model's
+ *     watch-creator-dies window);
+ *   HOSTLESS_TEST_STOP_AT=watchers-checked: SIGSTOP in a watch node's
+ *     finalize between checking its target's ctl and the CAS of the target's
+ *     count (the model's watch-target-reuse window), so that a test can reuse
+ *     the target's slot before it goes on (SIGCONT). */
+#ifdef HOSTLESS_TEST_HOOKS
+static int test_switch(const char *var, const char *where, int *cache) {
+    if (*cache < 0) {
+        const char *e = getenv(var);
+        *cache = e && strcmp(e, where) == 0;
+    }
+    return *cache;
+}
+static int kill_after_publish(void) {
+    static int v = -1;
+    return test_switch("HOSTLESS_TEST_KILL_AT", "watch-published", &v);
+}
+static int stop_after_check(void) {
+    static int v = -1;
+    return test_switch("HOSTLESS_TEST_STOP_AT", "watchers-checked", &v);
+}
+#else
+#define kill_after_publish() 0
+#define stop_after_check() 0
+#endif
+
 void hle_watchers_add(hle_ctx *c, uint64_t h, int delta) {
     int64_t t = HL_HANDLE_INDEX(h);
     if (HL_HANDLE_TAG(h) != c->tag || t < 0 || (uint64_t)t >= c->cap) return;
@@ -143,6 +174,7 @@ void hle_watchers_add(hle_ctx *c, uint64_t h, int delta) {
     uint64_t ctl = ld(&f->ctl);
     if (HL_CTL_KIND(ctl) != kind || (HL_CTL_GEN(ctl) & 0xffffffu) != gen) return;
     if (kind == HL_KIND_FENCE && ld(&f->aux)) return; /* a watch node: its err is a threshold */
+    if (delta < 0 && stop_after_check()) raise(SIGSTOP);
     uint64_t v = ld(w);
     /* what the field holds before a first watcher: a timeline's parents[0] is
      * 0, a fence's err is gen << 32 (hle_alloc_begin) */
@@ -213,24 +245,6 @@ void hle_watch_notify(hle_ctx *c, uint32_t idx) {
     uint64_t *w = watch_field(f, k);
     if (w && HL_WATCHERS_COUNT(ld(w)) && !(k == HL_KIND_FENCE && ld(&f->aux))) hle_watch_scan(c, idx);
 }
-
-/* Test-only switch (tests/stress/test_watch_kills.py), compiled only into the test
- * build (HOSTLESS_TEST_HOOKS): with HOSTLESS_TEST_KILL_AT=watch-published in
- * its environment, a process SIGKILLs itself between publishing a watch node
- * and counting it on its target (the window of the protocol model's
- * watch-creator-dies).  Read once; unset, it costs a load. */
-#ifdef HOSTLESS_TEST_HOOKS
-static int kill_after_publish(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("HOSTLESS_TEST_KILL_AT");
-        v = e && strcmp(e, "watch-published") == 0;
-    }
-    return v;
-}
-#else
-#define kill_after_publish() 0
-#endif
 
 /* Create a watch node at merge position pos of composite (pidx, pgen):
  * initialised and linked while ALLOC (ours), published, counted on its
