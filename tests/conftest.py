@@ -43,6 +43,17 @@ for _folder in sorted(os.listdir(TESTS)):
     if os.path.isdir(_path) and not _folder.startswith((".", "_")) and _path not in sys.path:
         sys.path.append(_path)
 
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test of ``tests/stress/`` (SIGKILL soaks, chaos) is ``slow``: ``-m "not slow"``
+    leaves the folder out of a quick loop."""
+    stress = os.path.join(TESTS, "stress") + os.sep
+    for item in items:
+        if str(item.path).startswith(stress):
+            item.add_marker(pytest.mark.slow)
+
+
 # Prepended to every child's code.
 CHILD_PRELUDE = "import os, sys, time\nimport hostless as hl\n"
 
