@@ -77,7 +77,8 @@ class CompiledGraph:
         self.hostpushed: set[int] = set()
         if dispatch == "direct" and data == "shared":
             captured = [k for k, (mode, _w) in self.segments.items() if mode == "graph"]
-            self.armed, self.hostpushed = arm_plan(self.dag.preds, captured, MAX_PACKET_WAITS)
+            cuda = any(s.agent.kind == "cuda" for s in g.stages)  # the GPU would push follow-ups
+            self.armed, self.hostpushed = arm_plan(self.dag.preds, captured, MAX_PACKET_WAITS, cuda)
         self.fed: Timeline | None = dom.timeline() if self.armed else None
         self.host_word: Buffer | None = dom.buffer((1,), np.uint64) if self.armed else None
         self.timelines: list[Timeline] = [dom.timeline(owner=s.agent.id) for s in g.stages]

@@ -149,7 +149,7 @@ def fuse(stages: Sequence[Any]) -> list[Any]:
 
 
 def arm_plan(
-    preds: Sequence[Sequence[int]], captured: Collection[int], max_waits: int
+    preds: Sequence[Sequence[int]], captured: Collection[int], max_waits: int, gpu_pushers: bool = False
 ) -> tuple[set[int], set[int]]:
     """Which segments a direct, shared-data graph arms, and which stages the host then pushes.
 
@@ -166,9 +166,11 @@ def arm_plan(
     in order, so the earliest unfinished packet is always at the head of its queue with its
     inputs done: no agent waits on a packet queued behind its own.  A packet waits on at most
     ``max_waits`` points: a graph with a wider join arms nothing (and runs as before).
-    Returns (armed, host-pushed)."""
+    ``gpu_pushers``: the graph has stages on cuda agents, whose packets' follow-ups the GPU
+    would push: the host pushes every stage with predecessors then too, armed or not (same
+    bound).  Returns (armed, host-pushed)."""
     armed = {k for k in captured if len(preds[k]) <= 15}
     rest = [j for j in range(len(preds)) if j not in armed and preds[j]]
-    if not armed or any(len(preds[j]) > max_waits for j in rest):
+    if not (armed or gpu_pushers) or any(len(preds[j]) > max_waits for j in rest):
         return set(), set()
     return armed, set(rest)
