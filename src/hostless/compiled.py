@@ -15,7 +15,7 @@ from ._abi import C
 from .agents import Agent
 from .buffer import Buffer, bytes_buffer
 from .dag import MAX_PACKET_WAITS, Dag
-from .errors import CorruptDomain, HostlessError
+from .errors import CorruptDomain, HostlessError, InvalidOperation
 from .graphparts import (
     GraphInvalidated,
     Stage,
@@ -29,6 +29,7 @@ from .graphparts import (
 )
 from .placement import place_tensors
 from .queue import _timeout_ns
+from .renewal import renew
 from .status import Status, timeline_failure
 from .timeline import Timeline
 from .wire import FO_PACKET, PK_WAIT_VALUE, Follow, FrameOps, Kernargs, Packet, PacketType, follow_offset
@@ -52,6 +53,8 @@ class CompiledGraph:
         # the agents as compiled for, recorded before anything is built for them
         self._invalid: GraphInvalidated | None = None
         self._fast = False  # run's one-call path (set once everything is built: _bind_io)
+        self._bound = False  # whether the slots' frame programs can do the host's whole frame
+        self._streams = 0  # open streams with frames in flight (run() waits for none of them)
         self._idents = self._identities()
         # Python stage functions: loaded into their agents once, here (ImportError etc. surface now)
         self.kids: dict[int, int] = {
@@ -59,19 +62,10 @@ class CompiledGraph:
             for k, s in enumerate(g.stages)
             if callable(s.kernel)
         }
-        self.timelines: list[Timeline] = [dom.timeline(owner=s.agent.id) for s in g.stages]
         self.dag = Dag.build([s.output for s in g.stages], [s.inputs for s in g.stages])
-        # direct + copy: a stage with a successor it does not push signals here when its copies are done
-        self.copied: dict[int, Timeline] = {}
-        if dispatch == "direct" and data == "copy":
-            for k, s in enumerate(g.stages):
-                if any(self.dag.pusher(j) != k for j in self.dag.succs[k]):
-                    self.copied[k] = dom.timeline(owner=s.agent.id)
+        self._broken: HostlessError | None = None  # a reset after a failed frame could not finish
         if dom.trace_enabled():  # slices named after stages and kernels in the exported trace
             for k, s in enumerate(g.stages):
-                trace.name(dom, self.timelines[k].handle, s.name)
-                if k in self.copied:
-                    trace.name(dom, self.copied[k].handle, f"{s.name} (copies)")
                 if k in self.kids:
                     trace.name_kernel(dom, self.kids[k], getattr(s.kernel, "__qualname__", "function"))
             for a in {id(s.agent): s.agent for s in g.stages}.values():
@@ -91,7 +85,55 @@ class CompiledGraph:
         self._closed = False
         # the host's whole frame in one C call (see run): when every graph input and output
         # lives in host memory; otherwise (or when the call declines) the general path
-        self._fast = self._bind_io()
+        self._bound = self._bind_io()
+        self._refast()
+
+    def _refast(self) -> None:
+        """Let run() take its one-call path unless something needs the general path: the
+        graph invalid or broken, a stream open, a slot whose frame was abandoned."""
+        self._fast = (
+            self._bound
+            and self._invalid is None
+            and self._broken is None
+            and not self._streams
+            and not any(sl.stale for sl in self.slots)
+        )
+
+    def timelines_of(self, frame: int) -> list[Timeline]:
+        """The stage timelines frame number ``frame`` signals (stage k's at index k, with the
+        frame number): each frame in flight has its own (those of slot ``frame % inflight``),
+        so a failed frame fails none of the others; a failed frame's are replaced."""
+        return self.slots[frame % self.inflight].timelines
+
+    @property
+    def timelines(self) -> list[Timeline]:
+        """The stage timelines of the last frame submitted: ``timelines_of(frame)``."""
+        return self.timelines_of(self.frame)
+
+    def _new_timelines(self) -> tuple[list[Timeline], dict[int, Timeline]]:
+        """A slot's timelines: one per stage, owned by its agent, and (direct + copy) one per
+        stage with a successor it does not push, signalled when its copies are done; named in
+        the trace."""
+        g, dom = self.g, self.dom
+        timelines: list[Timeline] = []
+        copied: dict[int, Timeline] = {}
+        try:
+            for s in g.stages:
+                timelines.append(dom.timeline(owner=s.agent.id))
+            if self.dispatch == "direct" and self.data == "copy":
+                for k, s in enumerate(g.stages):
+                    if any(self.dag.pusher(j) != k for j in self.dag.succs[k]):
+                        copied[k] = dom.timeline(owner=s.agent.id)
+        except BaseException:
+            for t in timelines + list(copied.values()):
+                t.release()
+            raise
+        if dom.trace_enabled():
+            for k, s in enumerate(g.stages):
+                trace.name(dom, timelines[k].handle, s.name)
+                if k in copied:
+                    trace.name(dom, copied[k].handle, f"{s.name} (copies)")
+        return timelines, copied
 
     # ------------------------------------------------------------ agents
     def _identities(self) -> list[_Ident]:
@@ -146,7 +188,7 @@ class CompiledGraph:
         fail: packets still queued on live agents that wait on them fail unrun), raise ``e``."""
         self._invalid = e
         self._fast = False  # every later run goes the general path, which raises e
-        for t in self.timelines + list(self.copied.values()):
+        for t in [t for sl in self.slots for t in sl.timelines + list(sl.copied.values())]:
             try:
                 if t.failure is None:
                     t.fail(Status.OWNER_DIED)
@@ -159,17 +201,42 @@ class CompiledGraph:
         replaced (GraphInvalidated, chained to the failure)."""
         self._checked(self._exec, prog, value, timeout)
 
-    def _checked(self, fn: Callable[..., None], *args: Any) -> None:
-        """``fn(*args)``; a StageFailed or TimeoutError first checks whether an agent died
-        or was replaced (GraphInvalidated, chained to the failure)."""
+    def _checked(self, fn: Callable[..., None], prog: tuple[Any, list[Any]], value: int, arg: Any) -> None:
+        """``fn(prog, value, arg)`` for frame ``value``; a StageFailed or TimeoutError first
+        checks whether an agent died or was replaced (GraphInvalidated, chained to the
+        failure).  A StageFailed on the agents compiled for is a bad frame: the slot's
+        timelines and packets are renewed (:func:`hostless.renewal.renew`) before it is
+        raised, so the next frame runs.  A frame left in flight (a timeout, an exception
+        from a signal handler) leaves its slot to be renewed before it is used again."""
         try:
-            fn(*args)
+            fn(prog, value, arg)
         except (StageFailed, TimeoutError) as e:
             try:
                 self._check_agents(thorough=True)
             except GraphInvalidated as gi:
                 raise gi from e
+            if isinstance(e, StageFailed):
+                renew(self, [self.slots[value % self.inflight]], str(e))
+            else:
+                self._abandon(value)
             raise
+        except BaseException:
+            self._abandon(value)
+            raise
+
+    def _abandon(self, frame: int) -> None:
+        """Frame ``frame`` may still be in flight and nobody will collect it: its slot's packets
+        must not be patched for another frame while it runs, so the slot is renewed (fresh
+        argument blocks and timelines) before its next use (:meth:`_unstale`)."""
+        if self._invalid is None:
+            self.slots[frame % self.inflight].stale = frame
+            self._fast = False
+
+    def _unstale(self, sl: _Slot) -> None:
+        """Renew ``sl`` if a frame was abandoned on it (see :meth:`_abandon`)."""
+        if sl.stale:
+            why = "was left in flight (a timeout, an interrupt, a stream closed early)"
+            renew(self, [sl], f"frame {sl.stale} {why}")
 
     # ------------------------------------------------------------ building
     def _shape_of(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -228,7 +295,28 @@ class CompiledGraph:
                     ins.append(b)
                 sl.stage_in.append(ins)
                 sl.stage_out.append(dom.buffer(s.shape, s.dtype))
-        # packets, from the last stage backwards so that each can name its follow-ups
+        sl.timelines, sl.copied = self._new_timelines()
+        self._build_packets(sl)
+        for name in g.inputs:
+            if self.data == "shared":
+                sl.in_views[name] = [_view(sl.tensors[name])]
+            else:
+                sl.in_views[name] = [
+                    sl.stage_in[k][pos].numpy()
+                    for k, s in enumerate(g.stages)
+                    for pos, i in enumerate(s.inputs)
+                    if i == name
+                ]
+        sl.out_views = [
+            (s.output, _view(sl.stage_out[k])) for k, s in enumerate(g.stages) if s.output in self.outputs
+        ]
+        return sl
+
+    def _build_packets(self, sl: _Slot) -> None:
+        """The slot's packets on the current timelines, from the last stage backwards so that
+        each can name its follow-ups; their argument blocks (and ERT commands, relays'
+        scratch bytes) go to ``sl.owned``, their per-frame words to ``sl.stores``."""
+        g = self.g
         n = len(g.stages)
         dag, direct = self.dag, self.dispatch == "direct"
         entry: dict[int, Follow] = {}  # direct: what stage j's pusher pushes for j (j or its relays)
@@ -249,20 +337,6 @@ class CompiledGraph:
             if direct and dag.preds[k]:
                 entry[k] = self._join(sl, k, p)
         sl.packets = pk
-        for name in g.inputs:
-            if self.data == "shared":
-                sl.in_views[name] = [_view(sl.tensors[name])]
-            else:
-                sl.in_views[name] = [
-                    sl.stage_in[k][pos].numpy()
-                    for k, s in enumerate(g.stages)
-                    for pos, i in enumerate(s.inputs)
-                    if i == name
-                ]
-        sl.out_views = [
-            (s.output, _view(sl.stage_out[k])) for k, s in enumerate(g.stages) if s.output in self.outputs
-        ]
-        return sl
 
     def _build_programs(self, sl: _Slot) -> None:
         """The slot's frame programs, validated once by the engine (every handle held and
@@ -288,7 +362,7 @@ class CompiledGraph:
                     submit.push(g.stages[k].agent.queue.handle, sl.packets[k], tag=k)
                     running.append(k)
                 k = running.pop(0)
-                submit.wait(self.timelines[k].handle, self._watched(k), tag=k)
+                submit.wait(sl.timelines[k].handle, self._watched(sl, k), tag=k)
                 done.add(k)
                 if self.data == "copy":
                     for j in dag.succs[k]:
@@ -297,7 +371,7 @@ class CompiledGraph:
                                 submit.copy(sl.stage_in[j][pos].handle, sl.stage_out[k].handle, tag=k)
         wait = FrameOps()
         for k in dag.sinks:
-            wait.wait(self.timelines[k].handle, self._watched(k), tag=k)
+            wait.wait(sl.timelines[k].handle, self._watched(sl, k), tag=k)
         run = submit + wait
         core = self.dom._core
         sl.submit = (submit.build(core, _SLICE_S), submit.tags)
@@ -340,20 +414,20 @@ class CompiledGraph:
             sl.stage_in[k][pos] for k, s in enumerate(g.stages) for pos, i in enumerate(s.inputs) if i == name
         ]
 
-    def _watched(self, k: int) -> list[int]:
+    def _watched(self, sl: _Slot, k: int) -> list[int]:
         """The timelines checked for a failure while the host waits for stage k (between
         sleep slices): k's and its ancestors', in topological order."""
-        return [self.timelines[j].handle for j in sorted(self.dag.ancestors[k] | {k})]
+        return [sl.timelines[j].handle for j in sorted(self.dag.ancestors[k] | {k})]
 
-    def _waited(self, j: int) -> int:
+    def _waited(self, sl: _Slot, j: int) -> int:
         """The timeline a successor that stage j does not push waits on (the frame number)."""
-        t = self.copied.get(j)
-        return (t if t is not None else self.timelines[j]).handle
+        t = sl.copied.get(j)
+        return (t if t is not None else sl.timelines[j]).handle
 
     def _join(self, sl: _Slot, k: int, p: Packet) -> Follow:
         """What stage k's pusher pushes for it: k's packet, waiting on up to two other
         predecessors, behind relay packets on the pusher's agent for the rest (two each)."""
-        others = [self._waited(j) for j in self.dag.others(k)]
+        others = [self._waited(sl, j) for j in self.dag.others(k)]
         groups = [others[i : i + MAX_PACKET_WAITS] for i in range(0, len(others), MAX_PACKET_WAITS)]
         out = Follow(self.g.stages[k].agent.queue.handle, p)
         if not groups:
@@ -382,7 +456,7 @@ class CompiledGraph:
         g = self.g
         src = sl.stage_out[k]
         out = then
-        done = self.copied.get(k)  # the last copy to run (the first built) signals it
+        done = sl.copied.get(k)  # the last copy to run (the first built) signals it
         signal = done.handle if done is not None else 0
         for j in range(len(g.stages)):
             for pos, name in enumerate(g.stages[j].inputs):
@@ -399,7 +473,7 @@ class CompiledGraph:
         self, sl: _Slot, s: Stage, bufs: list[int], scalars: list[int], k: int, follow: list[Follow]
     ) -> Packet:
         kernel = self.kids[k] if callable(s.kernel) else s.kernel
-        return self._raw_packet(sl, s.agent, kernel, bufs, scalars, self.timelines[k].handle, 0, follow)
+        return self._raw_packet(sl, s.agent, kernel, bufs, scalars, sl.timelines[k].handle, 0, follow)
 
     def _args(self, sl: _Slot, ka: Kernargs) -> int:
         """An argument block of the slot: its buffer (owned by the slot) and the words of its
@@ -474,34 +548,36 @@ class CompiledGraph:
         """Raise what a frame program's stop (``FrameProgram.run``'s tuple) means."""
         k: int = prog[1][stop[0]]
         why, word = stop[1], stop[2]
+        tl = self.timelines_of(value)
         if why == "failed":  # stage k's timeline failed (or holds garbage)
             st = timeline_failure(word)
             if st is None:
                 raise CorruptDomain(
-                    f"timeline {self.timelines[k].handle:#x} holds an invalid word {word:#x} "
+                    f"timeline {tl[k].handle:#x} holds an invalid word {word:#x} "
                     "(written by a buggy or hostile participant)"
                 )
-            raise self._failure(k, st)
+            raise self._failure(k, st, value)
         # a sleep slice ended with a watched timeline failed, or the wait timed out
         for j in sorted(self.dag.ancestors[k] | {k}):
-            f = self.timelines[j].failure
+            f = tl[j].failure
             if f is not None:
-                raise StageFailed(self.g.stages[j].name, f)
+                raise StageFailed(self.g.stages[j].name, f, records.read(self.dom, tl[j].handle), value)
         if why == "timeout":
             raise TimeoutError(
-                f"timeline {self.timelines[k].handle:#x} did not reach {value} within the timeout"
+                f"timeline {tl[k].handle:#x} did not reach {value} within the timeout"
             )
         raise CorruptDomain(f"a watched timeline held the failed word {word:#x}, then no failure")
 
-    def _failure(self, k: int, st: Status) -> StageFailed:
-        """The error for stage k failing with ``st``: it names the earliest failed
+    def _failure(self, k: int, st: Status, frame: int) -> StageFailed:
+        """The error for stage k failing with ``st`` in ``frame``: it names the earliest failed
         ancestor of k in topological order (in direct mode a failure is passed on
         to the descendants, and the stage where it started is the one to report)."""
+        tl = self.timelines_of(frame)
         for j in sorted(self.dag.ancestors[k]):
-            f = self.timelines[j].failure
+            f = tl[j].failure
             if f is not None:
-                return StageFailed(self.g.stages[j].name, f, records.read(self.dom, self.timelines[j].handle))
-        return StageFailed(self.g.stages[k].name, st, records.read(self.dom, self.timelines[k].handle))
+                return StageFailed(self.g.stages[j].name, f, records.read(self.dom, tl[j].handle), frame)
+        return StageFailed(self.g.stages[k].name, st, records.read(self.dom, tl[k].handle), frame)
 
     def run(self, inputs: Mapping[str, np.ndarray], timeout: float | None = 30.0) -> dict[str, np.ndarray]:
         """Run one frame; returns the graph outputs (copies).  StageFailed on failure.
@@ -516,7 +592,11 @@ class CompiledGraph:
             f = self.frame + 1
             self.frame = f  # before the call: a frame that raised half-way is never reused
             prog = self.slots[f % self.inflight].run
-            r = prog[0].frame(inputs, f, timeout)
+            try:
+                r = prog[0].frame(inputs, f, timeout)
+            except BaseException:  # an interrupt (a signal handler's exception) while it waited
+                self._abandon(f)
+                raise
             if r.__class__ is dict:
                 return r
             if r is not None:
@@ -535,42 +615,75 @@ class CompiledGraph:
     def _run(self, inputs: Mapping[str, np.ndarray], timeout: float | None) -> dict[str, np.ndarray]:
         """:meth:`run`'s general path (in Python around the frame program)."""
         self._check()
+        if self._streams:
+            raise InvalidOperation(
+                "a stream of this compiled graph has frames in flight: exhaust or close() it before run()"
+            )
         self._check_agents()
+        sl = self.slots[(self.frame + 1) % self.inflight]
+        self._unstale(sl)
         self.frame += 1
-        sl = self.slots[self.frame % self.inflight]
         self._write_inputs(sl, inputs)
         self._exec_checked(sl.run, self.frame, timeout)
         self._check_agents()  # an agent replaced while the frame ran: no frame from this graph
+        self._refast()
         return self._read_outputs(sl)
 
     def stream(
         self, frames: Iterable[Mapping[str, np.ndarray]], timeout: float | None = 30.0
     ) -> Iterator[dict[str, np.ndarray]]:
-        """Run frames with up to ``inflight`` in flight; yields outputs in order."""
+        """Run frames with up to ``inflight`` in flight; yields outputs in order.
+
+        A failed frame raises StageFailed (naming it) and ends the stream: the frames
+        submitted after it (up to ``inflight - 1``) are dropped, and the graph runs the
+        next frames given to ``run`` or another ``stream``.  While a stream has frames in
+        flight, ``run`` and a second stream raise InvalidOperation (they would reuse its
+        slots): exhaust or ``close()`` it first."""
         self._check()
+        if self._streams:
+            raise InvalidOperation(
+                "another stream of this compiled graph has frames in flight: exhaust or close() it first"
+            )
         self._check_agents()
         pending: list[tuple[int, _Slot]] = []
-        for inp in frames:
-            if len(pending) == self.inflight:
-                v, sl = pending.pop(0)
-                yield self._collect(sl, v, timeout)
-            self.frame += 1
-            sl = self.slots[self.frame % self.inflight]
-            r = sl.submit[0].frame(inp, self.frame, timeout) if self._fast else None
-            if r is None:  # the general path
-                self._check()
-                self._check_agents()
-                self._write_inputs(sl, inp)
-                self._exec_checked(sl.submit, self.frame, timeout)
-            elif r.__class__ is not dict:
-                self._ran(sl, sl.submit, self.frame, r)
-            pending.append((self.frame, sl))
-        for v, sl in pending:
-            yield self._collect(sl, v, timeout)
+        self._streams += 1
+        self._fast = False  # a run() meanwhile takes the general path, which refuses
+        try:
+            for inp in frames:
+                if len(pending) == self.inflight:
+                    out = self._collect(pending[0][1], pending[0][0], timeout)
+                    pending.pop(0)
+                    yield out
+                sl = self.slots[(self.frame + 1) % self.inflight]
+                self._unstale(sl)
+                self.frame += 1
+                pending.append((self.frame, sl))
+                r = sl.submit[0].frame(inp, self.frame, timeout) if self._bound_ok() else None
+                if r is None:  # the general path
+                    self._check()
+                    self._check_agents()
+                    self._write_inputs(sl, inp)
+                    self._exec_checked(sl.submit, self.frame, timeout)
+                elif r.__class__ is not dict:
+                    self._ran(sl, sl.submit, self.frame, r)
+            while pending:
+                out = self._collect(pending[0][1], pending[0][0], timeout)
+                pending.pop(0)
+                yield out
+        finally:
+            self._streams -= 1
+            for v, sl in pending:  # submitted, never collected: maybe in flight
+                if sl.first <= v and not sl.stale:  # (not renewed since: its frame failed)
+                    self._abandon(v)
+            self._refast()
+
+    def _bound_ok(self) -> bool:
+        """Whether the slots' one-call programs may run a stream's frame."""
+        return self._bound and self._invalid is None and self._broken is None
 
     def _collect(self, sl: _Slot, v: int, timeout: float | None) -> dict[str, np.ndarray]:
         """Wait for frame ``v`` of a stream (slot ``sl``) and return its outputs."""
-        r = sl.wait[0].frame(None, v, timeout) if self._fast else None
+        r = sl.wait[0].frame(None, v, timeout) if self._bound_ok() else None
         if r.__class__ is dict:
             return r
         if r is not None:
@@ -583,6 +696,8 @@ class CompiledGraph:
     def _check(self) -> None:
         if self._closed:
             raise HostlessError("compiled graph is closed")
+        if self._broken is not None:
+            raise self._broken
 
     def close(self) -> None:
         """Release buffers, packets and timelines."""
@@ -603,8 +718,12 @@ class CompiledGraph:
         for b in self.consts.values():
             if lowlevel.is_held(b):
                 b.release()
-        for t in self.timelines + list(self.copied.values()):
-            t.release()
+        for sl in self.slots:
+            for t in sl.timelines + list(sl.copied.values()):
+                t.release()
+            for r in sl.retired:
+                r.release()
+            sl.retired = []
 
     def __enter__(self) -> CompiledGraph:
         return self
