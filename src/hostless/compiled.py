@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import ert, lowlevel, records, trace
+from . import ert, lowlevel, records, renewal, trace
 from ._abi import C
 from .agents import Agent
 from .buffer import Buffer, bytes_buffer
@@ -29,7 +29,6 @@ from .graphparts import (
 )
 from .placement import place_tensors
 from .queue import _timeout_ns
-from .renewal import renew
 from .status import Status, timeline_failure
 from .timeline import Timeline
 from .wire import FO_PACKET, PK_WAIT_VALUE, Follow, FrameOps, Kernargs, Packet, PacketType, follow_offset
@@ -216,7 +215,7 @@ class CompiledGraph:
             except GraphInvalidated as gi:
                 raise gi from e
             if isinstance(e, StageFailed):
-                renew(self, [self.slots[value % self.inflight]], str(e))
+                renewal.renew(self, [self.slots[value % self.inflight]], str(e))
             else:
                 self._abandon(value)
             raise
@@ -236,7 +235,7 @@ class CompiledGraph:
         """Renew ``sl`` if a frame was abandoned on it (see :meth:`_abandon`)."""
         if sl.stale:
             why = "was left in flight (a timeout, an interrupt, a stream closed early)"
-            renew(self, [sl], f"frame {sl.stale} {why}")
+            renewal.renew(self, [sl], f"frame {sl.stale} {why}")
 
     # ------------------------------------------------------------ building
     def _shape_of(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
