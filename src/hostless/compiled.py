@@ -9,14 +9,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import ert, lowlevel, trace
+from . import ert, lowlevel, sizes, trace
 from ._abi import C
 from .agents import Agent
 from .buffer import Buffer, bytes_buffer
 from .dag import MAX_PACKET_WAITS, Dag
-from .errors import HostlessError
+from .errors import DeviceHeapFull, HostlessError, OutOfMemory
 from .graphparts import (
     GraphInvalidated,
+    GraphTooLarge,
     Stage,
     _Ident,
     _scalar_word,
@@ -69,16 +70,36 @@ class CompiledGraph(FrameRunner):
                     trace.name_kernel(dom, kid, kname)
         self.frame = 0
         self.place = self._placement()
+        # what the heaps must hold (hostless.sizes): a graph that cannot fit is refused here,
+        # before anything is allocated
+        self.needs = sizes.needs(
+            g.stages, g.inputs, g.constants, self.place, self.dag, dispatch, data, inflight
+        )
+        self._what = f"dispatch={dispatch} data={data} inflight={inflight}"
+        sizes.check_fits(dom, self.needs, self._what)
         self.consts: dict[str, Buffer] = {}
-        for name, arr in g.constants.items():
-            b = dom.buffer(arr.shape, arr.dtype, device=self.place[name])
-            _store(b, arr)
-            self.consts[name] = b
         self.outputs = [g.stages[k].output for k in self.dag.sinks]
-        self.slots = [self._build_slot() for _ in range(inflight)]
-        for sl in self.slots:
-            self._build_programs(sl)
+        self.slots: list[_Slot] = []
         self._closed = False
+        try:
+            for name, arr in g.constants.items():
+                b = self.consts[name] = dom.buffer(arr.shape, arr.dtype, device=self.place[name])
+                _store(b, arr)
+            for _ in range(inflight):
+                sl = _Slot()
+                self.slots.append(sl)  # (what a failure left half built: close releases it)
+                self._build_slot(sl)
+            for sl in self.slots:
+                self._build_programs(sl)
+        except BaseException as e:
+            self.close()
+            if isinstance(e, OutOfMemory) and not isinstance(e, GraphTooLarge):  # scattered free space
+                dev = isinstance(e, DeviceHeapFull)
+                heap = next((h for h in self.needs.heaps if h != "cpu"), "cpu") if dev else "cpu"
+                free, size = sizes.room(dom, heap)
+                want = self.needs.heaps.get(heap, 0)
+                raise sizes.too_large(heap, want, free, size, self.needs, self._what) from e
+            raise
         # the host's whole frame in one C call (see run): when every graph input and output
         # lives in host memory; otherwise (or when the call declines) the general path
         self._bound = self._bind_io()
@@ -192,10 +213,19 @@ class CompiledGraph(FrameRunner):
         return place_tensors(g.stages, g.inputs, g.constants, self.data, heaps)
 
     def plan(self) -> str:
-        """Where each tensor lives and why, one line per tensor (also what ``print`` shows)."""
+        """Where each tensor lives and why, one line per tensor (also what ``print`` shows):
+        its device, its bytes and how many buffers hold it (one per frame in flight; in copy
+        mode one more per reader), then the bytes each heap holds for the graph
+        (:class:`hostless.sizes.HeapNeeds`) and the heap's size."""
         g = self.g
         lines = [f"dispatch={self.dispatch} data={self.data} inflight={self.inflight}"]
         for n, d in self.place.items():
+            nbuf = 1 if n in g.constants else self.inflight
+            if self.data == "copy":  # a private copy per reader (and the constant itself once)
+                nread = sum(i == n for s in g.stages for i in s.inputs)
+                own = n not in g.inputs and n not in g.constants  # a stage's output buffer
+                nbuf = (n in g.constants) + self.inflight * (nread + own)
+            size = f"{sizes.fmt_bytes(self.needs.tensor_bytes[n])} x{nbuf}"
             if n in g.inputs:
                 what = "input (host writes it)"
             elif n in g.constants:
@@ -213,12 +243,17 @@ class CompiledGraph(FrameRunner):
                 why = "host memory: used on " + ", ".join(devs) if devs else "host memory"
             else:
                 why = f"{d} memory: every engine that touches it runs on {d}"
-            lines.append(f"  {n:<12} {d:<7} {what}; read by {', '.join(readers) or 'the host'}; {why}")
+            by = ", ".join(readers) or "the host"
+            lines.append(f"  {n:<12} {d:<7} {size:<14} {what}; read by {by}; {why}")
+        for heap in sorted(self.needs.heaps):
+            hfree, hsize = sizes.room(self.dom, heap)
+            name = "host heap" if heap == "cpu" else f"{heap} heap"
+            room = f"{sizes.fmt_bytes(hsize)} ({sizes.fmt_bytes(hfree)} free now)"
+            lines.append(f"  {name}: this graph takes {self.needs.describe(heap)} of {room}")
         return "\n".join(lines)
 
-    def _build_slot(self) -> _Slot:
+    def _build_slot(self, sl: _Slot) -> _Slot:
         dom, g = self.dom, self.g
-        sl = _Slot()
         if self.data == "shared":
             for name in list(g.inputs) + [s.output for s in g.stages]:
                 shp, dt = self._shape_of(name)

@@ -98,7 +98,7 @@ import numpy as np
 from .agents import Agent
 from .compiled import CompiledGraph
 from .domain import Domain
-from .graphparts import GraphInvalidated, GraphResetFailed, Stage, StageFailed
+from .graphparts import GraphInvalidated, GraphResetFailed, GraphTooLarge, Stage, StageFailed
 from .kernels import check_stage
 from .placement import place_tensors
 from .stagefn import describe
@@ -109,6 +109,7 @@ __all__ = [
     "StageFailed",
     "GraphInvalidated",
     "GraphResetFailed",
+    "GraphTooLarge",
     "Stage",
     "place_tensors",
 ]

@@ -13,7 +13,7 @@ import numpy as np
 from . import devmem, lowlevel
 from .agents import Agent
 from .buffer import Buffer
-from .errors import HostlessError
+from .errors import HostlessError, OutOfMemory
 from .kernels import f64
 from .status import Status
 from .timeline import Timeline
@@ -70,6 +70,18 @@ class GraphResetFailed(HostlessError):
     """A frame failed and the compiled graph could not be reset for the next one (out of
     heap, the domain's object table full): it returns no frame until compiled again
     (``g.compile()``).  The failed frame's :class:`StageFailed` is its context."""
+
+
+class GraphTooLarge(OutOfMemory):
+    """A graph cannot fit the domain's heaps: ``compile()`` refuses it before allocating
+    anything (or releases what it allocated when a heap's free space is too scattered).
+    The message says how much it needs and the ``Domain.create`` size that fits it;
+    ``heap`` ("cpu": the shared heap, or "cuda:N"), ``needed``, ``free`` and ``size``
+    are the figures, in bytes."""
+
+    def __init__(self, msg: str, *, heap: str, needed: int, free: int, size: int) -> None:
+        super().__init__(msg)
+        self.heap, self.needed, self.free, self.size = heap, needed, free, size
 
 
 @dataclass
