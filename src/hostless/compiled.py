@@ -1,26 +1,24 @@
 """A compiled graph (:mod:`hostless.graph` describes the modes, the DAG, the frame
 program and failures): :class:`CompiledGraph` builds the buffers, packets, timelines
-and frame programs of every frame in flight, then runs frames (:meth:`CompiledGraph.run`,
-:meth:`CompiledGraph.stream`)."""
+and frame programs of every frame in flight; it runs frames (:meth:`CompiledGraph.run`,
+:meth:`CompiledGraph.stream`) as :class:`hostless.running.FrameRunner` says."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import ert, lowlevel, records, trace
+from . import ert, lowlevel, segments, sizes, trace
 from ._abi import C
 from .agents import Agent
 from .buffer import Buffer, bytes_buffer
 from .dag import MAX_PACKET_WAITS, Dag
-from .errors import CorruptDomain, HostlessError
+from .errors import DeviceHeapFull, HostlessError, OutOfMemory
 from .graphparts import (
     GraphInvalidated,
+    GraphTooLarge,
     Stage,
-    StageFailed,
-    _check_cast,
     _Ident,
     _scalar_word,
     _Slot,
@@ -28,9 +26,9 @@ from .graphparts import (
     _view,
 )
 from .placement import place_tensors
-from .queue import _timeout_ns
-from .segments import GpuSegment, arm_plan
-from .status import Status, timeline_failure
+from .running import FrameRunner
+from .segments import GpuSegment
+from .status import Status
 from .timeline import Timeline
 from .wire import FO_PACKET, PK_WAIT_VALUE, Follow, FrameOps, Kernargs, Packet, PacketType, follow_offset
 
@@ -43,7 +41,7 @@ stage's ancestors for a failure (a failure passed on through relays past the
 agents' follow-up depth never reaches the stage's own timeline)."""
 
 
-class CompiledGraph:
+class CompiledGraph(FrameRunner):
     """A graph bound to buffers and packets: :meth:`run` and :meth:`stream`."""
 
     def __init__(self, g: Graph, dispatch: str, data: str, inflight: int) -> None:
@@ -53,6 +51,8 @@ class CompiledGraph:
         # the agents as compiled for, recorded before anything is built for them
         self._invalid: GraphInvalidated | None = None
         self._fast = False  # run's one-call path (set once everything is built: _bind_io)
+        self._bound = False  # whether the slots' frame programs can do the host's whole frame
+        self._streams = 0  # open streams with frames in flight (run() waits for none of them)
         self._idents = self._identities()
         # Python stage functions: loaded into their agents once, here (ImportError etc. surface now)
         self.kids: dict[int, int] = {
@@ -60,39 +60,18 @@ class CompiledGraph:
             for k, s in enumerate(g.stages)
             if callable(s.kernel)
         }
-        # GPU segments: loaded (functions imported, run once, checked) into their agents here
-        self.segments: dict[int, tuple[str, str]] = {}  # stage -> (mode, why eager) as prepared
-        for k, s in enumerate(g.stages):
-            if isinstance(s.kernel, GpuSegment):
-                self.kids[k], *mw = s.agent.load_segment(s.kernel.request(g._shape_of))
-                self.segments[k] = (mw[0], mw[1])
         self.dag = Dag.build([s.output for s in g.stages], [s.inputs for s in g.stages])
-        # armed segments (direct dispatch, shared data, captured; hostless.segments.arm_plan):
-        # their frames are queued ahead on the GPU; nobody pushes their packets; each frame
-        # waits on the host word (the frame program stores the frame number there once the
-        # frame's inputs are written), then on its predecessors' points; the stages they feed
-        # are host-pushed.  ``fed``, a timeline of this process, is never signalled: it fails
-        # when the graph is over (closed, invalidated, or this process died): the agents disarm
+        # GPU segments: loaded into their agents (functions imported, run once, checked); which
+        # are armed, which stages the host pushes (hostless.segments.load)
+        self.segments: dict[int, tuple[str, str]] = {}
         self.armed: set[int] = set()
         self.hostpushed: set[int] = set()
-        if dispatch == "direct" and data == "shared":
-            captured = [k for k, (mode, _w) in self.segments.items() if mode == "graph"]
-            cuda = any(s.agent.kind == "cuda" for s in g.stages)  # the GPU would push follow-ups
-            self.armed, self.hostpushed = arm_plan(self.dag.preds, captured, MAX_PACKET_WAITS, cuda)
-        self.fed: Timeline | None = dom.timeline() if self.armed else None
-        self.host_word: Buffer | None = dom.buffer((1,), np.uint64) if self.armed else None
-        self.timelines: list[Timeline] = [dom.timeline(owner=s.agent.id) for s in g.stages]
-        # direct + copy: a stage with a successor it does not push signals here when its copies are done
-        self.copied: dict[int, Timeline] = {}
-        if dispatch == "direct" and data == "copy":
-            for k, s in enumerate(g.stages):
-                if any(self.dag.pusher(j) != k for j in self.dag.succs[k]):
-                    self.copied[k] = dom.timeline(owner=s.agent.id)
+        self.fed: Timeline | None = None
+        self.host_word: Buffer | None = None
+        segments.load(self)
+        self._broken: HostlessError | None = None  # a reset after a failed frame could not finish
         if dom.trace_enabled():  # slices named after stages and kernels in the exported trace
             for k, s in enumerate(g.stages):
-                trace.name(dom, self.timelines[k].handle, s.name)
-                if k in self.copied:
-                    trace.name(dom, self.copied[k].handle, f"{s.name} (copies)")
                 if k in self.kids:
                     trace.name_kernel(dom, self.kids[k], getattr(s.kernel, "__qualname__", "function"))
             for a in {id(s.agent): s.agent for s in g.stages}.values():
@@ -100,36 +79,77 @@ class CompiledGraph:
                     trace.name_kernel(dom, kid, kname)
         self.frame = 0
         self.place = self._placement()
+        # what the heaps must hold (hostless.sizes): a graph that cannot fit is refused here,
+        # before anything is allocated
+        self.needs = sizes.needs(
+            g.stages, g.inputs, g.constants, self.place, self.dag, dispatch, data, inflight
+        )
+        self._what = f"dispatch={dispatch} data={data} inflight={inflight}"
+        sizes.check_fits(dom, self.needs, self._what)
         self.consts: dict[str, Buffer] = {}
-        for name, arr in g.constants.items():
-            b = dom.buffer(arr.shape, arr.dtype, device=self.place[name])
-            _store(b, arr)
-            self.consts[name] = b
         self.outputs = [g.stages[k].output for k in self.dag.sinks]
-        self.slots = [self._build_slot() for _ in range(inflight)]
-        for sl in self.slots:
-            self._build_programs(sl)
-        for k in self.segments:  # each slot's buffers captured once, as a CUDA graph
-            for sl in self.slots:
-                hs = [b.handle for b in sl.stage_in[k]] + [sl.stage_out[k].handle]
-                self.segments[k] = g.stages[k].agent.prepare_segment(self.kids[k], hs, gated=k in self.armed)
-        for k in sorted(self.armed):
-            assert self.fed is not None and self.host_word is not None
-            waits = [self.timelines[p].handle for p in self.dag.preds[k]]
-            slots = [[b.handle for b in sl.stage_in[k]] + [sl.stage_out[k].handle] for sl in self.slots]
-            g.stages[k].agent.arm_segment(
-                self.kids[k],
-                slots,
-                waits,
-                self.timelines[k].handle,
-                self.fed.handle,
-                self.host_word.handle,
-                self.frame + 1,
-            )
+        self.slots: list[_Slot] = []
         self._closed = False
+        try:
+            for name, arr in g.constants.items():
+                b = self.consts[name] = dom.buffer(arr.shape, arr.dtype, device=self.place[name])
+                _store(b, arr)
+            for _ in range(inflight):
+                sl = _Slot()
+                self.slots.append(sl)  # (what a failure left half built: close releases it)
+                self._build_slot(sl)
+            for sl in self.slots:
+                self._build_programs(sl)
+            segments.prepare(self)  # each slot's segments captured as CUDA graphs; armed ones armed
+        except BaseException as e:
+            self.close()
+            if isinstance(e, OutOfMemory) and not isinstance(e, GraphTooLarge):  # scattered free space
+                dev = isinstance(e, DeviceHeapFull)
+                heap = next((h for h in self.needs.heaps if h != "cpu"), "cpu") if dev else "cpu"
+                free, size = sizes.room(dom, heap)
+                want = self.needs.heaps.get(heap, 0)
+                raise sizes.too_large(heap, want, free, size, self.needs, self._what) from e
+            raise
         # the host's whole frame in one C call (see run): when every graph input and output
         # lives in host memory; otherwise (or when the call declines) the general path
-        self._fast = self._bind_io()
+        self._bound = self._bind_io()
+        self._refast()
+
+    def _refast(self) -> None:
+        """Let run() take its one-call path unless something needs the general path: the
+        graph invalid or broken, a stream open, a slot whose frame was abandoned."""
+        self._fast = (
+            self._bound
+            and self._invalid is None
+            and self._broken is None
+            and not self._streams
+            and not any(sl.stale for sl in self.slots)
+        )
+
+    def _new_timelines(self) -> tuple[list[Timeline], dict[int, Timeline]]:
+        """A slot's timelines: one per stage, owned by its agent, and (direct + copy) one per
+        stage with a successor it does not push, signalled when its copies are done; named in
+        the trace."""
+        g, dom = self.g, self.dom
+        timelines: list[Timeline] = []
+        copied: dict[int, Timeline] = {}
+        try:
+            for s in g.stages:
+                timelines.append(dom.timeline(owner=s.agent.id))
+            if self.dispatch == "direct" and self.data == "copy":
+                for k, s in enumerate(g.stages):
+                    if any(self.dag.pusher(j) != k for j in self.dag.succs[k]):
+                        copied[k] = dom.timeline(owner=s.agent.id)
+        except BaseException:
+            for t in timelines + list(copied.values()):
+                t.release()
+            raise
+        if dom.trace_enabled():
+            for k, s in enumerate(g.stages):
+                trace.name(dom, timelines[k].handle, s.name)
+                if k in copied:
+                    trace.name(dom, copied[k].handle, f"{s.name} (copies)")
+        return timelines, copied
 
     # ------------------------------------------------------------ agents
     def _identities(self) -> list[_Ident]:
@@ -184,30 +204,15 @@ class CompiledGraph:
         fail: packets still queued on live agents that wait on them fail unrun), raise ``e``."""
         self._invalid = e
         self._fast = False  # every later run goes the general path, which raises e
-        for t in self.timelines + list(self.copied.values()) + ([self.fed] if self.fed else []):
+        for t in [t for sl in self.slots for t in sl.timelines + list(sl.copied.values())] + (
+            [self.fed] if self.fed is not None else []
+        ):
             try:
                 if t.failure is None:
                     t.fail(Status.OWNER_DIED)
             except HostlessError:
                 pass  # failed meanwhile (its owner's recovery)
         raise e
-
-    def _exec_checked(self, prog: tuple[Any, list[Any]], value: int, timeout: float | None) -> None:
-        """:meth:`_exec`; a failure or timeout first checks whether an agent died or was
-        replaced (GraphInvalidated, chained to the failure)."""
-        self._checked(self._exec, prog, value, timeout)
-
-    def _checked(self, fn: Callable[..., None], *args: Any) -> None:
-        """``fn(*args)``; a StageFailed or TimeoutError first checks whether an agent died
-        or was replaced (GraphInvalidated, chained to the failure)."""
-        try:
-            fn(*args)
-        except (StageFailed, TimeoutError) as e:
-            try:
-                self._check_agents(thorough=True)
-            except GraphInvalidated as gi:
-                raise gi from e
-            raise
 
     # ------------------------------------------------------------ building
     def _shape_of(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -220,10 +225,19 @@ class CompiledGraph:
         return place_tensors(g.stages, g.inputs, g.constants, self.data, heaps)
 
     def plan(self) -> str:
-        """Where each tensor lives and why, one line per tensor (also what ``print`` shows)."""
+        """Where each tensor lives and why, one line per tensor (also what ``print`` shows):
+        its device, its bytes and how many buffers hold it (one per frame in flight; in copy
+        mode one more per reader), then the bytes each heap holds for the graph
+        (:class:`hostless.sizes.HeapNeeds`) and the heap's size."""
         g = self.g
         lines = [f"dispatch={self.dispatch} data={self.data} inflight={self.inflight}"]
         for n, d in self.place.items():
+            nbuf = 1 if n in g.constants else self.inflight
+            if self.data == "copy":  # a private copy per reader (and the constant itself once)
+                nread = sum(i == n for s in g.stages for i in s.inputs)
+                own = n not in g.inputs and n not in g.constants  # a stage's output buffer
+                nbuf = (n in g.constants) + self.inflight * (nread + own)
+            size = f"{sizes.fmt_bytes(self.needs.tensor_bytes[n])} x{nbuf}"
             if n in g.inputs:
                 what = "input (host writes it)"
             elif n in g.constants:
@@ -245,21 +259,17 @@ class CompiledGraph:
                 why = "host memory: used on " + ", ".join(devs) if devs else "host memory"
             else:
                 why = f"{d} memory: every engine that touches it runs on {d}"
-            lines.append(f"  {n:<12} {d:<7} {what}; read by {', '.join(readers) or 'the host'}; {why}")
-        for k, (mode, why) in self.segments.items():
-            s = g.stages[k]
-            how = "captured as a CUDA graph, replayed per frame"
-            if k in self.armed:
-                how += "; armed: queued ahead on the GPU behind waits on its inputs, no packet per frame"
-            if mode != "graph":
-                how = f"runs eagerly: {why}"
-            arrays = s.kernel.arrays if isinstance(s.kernel, GpuSegment) else "?"
-            lines.append(f"  segment {s.name} on {s.agent.kind} ({arrays}): {how}")
-        return "\n".join(lines)
+            by = ", ".join(readers) or "the host"
+            lines.append(f"  {n:<12} {d:<7} {size:<14} {what}; read by {by}; {why}")
+        for heap in sorted(self.needs.heaps):
+            hfree, hsize = sizes.room(self.dom, heap)
+            name = "host heap" if heap == "cpu" else f"{heap} heap"
+            room = f"{sizes.fmt_bytes(hsize)} ({sizes.fmt_bytes(hfree)} free now)"
+            lines.append(f"  {name}: this graph takes {self.needs.describe(heap)} of {room}")
+        return "\n".join(lines + segments.plan_lines(self))
 
-    def _build_slot(self) -> _Slot:
+    def _build_slot(self, sl: _Slot) -> _Slot:
         dom, g = self.dom, self.g
-        sl = _Slot()
         if self.data == "shared":
             for name in list(g.inputs) + [s.output for s in g.stages]:
                 shp, dt = self._shape_of(name)
@@ -279,7 +289,28 @@ class CompiledGraph:
                     ins.append(b)
                 sl.stage_in.append(ins)
                 sl.stage_out.append(dom.buffer(s.shape, s.dtype))
-        # packets, from the last stage backwards so that each can name its follow-ups
+        sl.timelines, sl.copied = self._new_timelines()
+        self._build_packets(sl)
+        for name in g.inputs:
+            if self.data == "shared":
+                sl.in_views[name] = [_view(sl.tensors[name])]
+            else:
+                sl.in_views[name] = [
+                    sl.stage_in[k][pos].numpy()
+                    for k, s in enumerate(g.stages)
+                    for pos, i in enumerate(s.inputs)
+                    if i == name
+                ]
+        sl.out_views = [
+            (s.output, _view(sl.stage_out[k])) for k, s in enumerate(g.stages) if s.output in self.outputs
+        ]
+        return sl
+
+    def _build_packets(self, sl: _Slot) -> None:
+        """The slot's packets on the current timelines, from the last stage backwards so that
+        each can name its follow-ups; their argument blocks (and ERT commands, relays'
+        scratch bytes) go to ``sl.owned``, their per-frame words to ``sl.stores``."""
+        g = self.g
         n = len(g.stages)
         dag, direct = self.dag, self.dispatch == "direct"
         entry: dict[int, Follow] = {}  # direct: what stage j's pusher pushes for j (j or its relays)
@@ -288,7 +319,7 @@ class CompiledGraph:
             s = g.stages[k]
             bufs = [b.handle for b in sl.stage_in[k]] + [sl.stage_out[k].handle]
             follow: list[Follow] = []
-            if direct:
+            if direct:  # (armed and host-pushed stages are pushed by nobody's packet)
                 follow = [
                     entry[j]
                     for j in dag.succs[k]
@@ -304,24 +335,10 @@ class CompiledGraph:
             p = self._packet(sl, s, bufs, words, k, follow)
             pk[k] = p
             if k in self.hostpushed:
-                self._set_waits(p, [self._waited(j) for j in dag.preds[k]])
+                self._set_waits(p, [self._waited(sl, j) for j in dag.preds[k]])
             elif direct and dag.preds[k] and k not in self.armed:
                 entry[k] = self._join(sl, k, p)
         sl.packets = pk
-        for name in g.inputs:
-            if self.data == "shared":
-                sl.in_views[name] = [_view(sl.tensors[name])]
-            else:
-                sl.in_views[name] = [
-                    sl.stage_in[k][pos].numpy()
-                    for k, s in enumerate(g.stages)
-                    for pos, i in enumerate(s.inputs)
-                    if i == name
-                ]
-        sl.out_views = [
-            (s.output, _view(sl.stage_out[k])) for k, s in enumerate(g.stages) if s.output in self.outputs
-        ]
-        return sl
 
     def _build_programs(self, sl: _Slot) -> None:
         """The slot's frame programs, validated once by the engine (every handle held and
@@ -352,7 +369,7 @@ class CompiledGraph:
                     submit.push(g.stages[k].agent.queue.handle, sl.packets[k], tag=k)
                     running.append(k)
                 k = running.pop(0)
-                submit.wait(self.timelines[k].handle, self._watched(k), tag=k)
+                submit.wait(sl.timelines[k].handle, self._watched(sl, k), tag=k)
                 done.add(k)
                 if self.data == "copy":
                     for j in dag.succs[k]:
@@ -361,7 +378,7 @@ class CompiledGraph:
                                 submit.copy(sl.stage_in[j][pos].handle, sl.stage_out[k].handle, tag=k)
         wait = FrameOps()
         for k in dag.sinks:
-            wait.wait(self.timelines[k].handle, self._watched(k), tag=k)
+            wait.wait(sl.timelines[k].handle, self._watched(sl, k), tag=k)
         run = submit + wait
         core = self.dom._core
         sl.submit = (submit.build(core, _SLICE_S), submit.tags)
@@ -404,20 +421,20 @@ class CompiledGraph:
             sl.stage_in[k][pos] for k, s in enumerate(g.stages) for pos, i in enumerate(s.inputs) if i == name
         ]
 
-    def _watched(self, k: int) -> list[int]:
+    def _watched(self, sl: _Slot, k: int) -> list[int]:
         """The timelines checked for a failure while the host waits for stage k (between
         sleep slices): k's and its ancestors', in topological order."""
-        return [self.timelines[j].handle for j in sorted(self.dag.ancestors[k] | {k})]
+        return [sl.timelines[j].handle for j in sorted(self.dag.ancestors[k] | {k})]
 
-    def _waited(self, j: int) -> int:
+    def _waited(self, sl: _Slot, j: int) -> int:
         """The timeline a successor that stage j does not push waits on (the frame number)."""
-        t = self.copied.get(j)
-        return (t if t is not None else self.timelines[j]).handle
+        t = sl.copied.get(j)
+        return (t if t is not None else sl.timelines[j]).handle
 
     def _join(self, sl: _Slot, k: int, p: Packet) -> Follow:
         """What stage k's pusher pushes for it: k's packet, waiting on up to two other
         predecessors, behind relay packets on the pusher's agent for the rest (two each)."""
-        others = [self._waited(j) for j in self.dag.others(k)]
+        others = [self._waited(sl, j) for j in self.dag.others(k)]
         groups = [others[i : i + MAX_PACKET_WAITS] for i in range(0, len(others), MAX_PACKET_WAITS)]
         out = Follow(self.g.stages[k].agent.queue.handle, p)
         if not groups:
@@ -446,7 +463,7 @@ class CompiledGraph:
         g = self.g
         src = sl.stage_out[k]
         out = then
-        done = self.copied.get(k)  # the last copy to run (the first built) signals it
+        done = sl.copied.get(k)  # the last copy to run (the first built) signals it
         signal = done.handle if done is not None else 0
         for j in range(len(g.stages)):
             for pos, name in enumerate(g.stages[j].inputs):
@@ -463,7 +480,7 @@ class CompiledGraph:
         self, sl: _Slot, s: Stage, bufs: list[int], scalars: list[int], k: int, follow: list[Follow]
     ) -> Packet:
         kernel = self.kids[k] if callable(s.kernel) or isinstance(s.kernel, GpuSegment) else s.kernel
-        return self._raw_packet(sl, s.agent, kernel, bufs, scalars, self.timelines[k].handle, 0, follow)
+        return self._raw_packet(sl, s.agent, kernel, bufs, scalars, sl.timelines[k].handle, 0, follow)
 
     def _args(self, sl: _Slot, ka: Kernargs) -> int:
         """An argument block of the slot: its buffer (owned by the slot) and the words of its
@@ -504,156 +521,13 @@ class CompiledGraph:
         flags = spec.packet_flags(self.data)  # cuda copy mode: stage through device memory
         return Packet(kernel=kid, args=ka, signal=signal, signal_value=value, flags=flags)
 
-    # ------------------------------------------------------------- running
-    def _write_inputs(self, sl: _Slot, inputs: Mapping[str, np.ndarray]) -> None:
-        g = self.g
-        unknown = sorted(name for name in inputs if name not in g.inputs)
-        if unknown:
-            raise KeyError(f"unknown graph input(s) {unknown}; the graph's inputs are {sorted(g.inputs)}")
-        for name, (shp, dt) in g.inputs.items():
-            if name not in inputs:
-                raise KeyError(f"missing graph input {name!r}")
-            arr = np.asarray(inputs[name])
-            if arr.shape != shp:
-                raise ValueError(f"input {name!r} must have shape {shp}, got {arr.shape}")
-            _check_cast(name, arr, dt)
-            for v in sl.in_views[name]:
-                if isinstance(v, np.ndarray):
-                    v[...] = arr
-                else:  # a device buffer: one host-to-device copy
-                    v.from_host(arr)
-
-    def _read_outputs(self, sl: _Slot) -> dict[str, np.ndarray]:
-        return {name: v.copy() if isinstance(v, np.ndarray) else v.to_host() for name, v in sl.out_views}
-
-    def _exec(self, prog: tuple[Any, list[Any]], value: int, timeout: float | None) -> None:
-        """Run one of a slot's frame programs for frame ``value`` (one C call, the GIL
-        released); StageFailed, TimeoutError and the push errors as the host path
-        always raised them."""
-        stop = prog[0].run(value, -1 if timeout is None else _timeout_ns(timeout))
-        if stop is not None:
-            self._stopped(prog, value, stop)
-
-    def _stopped(self, prog: tuple[Any, list[Any]], value: int, stop: tuple[Any, ...]) -> None:
-        """Raise what a frame program's stop (``FrameProgram.run``'s tuple) means."""
-        k: int = prog[1][stop[0]]
-        why, word = stop[1], stop[2]
-        if why == "failed":  # stage k's timeline failed (or holds garbage)
-            st = timeline_failure(word)
-            if st is None:
-                raise CorruptDomain(
-                    f"timeline {self.timelines[k].handle:#x} holds an invalid word {word:#x} "
-                    "(written by a buggy or hostile participant)"
-                )
-            raise self._failure(k, st)
-        # a sleep slice ended with a watched timeline failed, or the wait timed out
-        for j in sorted(self.dag.ancestors[k] | {k}):
-            f = self.timelines[j].failure
-            if f is not None:
-                raise StageFailed(self.g.stages[j].name, f)
-        if why == "timeout":
-            raise TimeoutError(
-                f"timeline {self.timelines[k].handle:#x} did not reach {value} within the timeout"
-            )
-        raise CorruptDomain(f"a watched timeline held the failed word {word:#x}, then no failure")
-
-    def _failure(self, k: int, st: Status) -> StageFailed:
-        """The error for stage k failing with ``st``: it names the earliest failed
-        ancestor of k in topological order (in direct mode a failure is passed on
-        to the descendants, and the stage where it started is the one to report)."""
-        for j in sorted(self.dag.ancestors[k]):
-            f = self.timelines[j].failure
-            if f is not None:
-                return StageFailed(self.g.stages[j].name, f, records.read(self.dom, self.timelines[j].handle))
-        return StageFailed(self.g.stages[k].name, st, records.read(self.dom, self.timelines[k].handle))
-
-    def run(self, inputs: Mapping[str, np.ndarray], timeout: float | None = 30.0) -> dict[str, np.ndarray]:
-        """Run one frame; returns the graph outputs (copies).  StageFailed on failure.
-
-        The frame's packets are pushed, (host dispatch) its stages waited for and
-        copied between, and its sinks waited for by one call into the engine.  When
-        every input is a NumPy array of its input's dtype and shape (C-contiguous), that
-        call also checks the agents, writes the inputs and copies the outputs out
-        (``FrameProgram.frame``); otherwise, or when it declines, the same steps run
-        here in Python."""
-        if self._fast:
-            f = self.frame + 1
-            self.frame = f  # before the call: a frame that raised half-way is never reused
-            prog = self.slots[f % self.inflight].run
-            r = prog[0].frame(inputs, f, timeout)
-            if r.__class__ is dict:
-                return r
-            if r is not None:
-                return self._ran(self.slots[f % self.inflight], prog, f, r)
-            self.frame = f - 1  # declined, nothing done: the general path
-        return self._run(inputs, timeout)
-
-    def _ran(self, sl: _Slot, prog: tuple[Any, list[Any]], f: int, r: Any) -> dict[str, np.ndarray]:
-        """The end of a frame ``FrameProgram.frame`` ran but did not return outputs for:
-        False (an agent's words changed while it ran) or a stop tuple."""
-        if r is not False:
-            self._checked(self._stopped, prog, f, r)
-        self._check_agents()
-        return self._read_outputs(sl)
-
-    def _run(self, inputs: Mapping[str, np.ndarray], timeout: float | None) -> dict[str, np.ndarray]:
-        """:meth:`run`'s general path (in Python around the frame program)."""
-        self._check()
-        self._check_agents()
-        self.frame += 1
-        sl = self.slots[self.frame % self.inflight]
-        self._write_inputs(sl, inputs)
-        self._exec_checked(sl.run, self.frame, timeout)
-        self._check_agents()  # an agent replaced while the frame ran: no frame from this graph
-        return self._read_outputs(sl)
-
-    def stream(
-        self, frames: Iterable[Mapping[str, np.ndarray]], timeout: float | None = 30.0
-    ) -> Iterator[dict[str, np.ndarray]]:
-        """Run frames with up to ``inflight`` in flight; yields outputs in order."""
-        self._check()
-        self._check_agents()
-        pending: list[tuple[int, _Slot]] = []
-        for inp in frames:
-            if len(pending) == self.inflight:
-                v, sl = pending.pop(0)
-                yield self._collect(sl, v, timeout)
-            self.frame += 1
-            sl = self.slots[self.frame % self.inflight]
-            r = sl.submit[0].frame(inp, self.frame, timeout) if self._fast else None
-            if r is None:  # the general path
-                self._check()
-                self._check_agents()
-                self._write_inputs(sl, inp)
-                self._exec_checked(sl.submit, self.frame, timeout)
-            elif r.__class__ is not dict:
-                self._ran(sl, sl.submit, self.frame, r)
-            pending.append((self.frame, sl))
-        for v, sl in pending:
-            yield self._collect(sl, v, timeout)
-
-    def _collect(self, sl: _Slot, v: int, timeout: float | None) -> dict[str, np.ndarray]:
-        """Wait for frame ``v`` of a stream (slot ``sl``) and return its outputs."""
-        r = sl.wait[0].frame(None, v, timeout) if self._fast else None
-        if r.__class__ is dict:
-            return r
-        if r is not None:
-            return self._ran(sl, sl.wait, v, r)
-        self._check()
-        self._exec_checked(sl.wait, v, timeout)
-        self._check_agents()
-        return self._read_outputs(sl)
-
-    def _check(self) -> None:
-        if self._closed:
-            raise HostlessError("compiled graph is closed")
-
     def close(self) -> None:
         """Release buffers, packets and timelines."""
         if self._closed:
             return
         self._closed = True
         self._fast = False
+        segments.close(self)  # the agents disarm and drop this graph's segments
         seen: set[int] = set()
         for sl in self.slots:
             sl.in_views, sl.out_views = {}, []  # no view outlives its buffer
@@ -667,20 +541,15 @@ class CompiledGraph:
         for b in self.consts.values():
             if lowlevel.is_held(b):
                 b.release()
-        if self.fed is not None:
-            # the armed segments' agents see the graph is over (they release what they queued)
-            if self.fed.failure is None:
-                self.fed.fail(Status.CANCEL)
-        for k, kid in self.kids.items():
-            if k in self.segments:
-                try:  # the agent's graphs hold the slots' buffers
-                    self.g.stages[k].agent.drop_segment(kid)
-                except (HostlessError, TimeoutError):
-                    pass  # the agent is gone: its references went with it
-        for t in self.timelines + list(self.copied.values()) + ([self.fed] if self.fed else []):
-            t.release()
-        if self.host_word is not None:
-            self.host_word.release()
+        for sl in self.slots:
+            for t in sl.timelines + list(sl.copied.values()):
+                t.release()
+            for r in sl.retired:
+                r.release()
+            sl.retired = []
+        for o in (self.fed, self.host_word):
+            if o is not None and lowlevel.is_held(o):
+                o.release()
 
     def __enter__(self) -> CompiledGraph:
         return self

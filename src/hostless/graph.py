@@ -9,10 +9,12 @@ packet of a frame, one per root stage; every stage's packet carries the
 next ones as follow-ups, so each agent launches the next agent's work; the
 host waits for the end: every sink stage).
 
-Each stage signals its own timeline with the frame number; the timeline is
-owned by the stage's agent, so an agent's death fails it with OWNER_DIED and
-:meth:`CompiledGraph.run` raises :class:`StageFailed` within bounded time.
-A failing stage also fails the timelines of the stages after it.
+Each stage signals a timeline with the frame number; each frame in flight
+(each of the ``inflight`` slots) has its own, so a frame's failure fails no
+other frame.  A timeline is owned by the stage's agent, so an agent's death
+fails it with OWNER_DIED and :meth:`CompiledGraph.run` raises
+:class:`StageFailed` within bounded time.  A failing stage also fails the
+timelines of the stages after it, in its frame.
 
 Stages form a DAG (:mod:`hostless.dag`): each stage consumes named
 tensors (graph inputs, constants and the outputs of *any* earlier stages), and
@@ -58,8 +60,18 @@ and a frame is done when every sink stage is.
   packet encoded or parsed in Python.
 * Failures: a failing stage fails its descendants (a failed input passes its
   failure on; the follow-ups that never run have their signals failed), and
-  :class:`StageFailed` names the failed stage among the ancestors of the
-  failing sink that comes first in topological order.
+  :class:`StageFailed` names the frame and the failed stage among the
+  ancestors of the failing sink that comes first in topological order.
+* A graph outlives a bad frame (:mod:`hostless.renewal`): a failed timeline
+  stays failed (the ABI's rule), so before :class:`StageFailed` is raised the
+  host gives the failed frame's slot fresh timelines (owned by the same
+  agents) and packets, and retires the old ones until no packet can name
+  them; the next frame runs without a recompile.  A frame left in flight
+  (a timeout, an interrupt, a stream closed early) has its slot renewed the
+  same way before the slot is used again, so its late packets never see
+  another frame's words.  A stream has the slots to itself while it has
+  frames in flight (``run`` and another stream meanwhile raise
+  InvalidOperation).
 * Agents are part of what is compiled: a compiled graph records each agent's
   participant identity (slot index and incarnation) and the consumer word of
   its queue.  Every :meth:`CompiledGraph.run` (and every frame of
@@ -86,13 +98,22 @@ import numpy as np
 from .agents import Agent
 from .compiled import CompiledGraph
 from .domain import Domain
-from .graphparts import GraphInvalidated, Stage, StageFailed
+from .graphparts import GraphInvalidated, GraphResetFailed, GraphTooLarge, Stage, StageFailed
 from .kernels import check_stage
 from .placement import place_tensors
 from .segments import check_gpu_stage, fuse
 from .stagefn import describe
 
-__all__ = ["Graph", "CompiledGraph", "StageFailed", "GraphInvalidated", "Stage", "place_tensors"]
+__all__ = [
+    "Graph",
+    "CompiledGraph",
+    "StageFailed",
+    "GraphInvalidated",
+    "GraphResetFailed",
+    "GraphTooLarge",
+    "Stage",
+    "place_tensors",
+]
 
 
 class Graph:

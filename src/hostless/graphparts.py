@@ -10,13 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from . import devmem
+from . import devmem, lowlevel
 from .agents import Agent
 from .buffer import Buffer
-from .errors import HostlessError
+from .errors import HostlessError, OutOfMemory
 from .kernels import f64
 from .segments import GpuSegment
 from .status import Status
+from .timeline import Timeline
 from .wire import Packet
 
 
@@ -26,14 +27,22 @@ class StageFailed(HostlessError):
     ``status`` says how (ERROR, OWNER_DIED, ...); ``error``, when the stage's
     agent recorded one (:mod:`hostless.records`), says why: the exception's
     type and message, then the kernel's traceback in the agent, as text.
+    ``frame``: the number of the frame that failed (``CompiledGraph.frame``
+    counts the frames submitted), or None when raised outside a frame.  A
+    compiled graph outlives a failed frame: the next one runs without a
+    recompile (:class:`GraphInvalidated`, an agent gone, is the exception).
     """
 
-    def __init__(self, stage: str, status: Status, error: str | None = None) -> None:
+    def __init__(
+        self, stage: str, status: Status, error: str | None = None, frame: int | None = None
+    ) -> None:
         msg = f"stage {stage!r} failed with {status.name}"
+        if frame is not None:
+            msg = f"frame {frame}: {msg}"
         if error:
             msg += f": {error}"
         super().__init__(msg)
-        self.stage, self.status, self.error = stage, status, error
+        self.stage, self.status, self.error, self.frame = stage, status, error, frame
 
 
 class GraphInvalidated(StageFailed):
@@ -54,8 +63,26 @@ class GraphInvalidated(StageFailed):
             "this compiled graph is no longer valid and returns no frame: compile it again with g.compile() "
             "on live agents (a respawned one included)",
         )
-        self.stage, self.status, self.error = stage, Status.OWNER_DIED, None
+        self.stage, self.status, self.error, self.frame = stage, Status.OWNER_DIED, None, None
         self.agent_id = agent_id
+
+
+class GraphResetFailed(HostlessError):
+    """A frame failed and the compiled graph could not be reset for the next one (out of
+    heap, the domain's object table full): it returns no frame until compiled again
+    (``g.compile()``).  The failed frame's :class:`StageFailed` is its context."""
+
+
+class GraphTooLarge(OutOfMemory):
+    """A graph cannot fit the domain's heaps: ``compile()`` refuses it before allocating
+    anything (or releases what it allocated when a heap's free space is too scattered).
+    The message says how much it needs and the ``Domain.create`` size that fits it;
+    ``heap`` ("cpu": the shared heap, or "cuda:N"), ``needed``, ``free`` and ``size``
+    are the figures, in bytes."""
+
+    def __init__(self, msg: str, *, heap: str, needed: int, free: int, size: int) -> None:
+        super().__init__(msg)
+        self.heap, self.needed, self.free, self.size = heap, needed, free, size
 
 
 @dataclass
@@ -143,10 +170,42 @@ class _Ident:
         return None
 
 
+class Retired:
+    """One generation of a compiled graph's timelines and per-slot objects (argument
+    blocks, ERT commands, relays' scratch bytes), replaced after a failed frame and kept
+    until no packet can name them; ``first``: the first frame run on them."""
+
+    __slots__ = ("first", "owned", "timelines")
+
+    def __init__(self, timelines: list[Timeline], owned: list[Any], first: int) -> None:
+        self.timelines, self.owned, self.first = timelines, owned, first
+
+    def release(self) -> None:
+        """Release every object still held (idempotent)."""
+        for o in self.owned:
+            if lowlevel.is_held(o):
+                o.release()
+        for t in self.timelines:
+            if lowlevel.is_held(t):
+                t.release()
+        self.owned, self.timelines = [], []
+
+
 class _Slot:
-    """The buffers and prepared packets of one frame in flight."""
+    """The buffers, timelines and prepared packets of one frame in flight."""
 
     def __init__(self) -> None:
+        # each stage's timeline and (direct + copy) the copies' ones, signalled with the frame
+        # number: the slot's own, so that a failed frame fails no other frame in flight
+        self.timelines: list[Timeline] = []
+        self.copied: dict[int, Timeline] = {}
+        # after a failed frame (hostless.renewal): the objects of the slot's earlier timelines
+        # and packets, kept until no packet names them, and the first frame on the current ones
+        self.retired: list[Retired] = []
+        self.first = 1
+        # a frame left in flight on the slot that nobody collects (a timeout, an interrupt, a
+        # stream closed early): its number, and the slot is renewed before its next use
+        self.stale = 0
         self.tensors: dict[str, Buffer] = {}  # shared mode: one per name
         self.stage_in: list[list[Buffer]] = []  # copy mode: private inputs per stage
         self.stage_out: list[Buffer] = []  # output buffer per stage

@@ -31,9 +31,22 @@ from typing import Any
 
 import numpy as np
 
+from .dag import MAX_PACKET_WAITS
+from .errors import HostlessError
 from .stagefn import describe
+from .status import Status
 
-__all__ = ["ARRAYS", "GpuSegment", "fuse", "check_gpu_stage", "arm_plan"]
+__all__ = [
+    "ARRAYS",
+    "GpuSegment",
+    "fuse",
+    "check_gpu_stage",
+    "arm_plan",
+    "load",
+    "prepare",
+    "arm_slot",
+    "close",
+]
 
 ARRAYS = ("torch", "cupy")
 """What a GPU stage function takes: PyTorch tensors or CuPy arrays."""
@@ -174,3 +187,97 @@ def arm_plan(
     if not (armed or gpu_pushers) or any(len(preds[j]) > max_waits for j in rest):
         return set(), set()
     return armed, set(rest)
+
+
+# ---------------------------------------------------------------- a compiled graph's segments
+# (hostless.compiled.CompiledGraph calls these; ``cg`` is the compiled graph)
+
+
+def load(cg: Any) -> None:
+    """Load the compiled graph's segments into their agents (each function imported, run on
+    zero tensors, checked; ``cg.segments``: stage -> (mode, why eager)), and decide which are
+    armed and which stages the host pushes (:func:`arm_plan`); the armed ones get the graph's
+    ``fed`` timeline and host word."""
+    cg.segments = {}
+    for k, s in enumerate(cg.g.stages):
+        if isinstance(s.kernel, GpuSegment):
+            kid, mode, why = s.agent.load_segment(s.kernel.request(cg.g._shape_of))
+            cg.kids[k], cg.segments[k] = kid, (mode, why)
+    cg.armed, cg.hostpushed = set(), set()
+    if cg.dispatch == "direct" and cg.data == "shared":
+        captured = [k for k, (mode, _w) in cg.segments.items() if mode == "graph"]
+        cuda = any(s.agent.kind == "cuda" for s in cg.g.stages)  # the GPU would push follow-ups
+        cg.armed, cg.hostpushed = arm_plan(cg.dag.preds, captured, MAX_PACKET_WAITS, cuda)
+    cg.fed = cg.dom.timeline() if cg.armed else None
+    cg.host_word = cg.dom.buffer((1,), np.uint64) if cg.armed else None
+
+
+def _slot_buffers(sl: Any, k: int) -> list[int]:
+    return [b.handle for b in sl.stage_in[k]] + [sl.stage_out[k].handle]
+
+
+def prepare(cg: Any) -> None:
+    """Capture every segment over each frame slot's buffers (gated for an armed one), then arm
+    every slot."""
+    for k in cg.segments:
+        for sl in cg.slots:
+            cg.segments[k] = cg.g.stages[k].agent.prepare_segment(
+                cg.kids[k], _slot_buffers(sl, k), gated=k in cg.armed
+            )
+    for sl in cg.slots:
+        arm_slot(cg, sl)
+
+
+def arm_slot(cg: Any, sl: Any) -> None:
+    """Arm (or re-arm, after the slot was renewed) the armed segments in frame slot ``sl`` on
+    its current timelines, from the slot's next frame on."""
+    if not cg.armed:
+        return
+    s = cg.slots.index(sl)
+    start = cg.frame + 1 + (s - (cg.frame + 1)) % cg.inflight  # the slot's next frame
+    for k in sorted(cg.armed):
+        cg.g.stages[k].agent.arm_segment(
+            cg.kids[k],
+            s,
+            cg.inflight,
+            _slot_buffers(sl, k),
+            [sl.timelines[p].handle for p in cg.dag.preds[k]],
+            sl.timelines[k].handle,
+            cg.fed.handle,
+            cg.host_word.handle,
+            start,
+        )
+
+
+def plan_lines(cg: Any) -> list[str]:
+    """``plan()``'s lines on the segments: captured or eager (and why), armed."""
+    lines = []
+    for k, (mode, why) in cg.segments.items():
+        s = cg.g.stages[k]
+        how = "captured as a CUDA graph, replayed per frame"
+        if k in cg.armed:
+            how += "; armed: queued ahead on the GPU behind waits on its inputs, no packet per frame"
+        if mode != "graph":
+            how = f"runs eagerly: {why}"
+        lines.append(f"  segment {s.name} on {s.agent.kind} ({s.kernel.arrays}): {how}")
+    if cg.hostpushed:
+        lines.append(
+            "  the host pushes every stage with inputs when it submits a frame, waiting on them "
+            "(the GPU pushes into no queue)"
+        )
+    return lines
+
+
+def close(cg: Any) -> None:
+    """The graph is over: its ``fed`` timeline fails (the agents disarm its slots) and its
+    segments are dropped (the agents release the buffers their graphs hold)."""
+    if cg.fed is not None and cg.fed.failure is None:
+        try:
+            cg.fed.fail(Status.CANCEL)
+        except HostlessError:
+            pass
+    for k in cg.segments:
+        try:
+            cg.g.stages[k].agent.drop_segment(cg.kids[k])
+        except (HostlessError, TimeoutError):
+            pass  # the agent is gone: its references went with it

@@ -224,6 +224,7 @@ def test_a_failing_branch_fails_the_join(env: Env, failing: str, dispatch: str, 
     g.stage("d", env.npu, "copy", ["yb"], ("yd", (8, 8), "f4"))  # a second sink on b
     g.stage("join", env.cpu2, "add", ["yb", "yc"], ("yj", (8, 8), "f4"))
     with g.compile(dispatch=dispatch, data=data) as cg:
+        join = cg.timelines_of(cg.frame + 1)[4]  # the frame's (replaced once it failed, kept held)
         t0 = time.monotonic()
         with pytest.raises(StageFailed, match="branch broke") as ei:
             cg.run({"x": X}, timeout=10)
@@ -231,9 +232,9 @@ def test_a_failing_branch_fails_the_join(env: Env, failing: str, dispatch: str, 
         assert time.monotonic() - t0 < 5
         if dispatch == "direct":  # the failure reached the join's timeline too
             deadline = time.monotonic() + 5
-            while cg.timelines[4].failure is None and time.monotonic() < deadline:
+            while join.failure is None and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert cg.timelines[4].failure == Status.ERROR
+            assert join.failure == Status.ERROR
     assert env.cpu1.alive and env.cpu2.alive and env.npu.alive
 
 

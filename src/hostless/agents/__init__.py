@@ -180,7 +180,9 @@ class Agent:
     def arm_segment(
         self,
         kid: int,
-        slots: Sequence[Sequence[int]],
+        slot: int,
+        step: int,
+        buffers: Sequence[int],
         waits: Sequence[int],
         signal: int,
         fed: int,
@@ -188,24 +190,25 @@ class Agent:
         start: int,
         timeout: float = 120.0,
     ) -> None:
-        """Arm segment ``kid`` (prepared ``gated`` over each slot's ``buffers``): from frame
-        ``start`` on, the agent queues each frame's work ahead on the GPU, behind a stream wait
-        on the u64 of the host buffer ``host_word`` (the host stores the frame number there
+        """Arm frame slot ``slot`` of segment ``kid`` (prepared ``gated`` over ``buffers``): from
+        frame ``start`` on, every ``step``-th frame is queued ahead on the GPU, behind a stream
+        wait on the u64 of the host buffer ``host_word`` (the host stores the frame number there
         once it wrote the frame) and a wait on the ``waits`` timelines reaching the frame
-        number, then commits and signals ``signal`` (:class:`hostless.agents.cuda_agent.Armed`;
-        it pushes nothing: the graph pushes the stages it feeds from the host).  ``fed`` is a
-        timeline of the graph's host: when it fails (the graph closed or invalidated, or its
-        host died) the agent disarms."""
+        number, then committed and signalled on ``signal``
+        (:class:`hostless.agents.cuda_agent.Armed`; it pushes nothing).  A slot armed already is
+        re-armed.  ``fed`` is a timeline of the graph's host: when it fails (the graph closed or
+        invalidated, or its host died) the agent disarms the graph's slots."""
         req = {
             "op": "arm",
             "id": kid,
-            "slots": [{"buffers": [int(h) for h in s]} for s in slots],
+            "slot": int(slot),
+            "step": int(step),
+            "buffers": [int(h) for h in buffers],
             "waits": [int(h) for h in waits],
             "signal": int(signal),
             "fed": int(fed),
             "host_word": int(host_word),
             "start": int(start),
-            "inflight": len(slots),
         }
         with self._channel(timeout) as deadline:
             self._checked_reply(req, deadline, f"segment {kid}", timeout)

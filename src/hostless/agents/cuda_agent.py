@@ -76,7 +76,7 @@ class CudaLoop(AgentLoop):
         # by this thread between packets (never behind a pending stream wait)
         self.runners: dict[int, OrderedDict[tuple[int, ...], Runner]] = {}
         self.requests: _queue.Queue[tuple[dict[str, Any], list[Any], threading.Event]] = _queue.Queue()
-        self.armed: dict[int, Armed] = {}  # segments armed by their graph (direct dispatch): by id
+        self.armed: dict[tuple[int, int], Armed] = {}  # armed segments' frame slots: by (id, slot)
 
     ARMED_POLL_NS = 100_000
     """While segments are armed the loop looks at them this often (it queues their next frames):
@@ -97,9 +97,9 @@ class CudaLoop(AgentLoop):
         return box[0]  # type: ignore[no-any-return]
 
     def service(self) -> None:
-        for kid, a in list(self.armed.items()):
+        for key, a in list(self.armed.items()):
             if not a.pump():
-                self._disarm(kid)
+                self._disarm(key)
         while True:
             try:
                 req, box, done = self.requests.get_nowait()
@@ -139,45 +139,59 @@ class CudaLoop(AgentLoop):
                 raise ValueError("prepare names a list of buffer handles")
             r = self._runner(kid, seg, tuple(hs), bool(req.get("gated", False)))
             return {"id": kid, "mode": r.mode, "why": r.why}
-        if op == "arm":
-            if kid in self.armed:
-                raise ValueError(f"segment {kid} is armed already")
-            slots = req.get("slots")
-            if not isinstance(slots, list) or not slots:
-                raise ValueError("arm names the slots' buffers and argument blocks")
-            runners = []
-            for sl in slots:
-                hs = sl.get("buffers")
-                if not isinstance(hs, list) or not all(isinstance(h, int) for h in hs):
-                    raise ValueError("arm: a slot names a list of buffer handles")
-                r = self._runner(kid, seg, tuple(hs), True)
-                if r.mode != "graph":
-                    raise ValueError(
-                        f"segment {kid} runs eagerly over these buffers ({r.why}): it cannot be armed"
-                    )
-                runners.append(r)
-            self.armed[kid] = Armed(self, kid, req, runners)
+        if op == "arm":  # one frame slot; a slot armed already is re-armed (its graph renewed it)
+            slot = req.get("slot")
+            if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < 64:
+                raise ValueError("arm: slot is an int in 0..63")
+            hs = req.get("buffers")
+            if not isinstance(hs, list) or not all(isinstance(h, int) for h in hs):
+                raise ValueError("arm: buffers is a list of buffer handles")
+            r = self._runner(kid, seg, tuple(hs), True)
+            if r.mode != "graph":
+                raise ValueError(f"segment {kid} runs eagerly over these buffers ({r.why}): not armed")
+            armed = Armed(self, kid, req, r)
+            if (kid, slot) in self.armed:
+                self._disarm((kid, slot), restore=True)
+            self.armed[(kid, slot)] = armed
             self.pop_timeout_ns = self.ARMED_POLL_NS  # pump the armed segments this often
             return {"id": kid}  # (the first pump is the loop's next service(), not this reply's)
         if op == "drop":
-            if kid in self.armed:
-                self._disarm(kid)
+            for key in [key for key in self.armed if key[0] == kid]:
+                self._disarm(key)
             for r in self.runners.pop(kid, {}).values():
                 r.release()
             del self.kernels[kid]
             return {"id": kid}
         raise ValueError(f"unknown request {op!r}")
 
-    def _disarm(self, kid: int) -> None:
-        a = self.armed.pop(kid)
-        a.close()
+    def _group(self, a: Armed) -> list[Armed]:
+        return [b for b in self.armed.values() if b.word == a.word]
+
+    def _disarm(self, key: tuple[int, int], restore: bool = False) -> None:
+        """Close one armed slot: its graph's queued frames pass (:func:`pass_frames`), the
+        others of its graph (``restore``: the graph goes on) are queued again."""
+        a = self.armed[key]
+        group = self._group(a)
+        pass_frames(group, restore)
+        del self.armed[key]
+        a.release()
+        for b in group:
+            if b is not a:
+                b.requeue()
         if not self.armed:
             self.pop_timeout_ns = 50_000_000
 
     def _quiesce(self) -> None:
         """Before what may synchronize the whole device: no armed frame left waiting."""
-        for a in self.armed.values():
-            a.quiesce()
+        seen: set[int] = set()
+        for a in list(self.armed.values()):
+            group = self._group(a)
+            if a.word in seen or not any(b.queued() for b in group):
+                continue
+            seen.add(a.word)
+            pass_frames(group, restore=True)
+            for b in group:
+                b.requeue()
 
     def _runner(self, kid: int, seg: Segment, hs: tuple[int, ...], gated: bool = False) -> Runner:
         """The runner of segment ``kid`` over buffers ``hs`` (``gated``: its result into
@@ -387,50 +401,50 @@ class _Keep:
 
 
 class Armed:
-    """A segment armed by its graph (direct dispatch, shared data): the GPU work of its next
-    frames is queued ahead on a stream of its own, so neither a packet nor this process is on
-    a frame's path.
+    """One frame slot of a segment armed by its graph (direct dispatch, shared data): the GPU
+    work of the slot's next frames is queued ahead on a stream of its own, so neither a packet
+    nor this process is on a frame's path.
 
-    Frame ``f`` runs in slot ``f % inflight``, queued as: a stream wait
+    The slot runs frames ``start``, ``start + step``, ... (``step``: the graph's slots, each
+    with its own buffers and timelines), each queued as: a stream wait
     (``cuStreamWaitValue64``) until the graph's *host word* (a u64 of a heap buffer that the
     host's frame program stores the frame number into, a release store after the frame's
-    inputs) reaches ``f``; then ``hl_wait_points``, one thread waiting for the predecessors'
-    timeline points ``f`` (bounded: the frame was submitted) and computing the gate; the
-    slot's captured graph (its result into device scratch); the gated commit of the scratch
-    into the output buffer; the gated signal of the stage's timeline to ``f`` (an input's
-    failure passes on) and a host function that wakes its sleepers.  It pushes nothing: the
-    GPU's atomics on host memory are not atomic against the host's on a PCIe machine without
-    PCIe atomics, so the stages it feeds are pushed by the graph's host, waiting on its point
-    (:func:`hostless.segments.arm_plan`).
-    :meth:`pump` (the agent's loop, every 100 us) keeps up to ``window`` frames queued
-    past the last one signalled.  What waits indefinitely (for frames the host has not
-    submitted) is only the stream wait on the host word: the GPU front end's, no SM.
+    inputs) reaches the frame; ``hl_wait_points``, one thread waiting for the predecessors'
+    points in this slot's timelines (bounded: the frame was submitted) and computing the gate;
+    the slot's captured graph (its result into device scratch); the gated commit of the
+    scratch into the output buffer; the gated signal of the slot's timeline of the stage and a
+    host function that wakes its sleepers.  It pushes nothing: the GPU's atomics on host
+    memory are not atomic against the host's on a PCIe machine without PCIe atomics, so the
+    graph's host pushes the stages it feeds (:func:`hostless.segments.arm_plan`).
+    :meth:`pump` (the agent's loop, every 100 us) keeps up to ``WINDOW`` of the slot's frames
+    queued past the last one it signalled.  What waits indefinitely (for frames the host has
+    not submitted) is only the stream wait on the host word: the GPU front end's, no SM.
 
-    :meth:`quiesce` (before anything in this process that may synchronize the whole device:
-    a load, a capture, a kernel's first run) makes the queued frames pass without effect: the
-    cancel flag is set, the host word exchanged for a value past every frame, the stream
-    drained (each frame's gate is -1: nothing committed or signalled), then the host
-    word is put back unless the host stored a newer frame meanwhile, and the frames not
-    signalled are queued again by the next :meth:`pump`.  Disarming (the graph's ``drop``, or
-    its ``fed`` timeline failing: the graph closed or invalidated, or its host died and
-    recovery failed it) is a quiesce without the way back, then the release of everything.
+    Before anything in this process that may synchronize the whole device (a load, a capture,
+    a kernel's first run), and when a slot is closed or re-armed, the queued frames of the
+    graph's armed slots pass without effect (:func:`pass_frames`) and the ones not signalled
+    are queued again by the next :meth:`pump`.  The agent closes the slots of a graph that
+    dropped the segment or whose ``fed`` timeline failed (the graph closed or invalidated, or
+    its host died).
     """
 
-    WINDOW = 32
-    """Frames queued ahead past the last one signalled: each is six stream operations, and a
-    stream holds a bounded number before a launch blocks."""
+    WINDOW = 8
+    """The slot's frames queued ahead past the last one signalled: each is six stream
+    operations, and a stream holds a bounded number before a launch blocks."""
     PAST = 2**63 - 1
 
-    def __init__(self, loop: CudaLoop, kid: int, req: dict[str, Any], runners: list[Runner]) -> None:
+    def __init__(self, loop: CudaLoop, kid: int, req: dict[str, Any], runner: Runner) -> None:
         import cupyx
 
         cp, dom, peer = loop.cp, loop.dom, loop.peer
-        self.loop, self.kid, self.runners = loop, kid, runners
+        self.loop, self.kid, self.runner = loop, kid, runner
         held: list[Any] = []
         try:
-            start, inflight = req.get("start"), req.get("inflight")
-            if not isinstance(start, int) or not 0 < start < 2**62 or inflight != len(runners):
-                raise ValueError("arm: start is a frame number, inflight the number of slots")
+            start, step = req.get("start"), req.get("step")
+            if not isinstance(start, int) or not 0 < start < 2**62:
+                raise ValueError("arm: start is a frame number")
+            if not isinstance(step, int) or not 0 < step <= 64:
+                raise ValueError("arm: step is the graph's number of frame slots")
             waits = req.get("waits")
             if not isinstance(waits, list) or len(waits) > 16:
                 raise ValueError("arm: at most 16 wait timelines")
@@ -452,30 +466,33 @@ class Armed:
                 o.release()
             raise
         self.held = held
-        self.inflight = inflight
-        self.window = max(self.WINDOW, 2 * inflight)
-        self.next = start
+        self.start, self.step, self.next = start, step, start
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.side = cp.cuda.Stream(non_blocking=True)
         self.cancel = cupyx.zeros_pinned((1,), np.int32)  # mapped: its host address is its device one
-        self.gates = cp.zeros(self.window, dtype=cp.int32)
+        self.gates = cp.zeros(self.WINDOW, dtype=cp.int32)
         self.old = cp.zeros(1, dtype=cp.uint64)
         self.addrs = cp.asarray(np.array([peer.word_addr(t) for t in self.waits] or [0], dtype=np.uint64))
         self.kinds = cp.asarray(np.full(max(1, len(self.waits)), 2, dtype=np.int32))
 
+    def _done(self) -> int:
+        """The slot's last frame signalled (``start - step`` before the first)."""
+        v = self.signal.value
+        return v if v >= self.start else self.start - self.step
+
     def pump(self) -> bool:
-        """Queue frames up to ``window`` past the last one signalled; False when the graph is
-        over (its ``fed`` timeline failed).  After a failed frame (this stage's timeline
-        failed) nothing more is queued."""
+        """Queue the slot's frames up to ``WINDOW`` past the last one signalled; False when
+        the graph is over (its ``fed`` timeline failed).  After a failed frame (the slot's
+        timeline failed) nothing more is queued: the graph renews the slot and re-arms it."""
         if self.fed.failure is not None:
             return False
         if self.signal.failure is not None:
-            return True  # a failed frame: nothing more is queued until the graph is compiled again
-        done = self.signal.value
-        peer, st = self.loop.peer, self.stream
-        while self.next <= done + self.window:
+            return True
+        peer, st, r = self.loop.peer, self.stream, self.runner
+        while self.next <= self._done() + self.WINDOW * self.step:
             f = self.next
-            gate = self.gates[f % self.window : f % self.window + 1]
+            i = (f // self.step) % self.WINDOW
+            gate = self.gates[i : i + 1]
             peer.wait_word(self.word, f, st)
             peer.k_wait_points(
                 (1,),
@@ -490,44 +507,48 @@ class Armed:
                 ),
                 stream=st,
             )
-            s = f % self.inflight
-            r = self.runners[s]
             r.launch(int(st.ptr))
             peer.commit(r.buffers[-1], r.scratch, gate, st)
             peer.signal(self.signal, f, gate, st)
-            self.next = f + 1
+            self.next = f + self.step
         return True
 
-    def _release_queued(self) -> None:
-        """Set the cancel flag and the host word past every frame; drain the stream."""
-        peer = self.loop.peer
-        self.cancel[0] = 1
-        peer.k_xchg64((1,), (1,), (np.uint64(self.word), np.uint64(self.PAST), self.old), stream=self.side)
-        self.side.synchronize()
-        self.stream.synchronize()
+    def queued(self) -> bool:
+        """Whether frames are queued on the slot's stream past the last one signalled."""
+        return self.signal.failure is not None or self.next > self._done() + self.step
 
-    def quiesce(self) -> None:
-        """Let the queued frames pass without effect; the next :meth:`pump` queues the ones
-        not signalled again (see the class)."""
-        failed = self.signal.failure is not None
-        if not failed and self.next <= self.signal.value + 1:
-            return  # nothing queued
-        self._release_queued()
-        peer = self.loop.peer
-        peer.k_cas64((1,), (1,), (np.uint64(self.word), np.uint64(self.PAST), self.old), stream=self.side)
-        self.side.synchronize()
-        self.cancel[0] = 0
-        if not failed:
-            self.next = self.signal.value + 1
+    def requeue(self) -> None:
+        """After a pass (:func:`pass_frames`): the frames not signalled are queued again."""
+        if self.signal.failure is None:
+            self.next = self._done() + self.step
 
-    def close(self) -> None:
-        """Let the queued frames pass without effect, then release everything."""
-        try:
-            self._release_queued()
-        finally:
-            for o in self.held:
-                try:
-                    o.release()
-                except Exception:
-                    pass
-            self.held = []
+    def release(self) -> None:
+        for o in self.held:
+            try:
+                o.release()
+            except Exception:
+                pass
+        self.held = []
+
+
+def pass_frames(group: list[Armed], restore: bool) -> None:
+    """Let every frame queued by ``group`` (the armed slots of one graph: one host word) pass
+    without effect: their cancel flags set, the host word exchanged for a value past every
+    frame, their streams drained (each frame's gate is -1: nothing committed or signalled);
+    then (``restore``) the host word put back unless the host stored a newer frame meanwhile,
+    and the flags cleared.  All of a graph's slots at once: a frame passing the host word
+    while its flag is clear could run before the host wrote it."""
+    if not group:
+        return
+    peer, a0 = group[0].loop.peer, group[0]
+    for a in group:
+        a.cancel[0] = 1
+    peer.k_xchg64((1,), (1,), (np.uint64(a0.word), np.uint64(Armed.PAST), a0.old), stream=a0.side)
+    a0.side.synchronize()
+    for a in group:
+        a.stream.synchronize()
+    if restore:
+        peer.k_cas64((1,), (1,), (np.uint64(a0.word), np.uint64(Armed.PAST), a0.old), stream=a0.side)
+        a0.side.synchronize()
+        for a in group:
+            a.cancel[0] = 0

@@ -52,6 +52,7 @@ static const struct {
     OFF("PK_WAIT", hl_packet, wait),
     OFF("PK_WAIT_VALUE", hl_packet, wait_value),
     {"GRANULE", HL_GRANULE},
+    {"PAGE", HL_PAGE},
     {"LARGE_BUFFER", HL_LARGE_BUFFER},
     {"BUFFER_META_SIZE", HL_BUFFER_META_SIZE},
     {"BUFFER_MAX_DIMS", HL_BUFFER_MAX_DIMS},
