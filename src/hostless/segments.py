@@ -210,6 +210,8 @@ def load(cg: Any) -> None:
         cg.armed, cg.hostpushed = arm_plan(cg.dag.preds, captured, MAX_PACKET_WAITS, cuda)
     cg.fed = cg.dom.timeline() if cg.armed else None
     cg.host_word = cg.dom.buffer((1,), np.uint64) if cg.armed else None
+    if cg.host_word is not None:  # a heap block is not cleared: a frame below 1 before the first
+        cg.host_word.numpy()[0] = 0
 
 
 def _slot_buffers(sl: Any, k: int) -> list[int]:
