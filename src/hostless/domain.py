@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import _core, inspection, names, shm
+from . import _core, inspection, names, shm, signals
 from ._abi import HEADER_DTYPE, C, owner_code
 from .buffer import Buffer, ShapeLike, bytes_buffer, normalize_layout, pack_meta, pep3118, unpack_meta
 from .errors import (
@@ -114,6 +114,7 @@ class Domain:
     _layouts: dict[Any, tuple[tuple[int, ...], Any, int, bytes, str]]
     _fd: int
     _unlink_on_close: tuple[str, int, int] | None
+    _signal_key: int
     _index: int
     _incarnation: int
     _spin: float
@@ -149,6 +150,7 @@ class Domain:
             self._map = None
             self._layouts = {}
             self._unlink_on_close = None
+            self._signal_key = 0
             wd_ns = int(watchdog_interval * 1e9) if watchdog_interval else 0
             self._core.attach(fd, init, label.encode()[:31].decode(errors="ignore"), kind[:15], wd_ns)
         except BaseException:
@@ -213,14 +215,17 @@ class Domain:
         :meth:`reap` and in other participants).
         ``unlink_on_close``: :meth:`close` also removes the name (if it still
         names this domain); processes that have the domain open keep using it.
-        A creator killed before it closes cannot remove it: see
-        ``replace_stale`` and ``hostless gc``.
+        SIGTERM and SIGHUP remove it too, then run the handler the program had
+        set, or end the process as their default action does
+        (:mod:`hostless.signals`).  A creator killed with SIGKILL cannot
+        remove it: see ``replace_stale`` and ``hostless gc``.
         ``replace_stale``: if the name exists but no participant of that domain
         is alive (see :mod:`hostless.cleanup`), remove it and create a new
         one.  A live domain, or a file that is not a hostless domain, is never
         removed: FileExistsError says which it is.
 
-        Raises FileExistsError if the name exists (and is not replaced),
+        Raises DomainExists (a FileExistsError) if the name exists and is not
+        replaced, saying what holds it and what to do,
         ValueError on bad sizes or device names, OutOfMemory when the domain is larger than the
         free space of /dev/shm.
         """
@@ -242,6 +247,7 @@ class Domain:
             raise
         if unlink_on_close:
             self._unlink_on_close = (path, st.st_dev, st.st_ino)
+            self._signal_key = signals.register(path, st.st_dev, st.st_ino)  # SIGTERM, SIGHUP
         return self
 
     @classmethod
@@ -311,8 +317,10 @@ class Domain:
         """Leave the domain.
 
         Drops every reference this participant holds (objects nobody else holds
-        are freed, ACTIVE ones signaled CANCEL); ACTIVE fences and timelines it
-        owns are signaled OWNER_DIED.  A domain created with
+        are freed, ACTIVE ones signaled CANCEL); ACTIVE fences it owns are
+        signaled OWNER_LEFT and timelines it owns fail with OWNER_LEFT (leaving
+        is not dying: a killed participant's get OWNER_DIED; points a timeline
+        reached stay SUCCESS either way; docs/abi.md section 8).  A domain created with
         ``unlink_on_close=True`` also loses its name here, if the name still
         refers to it.  Idempotent.
         """
@@ -322,6 +330,8 @@ class Domain:
             self._closed = True
         if self._notifier is not None:
             self._notifier.stop()
+        if self._signal_key:
+            signals.unregister(self._signal_key)
         if self._unlink_on_close is not None:
             path, dev, ino = self._unlink_on_close
             try:
@@ -473,7 +483,7 @@ class Domain:
         """Publish ``obj`` as ``name`` in the domain's name table, for other processes'
         :meth:`lookup`.  The entry holds no reference: it lives while the object does.
         NameTaken when another live object has the name (``replace=True`` rebinds it),
-        DomainFull when the table's 47 entries are taken.  See :mod:`hostless.names`."""
+        DomainFull when the table's 239 entries (names.MAX_NAMES) are taken.  See :mod:`hostless.names`."""
         self._check_open()
         names.publish(self, name, obj, replace)
 

@@ -914,11 +914,14 @@ class CompiledGraph:
     def stream(
         self, frames: Iterable[Mapping[str, np.ndarray]], timeout: float | None = 30.0
     ) -> Iterator[dict[str, np.ndarray]]:
-        """Run frames with up to ``inflight`` in flight; yields outputs in order."""
+        """Run frames with up to ``inflight`` in flight; yields outputs in order.  A frame is a
+        mapping input name -> array, or, for a graph with one input, the array itself."""
         self._check()
         self._check_agents()
         pending: list[tuple[int, _Slot]] = []
         for inp in frames:
+            if not isinstance(inp, Mapping):
+                inp = self._one_input(inp)
             if len(pending) == self.inflight:
                 v, sl = pending.pop(0)
                 yield self._collect(sl, v, timeout)
@@ -935,6 +938,15 @@ class CompiledGraph:
             pending.append((self.frame, sl))
         for v, sl in pending:
             yield self._collect(sl, v, timeout)
+
+    def _one_input(self, arr: Any) -> dict[str, Any]:
+        """A bare array as the frame of a graph with one input; TypeError otherwise."""
+        if len(self.g.inputs) != 1:
+            raise TypeError(
+                f"a frame is a mapping input name -> array (the graph's inputs are {sorted(self.g.inputs)}), "
+                f"got {type(arr).__name__}"
+            )
+        return {next(iter(self.g.inputs)): arr}
 
     def _collect(self, sl: _Slot, v: int, timeout: float | None) -> dict[str, np.ndarray]:
         """Wait for frame ``v`` of a stream (slot ``sl``) and return its outputs."""

@@ -129,6 +129,14 @@ class Timeline(_core.Handle):
             loop = None
         self._dom.notifier().watch(self.handle, value, lambda w: cb(self, _point_status(self, w, value)), loop)
 
+    def __await__(self) -> Generator[Any, None, Status]:
+        """A Timeline is not awaitable by itself (it has no value to wait for): TypeError naming
+        what is, ``await timeline.point(value)`` or ``await timeline.wait_async(value)``."""
+        raise TypeError(
+            "a Timeline is not awaitable by itself: await timeline.point(value) "
+            "(or timeline.wait_async(value)) for the value to reach"
+        )
+
     def __repr__(self) -> str:
         if not self._held or self._dom._closed:
             return f"<hostless.Timeline {self.handle:#x} released>"

@@ -34,7 +34,8 @@ int hlpy_set_status(PyObject *cls, PyObject *map) {
  * read: SUCCESS, also for a point reached before a failure (hle_point_status),
  * or the failure; CorruptDomain for a word no participant writes. */
 PyObject *hlpy_timeline_status(hle_ctx *c, uint64_t h, uint64_t value, uint64_t w) {
-    if ((w & HL_TIMELINE_FAILED) ? (w & ~HL_TIMELINE_FAILED) > 0xffffffffull || (w & 0xffffffffull) == HL_STATUS_SUCCESS
+    if ((w & HL_TIMELINE_FAILED) ? (w & ~HL_TIMELINE_FAILED) > 0xffffffffull || (w & 0xffffffffull) == HL_STATUS_SUCCESS ||
+                                       !hl_status_valid(w & 0xffffffffull)
                                  : w > HL_TIMELINE_MAX) {
         hle_fail(HL_E_CORRUPT,
                  "timeline 0x%llx holds an invalid word 0x%llx (written by a buggy or hostile participant)",

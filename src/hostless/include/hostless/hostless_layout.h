@@ -601,14 +601,15 @@ struct hl_trace_event {
     hl_u64 seq;              /* index + 1, stored last */
     hl_u64 ts_ns;            /* CLOCK_MONOTONIC */
     hl_u32 type;             /* HL_EV_* */
-    hl_u32 participant;      /* participant index */
+    hl_u32 participant;      /* the writer: HL_OWNER(incarnation, index) (ABI 6; its index before), 0 = none */
     hl_u64 a, b, c, d, e;    /* event arguments */
 };
 #define HL_EV_ENQUEUE 1u     /* a=queue, b=packet index, c=signal handle, d=kernel */
 #define HL_EV_START 2u       /* a=queue, b=packet index, c=signal handle, d=kernel */
 #define HL_EV_END 3u         /* a=queue, b=packet index, c=signal handle, d=status */
 #define HL_EV_SIGNAL 4u      /* a=handle, b=status or value */
-#define HL_EV_WAIT 5u        /* a=handle, b=threshold, c=start ns */
+#define HL_EV_WAIT 5u        /* a wait that did not find its word ready, at its end: a=handle, b=threshold,
+                                c=start ns, d=the word it returned with */
 #define HL_EV_USER 6u        /* free use */
 
 #if defined(__cplusplus) && __cplusplus >= 201103L
