@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         best = results["direct+shared"]
         print(
-            f"direct+shared vs host+copy: {versus(base['p50_ns'] / best['p50_ns'], 'lower', 'higher', 'latency')}, "
+            "direct+shared vs host+copy: "
+            f"{versus(base['p50_ns'] / best['p50_ns'], 'lower', 'higher', 'latency')}, "
             f"{fmt_ratio(best['fps'] / base['fps'])} the throughput, "
             f"{versus(base['host_cpu_ns'] / best['host_cpu_ns'], 'less', 'more', 'host CPU per frame')}"
         )

@@ -163,7 +163,13 @@ FENCE, MERGED, TIMELINE = "fence", "merged", "timeline"
 # statuses (abstract numbers)
 ACTIVE = 0
 SUCCESS, ERROR, CANCEL, OWNER_DIED, OWNER_LEFT = 2, 3, 4, 6, 7
-STATUS_NAMES = {SUCCESS: "SUCCESS", ERROR: "ERROR", CANCEL: "CANCEL", OWNER_DIED: "OWNER_DIED", OWNER_LEFT: "OWNER_LEFT"}
+STATUS_NAMES = {
+    SUCCESS: "SUCCESS",
+    ERROR: "ERROR",
+    CANCEL: "CANCEL",
+    OWNER_DIED: "OWNER_DIED",
+    OWNER_LEFT: "OWNER_LEFT",
+}
 FAILED = 1 << 62  # timeline failure flag
 FUTEX_MOD = 1 << 32  # a futex compares the low 32 bits
 NOT_JOINED = 255  # the recoverer recorded by a process that has not joined
@@ -1758,11 +1764,15 @@ def p_point_status(x: Ctx, pc: str, L: Loc) -> Next:
                 f"returned {fmt(st)}",
             )
         elif not reached and st == SUCCESS:
-            x.violation("unreached-point-success", f"{x.spec.name}: {h!r} never reached {v}, the wait returned SUCCESS")
+            x.violation(
+                "unreached-point-success",
+                f"{x.spec.name}: {h!r} never reached {v}, the wait returned SUCCESS",
+            )
         elif st != SUCCESS and st not in L["fails"]:
             x.violation(
                 "wrong-status",
-                f"{x.spec.name}: {h!r} failed with {fmt(st)}, expected " + " or ".join(fmt(s) for s in L["fails"]),
+                f"{x.spec.name}: {h!r} failed with {fmt(st)}, expected "
+                + " or ".join(fmt(s) for s in L["fails"]),
             )
         return ret(st)
     raise ModelError(pc)

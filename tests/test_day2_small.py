@@ -42,7 +42,8 @@ def graph_dom() -> Iterator[tuple[hl.Domain, agents.Agent]]:
 
 def test_stream_takes_bare_arrays_for_a_one_input_graph(graph_dom: tuple[hl.Domain, agents.Agent]) -> None:
     dom, cpu = graph_dom
-    g = Graph(dom).input("x", (4, 4), "f4").stage("a", cpu, "scale", ["x"], ("y", (4, 4), "f4"), scalars=[2.0])
+    g = Graph(dom).input("x", (4, 4), "f4")
+    g.stage("a", cpu, "scale", ["x"], ("y", (4, 4), "f4"), scalars=[2.0])
     frames = [np.full((4, 4), k, np.float32) for k in range(5)]
     with g.compile(dispatch="direct", data="shared", inflight=2) as cg:
         outs = list(cg.stream(frames, timeout=20))

@@ -19,9 +19,9 @@ import asyncio
 import signal
 
 import pytest
-from conftest import kill_child, read_line, send_line, spawn_child, wait_until
 
 import hostless as hl
+from conftest import kill_child, read_line, send_line, spawn_child, wait_until
 from hostless import Status
 
 OWNER = """

@@ -12,9 +12,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import kill_child, read_line, spawn_child, wait_until
 
 import hostless as hl
+from conftest import kill_child, read_line, spawn_child, wait_until
 from hostless import cleanup, cli
 
 CREATOR = """

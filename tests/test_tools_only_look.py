@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import kill_child, read_line, spawn_child
 
 import hostless as hl
+from conftest import kill_child, read_line, spawn_child
 from hostless import cli, info, trace
 from hostless.view import DomainView, open_view
 

@@ -371,7 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_info)
 
     s = sub.add_parser(
-        "check", help="print invariant violations: exit status 1 if corrupt, 3 if dead participants need a reap"
+        "check",
+        help="print invariant violations: exit status 1 if corrupt, 3 if dead participants need a reap",
     )
     s.add_argument("name", help="domain name (/dev/shm/NAME)")
     s.set_defaults(func=cmd_check)

@@ -176,5 +176,6 @@ def _heap_info(dom: Any) -> dict[str, Any]:
         return {"size": 0}
     keys = ("size", "used", "free", "largest_free", "free_runs", "fragmentation", "allocs", "repairs")
     out: dict[str, Any] = {k: (float(st[k]) if k == "fragmentation" else int(st[k])) for k in keys}
-    out["metadata_only"] = dom.meta_heap if isinstance(dom, DomainView) else bool(dom._core.info()["meta_heap"])
+    ro = isinstance(dom, DomainView)
+    out["metadata_only"] = dom.meta_heap if ro else bool(dom._core.info()["meta_heap"])
     return out

@@ -32,7 +32,9 @@ from ._abi import FENCE_DTYPE, HEADER_DTYPE, PARTICIPANT_DTYPE, C
 
 __all__ = ["check_tables", "check_heap", "check_device_heap", "split_findings"]
 
-_DEAD = re.compile(r"^participant (\d+)(?: \(pid \d+\) is dead and not recovered|: recovery stuck| is still being recovered)")
+_DEAD = re.compile(
+    r"^participant (\d+)(?: \(pid \d+\) is dead and not recovered|: recovery stuck| is still being recovered)"
+)
 _DEAD_REFS = re.compile(r"^fence slot \d+ is referenced by dead or absent participants (0x[0-9a-f]+)$")
 _DEAD_TRANSIENT = re.compile(r"^fence slot \d+ is stuck in a transient state \d+ \(participant (\d+)\)$")
 _DEAD_OWNER = re.compile(r"^fence slot \d+ is ACTIVE but its owner (\d+) is gone \(not recovered\)$")
@@ -45,7 +47,8 @@ def split_findings(findings: list[str]) -> tuple[list[str], list[str]]:
     operation in flight elsewhere).  A finding names a participant that is not dead-unrecovered
     stays in ``corrupt``."""
     dead = {int(m.group(1)) for f in findings if (m := _DEAD.match(f))}
-    unreaped, corrupt = [], []
+    unreaped: list[str] = []
+    corrupt: list[str] = []
     for f in findings:
         ok = bool(_DEAD.match(f))
         if not ok and (m := _DEAD_REFS.match(f)):

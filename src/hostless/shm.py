@@ -171,7 +171,9 @@ def replace_stale(path: str) -> None:
             # a creator that is starting takes its lock within microseconds: give it MIN_AGE
             time.sleep(min(0.05, max(0.001, MIN_AGE - found.age)))
             continue
-        hint = "" if found.state == "foreign" else "; a live domain is never replaced: close the processes that use it"
+        hint = ""
+        if found.state != "foreign":
+            hint = "; a live domain is never replaced: close the processes that use it"
         raise DomainExists(
             errno.EEXIST, f"the file exists and was not replaced: {found.state} ({found.reason}){hint}", path
         )

@@ -127,7 +127,9 @@ class Timeline(_core.Handle):
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        self._dom.notifier().watch(self.handle, value, lambda w: cb(self, _point_status(self, w, value)), loop)
+        self._dom.notifier().watch(
+            self.handle, value, lambda w: cb(self, _point_status(self, w, value)), loop
+        )
 
     def __await__(self) -> Generator[Any, None, Status]:
         """A Timeline is not awaitable by itself (it has no value to wait for): TypeError naming

@@ -165,9 +165,10 @@ class DomainView:
     def fences(self) -> np.ndarray:
         """A copy of the fence table (``FENCE_DTYPE`` records)."""
         lay = self.layout
-        return np.frombuffer(
+        table: np.ndarray = np.frombuffer(
             self._map, dtype=FENCE_DTYPE, count=lay["fence_capacity"], offset=lay["fences_offset"]
         ).copy()
+        return table
 
     def lock_held(self, i: int) -> bool:
         """Whether participant slot ``i`` is alive: its liveness lock is held by a writer, or it
@@ -195,7 +196,10 @@ class DomainView:
         """Every non-free participant slot (as :attr:`Domain.participants`)."""
         lay = self.layout
         table = np.frombuffer(
-            self._map, dtype=PARTICIPANT_DTYPE, count=lay["participant_capacity"], offset=lay["participants_offset"]
+            self._map,
+            dtype=PARTICIPANT_DTYPE,
+            count=lay["participant_capacity"],
+            offset=lay["participants_offset"],
         ).copy()
         out = []
         for i, p in enumerate(table):
