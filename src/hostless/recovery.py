@@ -15,6 +15,10 @@ made of the same single atomic steps as every other operation.  The rules:
   holds any more).  Then the participant slot becomes FREE.
 * Every step is idempotent: a recoverer that dies is itself dead, and the next
   recoverer repeats the work.
+* A participant that leaves (``Domain.close``) recovers itself the same way,
+  except that what it owned completes with OWNER_LEFT: leaving is not dying.
+  A timeline's points reached before its failure stay SUCCESS either way
+  (docs/abi.md sections 3 and 8).
 
 This module holds the checker: it reads a snapshot of the tables and lists
 every violated invariant.
