@@ -150,3 +150,17 @@ def test_trace_records_no_wait_that_did_not_wait(domain_name: str) -> None:
         assert t.wait(1) is hl.Status.SUCCESS
         assert not [e for e in trace.events(d) if e["type"] == int(hl._abi.C.EV_WAIT)]
         assert any(e["type"] == int(hl._abi.C.EV_SIGNAL) for e in trace.events(d))
+
+
+def test_view_refuses_overlapping_regions(domain_name: str) -> None:
+    """A header whose fence table was enlarged over the heap (every region still inside the
+    file) is refused by the view as by hl_attach: info would walk the heap as slots."""
+    with hl.Domain.create(domain_name, heap="1M", fences=128) as d:
+        fcap = int(d.header()["fence_capacity"])
+        fd = os.open(f"/dev/shm/{domain_name}", os.O_RDWR)
+        try:
+            os.pwrite(fd, (fcap + 4096).to_bytes(4, "little"), int(hl._abi.C.H_FENCE_CAPACITY))
+        finally:
+            os.close(fd)
+        with pytest.raises(hl.CorruptDomain, match="overlap|outside"):
+            open_view(domain_name)

@@ -116,8 +116,14 @@ def _classify(fd: int, path: str, min_age: float, uninitialised: bool) -> Domain
     if st.st_uid != os.geteuid():
         return found("foreign", f"owned by user {st.st_uid}")
     hsize = int(C.HEADER_SIZE)
-    head = os.pread(fd, hsize, 0) if st.st_size >= hsize else b""
-    magic = int.from_bytes(head[0:8], "little") if head else 0
+    # what the file holds, also when it is smaller than a header: a foreign file of a few KiB
+    # must not pass for an uninitialised domain (whose bytes are all zero)
+    head = os.pread(fd, min(st.st_size, hsize), 0)
+    magic = int.from_bytes(head[0:8], "little") if len(head) >= 8 else 0
+    if magic == 0 and any(head):
+        return found("foreign", "not a hostless domain (no magic, but not an uninitialised file either)")
+    if magic == int(C.MAGIC) and len(head) < hsize:
+        return found("foreign", f"a hostless magic, but {st.st_size} bytes: smaller than a domain header")
     if head and magic not in (0, int(C.MAGIC)):
         return found("foreign", f"not a hostless domain (magic {magic:#x})")
     if magic != int(C.MAGIC) and not uninitialised:

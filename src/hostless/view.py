@@ -17,6 +17,7 @@ The view offers the read side of :class:`~hostless.Domain` that the tools use: `
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
@@ -53,6 +54,8 @@ class DomainView:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
             st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
             if not stat.S_ISREG(st.st_mode):
                 raise CorruptDomain(f"{path} is not a regular file")
             hsize = int(C.HEADER_SIZE)
@@ -131,6 +134,21 @@ class DomainView:
         region(lay["heap_offset"], lay["heap_size"], "heap")
         region(lay["trace_offset"], lay["trace_size"], "trace ring")
         region(lay["devheap_offset"], lay["devheap_size"], "device-heap region")
+        spans = sorted(
+            (off, n)
+            for off, n in (
+                (0, int(C.HEADER_SIZE)),
+                (lay["participants_offset"], pcap * int(C.PARTICIPANT_SIZE)),
+                (lay["fences_offset"], fcap * int(C.FENCE_SIZE)),
+                (lay["heap_offset"], lay["heap_size"]),
+                (lay["trace_offset"], lay["trace_size"]),
+                (lay["devheap_offset"], lay["devheap_size"]),
+            )
+            if n
+        )
+        for (a, n), (b, _m) in zip(spans, spans[1:], strict=False):
+            if b - a < n:  # each region ends before the next starts
+                raise CorruptDomain(f"{self.path}: the header's regions overlap (a participant rewrote it?)")
         lay["trace_capacity"] = 0
         if lay["trace_size"] >= 64:
             t = lay["trace_offset"]
