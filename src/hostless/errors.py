@@ -6,6 +6,7 @@ __all__ = [
     "HostlessError",
     "CorruptDomain",
     "DomainFull",
+    "DomainExists",
     "InvalidHandle",
     "AlreadySignaled",
     "InvalidOperation",
@@ -34,6 +35,13 @@ class CorruptDomain(HostlessError):
 
 class DomainFull(HostlessError):
     """A fixed-capacity table of the domain (fences, participants, queues) is exhausted."""
+
+
+class DomainExists(HostlessError, FileExistsError):
+    """``Domain.create``: the name is taken (a FileExistsError, as before).  The message says
+    whether a live domain, a stale one or another file holds it, and what to do:
+    ``replace_stale=True`` replaces a domain no live participant uses; ``hostless gc`` removes
+    every such domain; ``hostless ls`` lists them."""
 
 
 class InvalidHandle(HostlessError, ValueError):

@@ -1,6 +1,6 @@
 """Names: independent processes find each other's objects by name.
 
-A domain holds a small name table (47 entries, in its header page; see
+A domain holds a name table (MAX_NAMES = 239 entries, in its header; see
 ``hostless_layout.h``).  One process publishes an object under a name, any
 other looks it up, with no side channel (no file of handles, no mailbox)::
 

@@ -227,7 +227,8 @@ class FrameRunner:
     def stream(
         self, frames: Iterable[Mapping[str, np.ndarray]], timeout: float | None = 30.0
     ) -> Iterator[dict[str, np.ndarray]]:
-        """Run frames with up to ``inflight`` in flight; yields outputs in order.
+        """Run frames with up to ``inflight`` in flight; yields outputs in order.  A frame is a
+        mapping input name -> array, or, for a graph with one input, the array itself.
 
         A failed frame raises StageFailed (naming it) and ends the stream: the frames
         submitted after it (up to ``inflight - 1``) are dropped, and the graph runs the
@@ -245,6 +246,8 @@ class FrameRunner:
         self._fast = False  # a run() meanwhile takes the general path, which refuses
         try:
             for inp in frames:
+                if not isinstance(inp, Mapping):
+                    inp = self._one_input(inp)
                 if len(pending) == self.inflight:
                     out = self._collect(pending[0][1], pending[0][0], timeout)
                     pending.pop(0)
@@ -271,6 +274,15 @@ class FrameRunner:
                 if sl.first <= v and not sl.stale:  # (not renewed since: its frame failed)
                     self._abandon(v)
             self._refast()
+
+    def _one_input(self, arr: Any) -> dict[str, Any]:
+        """A bare array as the frame of a graph with one input; TypeError otherwise."""
+        if len(self.g.inputs) != 1:
+            raise TypeError(
+                f"a frame is a mapping input name -> array (the graph's inputs are {sorted(self.g.inputs)}), "
+                f"got {type(arr).__name__}"
+            )
+        return {next(iter(self.g.inputs)): arr}
 
     def _bound_ok(self) -> bool:
         """Whether the slots' one-call programs may run a stream's frame."""

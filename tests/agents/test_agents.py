@@ -730,6 +730,7 @@ def test_trace_export_has_every_packet(env: Env, tmp_path: Path) -> None:
     parts = {p.id: p.index for p in env.dom.participants}
     me = parts[env.dom.participant_id]
     consumer = {env.cpu.queue.handle: parts[env.cpu.id], env.npu.queue.handle: parts[env.npu.id]}
+    cons_id = {env.cpu.queue.handle: env.cpu.id, env.npu.queue.handle: env.npu.id}
     evs = trace.events(env.dom)
     for qh, idx in pushed:
         mine = [e for e in evs if e["a"] == qh and e["b"] == idx and e["type"] in (1, 2, 3)]
@@ -756,7 +757,8 @@ def test_trace_export_has_every_packet(env: Env, tmp_path: Path) -> None:
         assert (
             mine["s"]["ts"] <= mine["f"]["ts"] == mine["b"]["ts"] <= mine["e"]["ts"]
         )  # the flow runs forward
-        assert mine["s"]["tid"] == me and mine["b"]["tid"] == mine["e"]["tid"] == consumer[qh]
+        assert mine["s"]["tid"] == trace.track_of(env.dom.participant_id)
+        assert mine["b"]["tid"] == mine["e"]["tid"] == trace.track_of(cons_id[qh])
     names = [e["args"]["name"] for e in tev if e.get("ph") == "M" and e["name"] == "thread_name"]
     assert any("cpu0" in nm for nm in names) and any("npu0" in nm for nm in names)
     assert all(isinstance(e.get("ts", 0), (int, float)) for e in tev)

@@ -146,15 +146,30 @@ FIRST = "FIRST"
 EVAL_FIRST = "EVAL_FIRST"
 COUNT_FIRST = "COUNT_FIRST"
 WATCH_VARIANTS = (FIRST, EVAL_FIRST, COUNT_FIRST, NEW)
-ALL_VARIANTS = (OLD, DRAFT, NEW, FIRST, EVAL_FIRST, COUNT_FIRST)
+# reached points (ABI 6, docs/abi.md 3 and 8): FORGET is ABI 5 (a failed timeline reports its
+# failure for every point, a clean leave fails what the participant owned with OWNER_DIED, and
+# every failer stores the value it read into aux); AUX_STORE reads aux back ("a point at or below
+# the value before the failure is SUCCESS") but keeps the plain store of aux, which a concurrent
+# failer that read an older value can lower; NEW raises aux with a max-CAS loop and leaves with
+# OWNER_LEFT.
+FORGET = "FORGET"
+AUX_STORE = "AUX_STORE"
+POINT_VARIANTS = (FORGET, AUX_STORE, NEW)
+ALL_VARIANTS = (OLD, DRAFT, NEW, FIRST, EVAL_FIRST, COUNT_FIRST, FORGET, AUX_STORE)
 
 # slot states, kinds
 FREE, ALLOC, LIVE, DYING = "FREE", "ALLOC", "LIVE", "DYING"
 FENCE, MERGED, TIMELINE = "fence", "merged", "timeline"
 # statuses (abstract numbers)
 ACTIVE = 0
-SUCCESS, ERROR, CANCEL, OWNER_DIED = 2, 3, 4, 6
-STATUS_NAMES = {SUCCESS: "SUCCESS", ERROR: "ERROR", CANCEL: "CANCEL", OWNER_DIED: "OWNER_DIED"}
+SUCCESS, ERROR, CANCEL, OWNER_DIED, OWNER_LEFT = 2, 3, 4, 6, 7
+STATUS_NAMES = {
+    SUCCESS: "SUCCESS",
+    ERROR: "ERROR",
+    CANCEL: "CANCEL",
+    OWNER_DIED: "OWNER_DIED",
+    OWNER_LEFT: "OWNER_LEFT",
+}
 FAILED = 1 << 62  # timeline failure flag
 FUTEX_MOD = 1 << 32  # a futex compares the low 32 bits
 NOT_JOINED = 255  # the recoverer recorded by a process that has not joined
@@ -723,6 +738,11 @@ def p_main(x: Ctx, pc: str, L: Loc) -> Next:
         if not x.await_(x.sh.slots[h.idx].word != 0, f"sees word[{h.idx}] set (bounded sleep)"):
             return BLOCK
         return goto("next")
+    if what == "leave":  # ("leave",): hle_leave, a clean close: recover ourselves
+        s = OWNER_DIED if x.model.variant == FORGET else OWNER_LEFT
+        return call("recover", "next", d=x.part, s=s, leaving=True)
+    if what == "check_point":  # ("check_point", var, v, (failures)): after a wait that returned
+        return call("point_status", "next", h=L["h:" + op[1]], v=op[2], fails=op[3])
     if what == "tl_fail":  # ("tl_fail", var, status)
         return call("tl_fail", "next", h=L["h:" + op[1]], s=op[2])
     if what == "check_status":  # ("check_status", var, (acceptable statuses)): after a wait
@@ -1406,6 +1426,8 @@ def p_tl_signal(x: Ctx, pc: str, L: Loc) -> Next:
         ok, _ = x.cas(i, "word", L.pop("cur"), L["v"], h.gen)
         if not ok:
             return goto("start")
+        if x.model.scn.point:  # ghost: the values this timeline reached (see point_status)
+            x.set_flag(f"reached:{i}:{h.gen}:{L['v']}")
         if x.model.watch:
             return call("wake_tl", "notify", i=i)
         return tail("wake_tl" if x.new else "wake_fence", i=i)
@@ -1685,6 +1707,77 @@ def p_watch_scan(x: Ctx, pc: str, L: Loc) -> Next:
     raise ModelError(pc)
 
 
+@procedure("raise_aux")
+def p_raise_aux(x: Ctx, pc: str, L: Loc) -> Next:
+    """A failer records in aux the value it is about to fail the timeline from (before its CAS
+    of the word).  NEW (ABI 6, hl_timeline_fail): aux only grows, by a max-CAS loop, so a failer
+    that read an older value never lowers what another one stored.  Before: one plain store."""
+    i, v, gen = L["i"], L["v"], L["gen"]
+    if x.model.variant != NEW:
+        x.store(i, "aux", v, gen)
+        return ret()
+    if pc == "start":
+        a = x.load(i, "aux")
+        if a >= v:
+            return ret()
+        L["a"] = a
+        return goto("cas")
+    if pc == "cas":
+        ok, _ = x.cas(i, "aux", L.pop("a"), v, gen)
+        return ret() if ok else goto("start")
+    raise ModelError(pc)
+
+
+@procedure("point_status")
+def p_point_status(x: Ctx, pc: str, L: Loc) -> Next:
+    """What a wait on the point (t, v) returns once it has woken (hl_point_status): SUCCESS when
+    the word is >= v and not failed; after a failure, SUCCESS when aux (the value before the
+    failure) is >= v, else the failure (FORGET: the failure, always).  Checked against the ghost
+    record of the values t reached: a point reached before the failure must be SUCCESS
+    (``reached-point-failed``), one never reached its failure, one of ``fails``."""
+    h, v = L["h"], L["v"]
+    i = h.idx
+    reached = any(
+        f.startswith(f"reached:{i}:{h.gen}:") and int(f.rsplit(":", 1)[1]) >= v for f in x.sh.flags
+    )
+    if pc == "start":
+        w = x.load(i, "word")
+        if not w & FAILED:
+            if w < v:
+                raise ModelError(f"point_status of {h!r} >= {v} before its wait returned")
+            return ret(SUCCESS)
+        L["w"] = w
+        if x.model.variant == FORGET:
+            return goto("check")
+        return goto("aux")
+    if pc == "aux":
+        a = x.load(i, "aux")
+        L["st"] = SUCCESS if a >= v else L["w"] - FAILED
+        return goto("check")
+    if pc == "check":
+        w = L.pop("w")
+        st = L.pop("st", w - FAILED)
+        if reached and st != SUCCESS:
+            x.violation(
+                "reached-point-failed",
+                f"{x.spec.name}: the point {h!r} >= {v} was reached before the failure, the wait "
+                f"returned {fmt(st)}",
+            )
+        elif not reached and st == SUCCESS:
+            x.violation(
+                "unreached-point-success",
+                f"{x.spec.name}: {h!r} never reached {v}, the wait returned SUCCESS",
+            )
+        elif st != SUCCESS and st not in L["fails"]:
+            x.violation(
+                "wrong-status",
+                f"{x.spec.name}: {h!r} failed with {fmt(st)}, expected "
+                + " or ".join(fmt(s) for s in L["fails"]),
+            )
+        return ret(st)
+    raise ModelError(pc)
+
+
 @procedure("tl_fail")
 def p_tl_fail(x: Ctx, pc: str, L: Loc) -> Next:
     """hle_timeline_fail by a holder: aux = value, CAS word -> FAILED | s, wake, notify."""
@@ -1701,8 +1794,7 @@ def p_tl_fail(x: Ctx, pc: str, L: Loc) -> Next:
         L["cur"] = cur
         return goto("aux")
     if pc == "aux":
-        x.store(i, "aux", L["cur"], h.gen)
-        return goto("cas")
+        return call("raise_aux", "cas", i=i, v=L["cur"], gen=h.gen)
     if pc == "cas":
         ok, _ = x.cas(i, "word", L.pop("cur"), FAILED | L["s"], h.gen)
         if not ok:
@@ -1764,6 +1856,8 @@ def p_recover(x: Ctx, pc: str, L: Loc) -> Next:
                 return ret()
             return goto("sctl")
     else:
+        if pc == "start" and L.get("leaving"):  # hle_leave: our own lock is ours already
+            return goto("pctl")
         if pc == "start":  # FIRST d's liveness lock: free only when d is dead and nobody recovers it
             if not x.try_lock(d):
                 return ret()
@@ -1863,7 +1957,7 @@ def p_recover(x: Ctx, pc: str, L: Loc) -> Next:
             return goto("unpin" if x.new else "refs")
         return goto("tl_load" if c.kind == TIMELINE else "od_cas")
     if pc == "od_cas":
-        ok, _ = x.cas(i, "word", 0, OWNER_DIED, c.gen)
+        ok, _ = x.cas(i, "word", 0, L.get("s", OWNER_DIED), c.gen)
         if ok:
             return call("wake_fence", "od_prop", i=i)
         return goto("od_prop")
@@ -1880,10 +1974,9 @@ def p_recover(x: Ctx, pc: str, L: Loc) -> Next:
         L["cur"] = cur
         return goto("tl_aux")
     if pc == "tl_aux":
-        x.store(i, "aux", L["cur"], c.gen)
-        return goto("tl_cas")
+        return call("raise_aux", "tl_cas", i=i, v=L["cur"], gen=c.gen)
     if pc == "tl_cas":
-        ok, now = x.cas(i, "word", L.pop("cur"), FAILED | OWNER_DIED, c.gen)
+        ok, now = x.cas(i, "word", L.pop("cur"), FAILED | L.get("s", OWNER_DIED), c.gen)
         if not ok and not now & FAILED:
             L["cur"] = now
             return goto("tl_aux")
@@ -1968,6 +2061,8 @@ class Scenario:
     watch: bool = False
     expect: tuple[tuple[str, tuple[str, ...]], ...] = ()
     slow: bool = False  # explored only by the slow test (pytest -m slow)
+    # reached-point scenarios (docs/abi.md 3, 8): explored for POINT_VARIANTS, expect as for watch
+    point: bool = False
 
 
 class Model:
@@ -2979,6 +3074,80 @@ def watch_shared(composites: int = 2) -> Scenario:
     )
 
 
+# ---- reached points and clean leaves (ABI 6): explored for FORGET, AUX_STORE, NEW
+
+POINT_BUG = "reached-point-failed"
+
+
+def timeline_reached_point() -> Scenario:
+    return Scenario(
+        name="timeline-reached-point",
+        doc="""Timeline t (slot 0, at 0) owned by D, held by D, F1, F2 and P.  D signals t = 1 then
+        t = 2; F1 fails t with ERROR and F2 with CANCEL, concurrently; P waits for t >= 2 and then
+        asks what the points 1 and 2 say.  A point reached before the failure must say SUCCESS,
+        one never reached the failure.  FORGET: every point says the failure.  AUX_STORE: F1 read
+        t = 1, F2 read t = 2 and stored aux = 2, F1 stores aux = 1, F2's CAS fails t: point 2
+        says CANCEL although it was reached.""",
+        cap=1,
+        nparts=4,
+        objects=(Obj("t", 0, TIMELINE, (0, 1, 2, 3), owner=0),),
+        procs=(
+            Process("D", 0, (("tl_signal", "t", 1), ("tl_signal", "t", 2))),
+            Process("F1", 1, (("tl_fail", "t", ERROR),)),
+            Process("F2", 2, (("tl_fail", "t", CANCEL),)),
+            Process(
+                "P",
+                3,
+                (
+                    ("wait", "t", 2),
+                    ("check_point", "t", 2, (ERROR, CANCEL)),
+                    ("check_point", "t", 1, (ERROR, CANCEL)),
+                    ("release", "t"),
+                ),
+            ),
+        ),
+        point=True,
+        expect=((FORGET, (POINT_BUG,)), (AUX_STORE, (POINT_BUG,))),
+        min_states=300,
+    )
+
+
+def timeline_owner_left() -> Scenario:
+    return Scenario(
+        name="timeline-owner-left",
+        doc="""Timeline t (slot 0, at 0) owned by D, held by D, F and P.  D signals t = 1 and leaves
+        (hle_leave: a clean close, which recovers D itself: its owned timeline fails); F fails t
+        with ERROR at any point; P waits for t >= 2 and asks what the points 1 and 2 say.  Point 1
+        was reached: SUCCESS; point 2 fails with OWNER_LEFT (D left) or ERROR, never OWNER_DIED.
+        FORGET: point 1 says the failure, and the leave says OWNER_DIED.  AUX_STORE: F read t = 0,
+        D's leave stored aux = 1, F stores aux = 0, the leave's CAS fails t: point 1 fails.""",
+        cap=1,
+        nparts=3,
+        objects=(Obj("t", 0, TIMELINE, (0, 1, 2), owner=0),),
+        procs=(
+            Process("D", 0, (("tl_signal", "t", 1), ("leave",))),
+            Process("F", 1, (("tl_fail", "t", ERROR), ("release", "t"))),
+            Process(
+                "P",
+                2,
+                (
+                    ("wait", "t", 2),
+                    ("check_point", "t", 2, (ERROR, OWNER_LEFT)),
+                    ("check_point", "t", 1, (ERROR, OWNER_LEFT)),
+                    ("release", "t"),
+                ),
+            ),
+        ),
+        point=True,
+        expect=((FORGET, (POINT_BUG, "wrong-status")), (AUX_STORE, (POINT_BUG,))),
+        min_states=300,
+    )
+
+
+def point_scenarios() -> list[Scenario]:
+    return [timeline_reached_point(), timeline_owner_left()]
+
+
 def watch_scenarios() -> list[Scenario]:
     return [
         watch_birth(),
@@ -3003,6 +3172,7 @@ def scenarios() -> list[Scenario]:
         recovery_vs_import(),
         timeline_owner_died(),
         *watch_scenarios(),
+        *point_scenarios(),
     ]
 
 
@@ -3056,9 +3226,9 @@ def main(argv: list[str]) -> int:
             continue
         scn = scenario(scn.name, sweeps)
         print(f"== {scn.name}: {' '.join(scn.doc.split())}")
-        for variant in WATCH_VARIANTS if scn.watch else variants:
+        for variant in WATCH_VARIANTS if scn.watch else POINT_VARIANTS if scn.point else variants:
             stop = scn.expect_old if quick and variant == OLD else ()
-            if quick and scn.watch:
+            if quick and (scn.watch or scn.point):
                 stop = dict(scn.expect).get(variant, ())
             report(explore(scn, variant, stop_on=stop))
         print()

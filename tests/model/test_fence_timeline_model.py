@@ -5,7 +5,8 @@ pure-Python model of the semantics, with ``dom.check() == []`` after each step.
 The model mirrors the documented rules: one-shot fences, statuses, merged
 fences (first failure propagated wins, at most two live composites per fence),
 CANCEL when the last reference of an ACTIVE fence goes, monotonic timelines
-with a sticky failure, OWNER_DIED / timeline failure when the owner leaves,
+with a sticky failure (points reached before it stay SUCCESS), OWNER_LEFT / timeline failure
+when the owner leaves,
 stale handles after release, DomainFull on a full table.
 """
 
@@ -120,13 +121,14 @@ class DomainModel(RuleBasedStateMachine):
         del self.objs[o.handle]
         self.stale.append((o.handle, o.kind))
 
-    def _owner_died(self, o: Obj) -> None:
+    def _owner_left(self, o: Obj) -> None:
+        """Its owner left with close(): OWNER_LEFT (ABI 6: leaving is not dying)."""
         if o.kind == "timeline":
             if not o.failure:
-                o.failure = S.OWNER_DIED
+                o.failure = S.OWNER_LEFT
         elif o.status == 0:
-            event("owner died")
-            self._complete(o, S.OWNER_DIED)
+            event("owner left")
+            self._complete(o, S.OWNER_LEFT)
 
     def _drop(self, p: str, o: Obj) -> None:
         o.holders[p] -= 1
@@ -315,7 +317,9 @@ class DomainModel(RuleBasedStateMachine):
         _, o, py = got
         if o.kind == "timeline":
             v = max(0, o.value + ahead)
-            if o.failure:
+            if v <= o.value:  # reached (also before a failure: a point reached stays reached)
+                assert py.wait(v, 0) is S.SUCCESS
+            elif o.failure:
                 assert py.wait(v, 0) == o.failure
             elif v <= o.value:
                 assert py.wait(v, 0) is S.SUCCESS
@@ -338,7 +342,7 @@ class DomainModel(RuleBasedStateMachine):
             if not o.alive:
                 continue
             if o.owner == tag:
-                self._owner_died(o)
+                self._owner_left(o)
             if "B" in o.holders:
                 o.holders.pop("B")
                 if not o.holders:

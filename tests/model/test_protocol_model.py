@@ -32,7 +32,9 @@ import protocol_model as pm
 
 ALL = {s.name: s for s in pm.scenarios()}
 # the landed protocol's scenarios (OLD, DRAFT, NEW)
-SCENARIOS = {n: s for n, s in ALL.items() if not s.watch}
+SCENARIOS = {n: s for n, s in ALL.items() if not s.watch and not s.point}
+# reached points and clean leaves (ABI 6): FORGET, AUX_STORE, NEW
+POINT = {n: s for n, s in ALL.items() if s.point}
 # watch nodes (docs/abi.md 5a): FIRST, EVAL_FIRST, COUNT_FIRST, NEW; the slow ones only with -m slow
 WATCH = {n: s for n, s in ALL.items() if s.watch and not s.slow}
 WATCH_SLOW = {n: s for n, s in ALL.items() if s.watch and s.slow}
@@ -52,6 +54,9 @@ def jobs() -> list[tuple[str, str, tuple[str, ...]]]:
         out.append((name, pm.NEW, ()))
     for name, scn in WATCH.items():
         for v in pm.WATCH_VARIANTS:
+            out.append((name, v, dict(scn.expect).get(v, ())))
+    for name, scn in POINT.items():
+        for v in pm.POINT_VARIANTS:
             out.append((name, v, dict(scn.expect).get(v, ())))
     # the two big ones first, one per worker
     out.sort(key=lambda j: (j[0] != "merge-reuse" or j[1] == pm.OLD, j[0], j[1]))
@@ -205,6 +210,24 @@ def test_watch_scenarios_target_something() -> None:
         assert scn.expect, scn.name
     broken = {v for scn in WATCH.values() for v, _ in scn.expect}
     assert {pm.EVAL_FIRST, pm.COUNT_FIRST, pm.FIRST} <= broken
+
+
+@pytest.mark.parametrize("variant", pm.POINT_VARIANTS)
+@pytest.mark.parametrize("name", list(POINT))
+def test_reached_points(results: dict[tuple[str, str], pm.Result], name: str, variant: str) -> None:
+    """A point reached stays reached (ABI 6): FORGET (ABI 5: a failed timeline fails every point,
+    a clean leave says OWNER_DIED) and AUX_STORE (aux read back but stored plainly, so a
+    concurrent failer lowers it) show the bug; NEW (aux raised by a max-CAS, leave says
+    OWNER_LEFT) shows nothing."""
+    res = results[(name, variant)]
+    print(show(res))
+    check_watch(res, POINT[name], variant)
+
+
+def test_point_scenarios_target_something() -> None:
+    broken = {v for scn in POINT.values() for v, _ in scn.expect}
+    assert broken == {pm.FORGET, pm.AUX_STORE}
+    assert any("wrong-status" in kinds for scn in POINT.values() for _, kinds in scn.expect)
 
 
 @pytest.mark.slow

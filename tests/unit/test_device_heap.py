@@ -62,7 +62,7 @@ def test_default_domain_has_cuda0(domain_name: str) -> None:
         assert (dh.name, dh.heap_index, dh.kind, dh.ordinal) == ("cuda:0", 0, int(C.DEVICE_CUDA), 0)
         assert (dh.size, dh.granule, dh.used, dh.allocs, dh.repairs) == (256 * MIB, G, 0, 0, 0)
         assert d.capacity["heap"] == 0  # the small heap holds device buffers' metadata only
-        assert d.header()["abi_version"] == 5  # 5: watch nodes (issue 27)
+        assert d.header()["abi_version"] == 6  # 5: watch nodes (issue 27); 6: reached points, OWNER_LEFT
 
 
 def test_device_heaps_argument(domain_name: str) -> None:

@@ -66,11 +66,17 @@ def test_a_chain_on_one_agent_is_one_segment() -> None:
     "stages,names",
     [
         # an intermediate also read outside the run ends it
-        ([_g("a", ["x"], "ya"), _g("b", ["ya"], "yb"), _Stage("c", CPU, "relu", ["ya"], "yc")], ["a", "b", "c"]),
+        (
+            [_g("a", ["x"], "ya"), _g("b", ["ya"], "yb"), _Stage("c", CPU, "relu", ["ya"], "yc")],
+            ["a", "b", "c"],
+        ),
         # another agent, another array library, a cpu stage between
         ([_g("a", ["x"], "ya"), _g("b", ["ya"], "yb", agent=GPU2)], ["a", "b"]),
         ([_g("a", ["x"], "ya"), _g("b", ["ya"], "yb", arrays="cupy")], ["a", "b"]),
-        ([_g("a", ["x"], "ya"), _Stage("n", CPU, "relu", ["ya"], "yn"), _g("b", ["yn"], "yb")], ["a", "n", "b"]),
+        (
+            [_g("a", ["x"], "ya"), _Stage("n", CPU, "relu", ["ya"], "yn"), _g("b", ["yn"], "yb")],
+            ["a", "n", "b"],
+        ),
         # a sink in the middle (read by nobody) is a graph output: not fused away
         ([_g("a", ["x"], "ya"), _g("b", ["x"], "yb")], ["a", "b"]),
     ],

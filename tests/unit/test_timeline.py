@@ -101,8 +101,10 @@ def test_fail_is_sticky(dom: hl.Domain, peer: hl.Domain) -> None:
     for x in (t, p):
         assert x.failure == S(123)
         assert x.value == 3  # the value it had when it failed
-        for v in (0, 3, 4, MAX):
-            assert x.wait(v, 0) == S(123)  # every waiter wakes with the failure
+        for v in (0, 3):
+            assert x.wait(v, 0) == S.SUCCESS  # reached before the failure: stays reached (ABI 6)
+        for v in (4, MAX):
+            assert x.wait(v, 0) == S(123)  # every other waiter wakes with the failure
     with pytest.raises(hl.AlreadySignaled):
         p.signal(4)
     with pytest.raises(hl.AlreadySignaled):
@@ -329,9 +331,10 @@ def test_owner_death_fails_timeline(domain_name: str) -> None:
         mine = d.import_timeline(t.handle)
         owned_by_other = d.timeline(owner=other.participant_id)
         other.close()
-        assert mine.failure is S.OWNER_DIED and mine.value == 11
-        assert mine.wait(12, 1) is S.OWNER_DIED
-        assert owned_by_other.failure is S.OWNER_DIED and owned_by_other.value == 0
+        assert mine.failure is S.OWNER_LEFT and mine.value == 11  # left, not died (ABI 6)
+        assert mine.wait(12, 1) is S.OWNER_LEFT
+        assert mine.wait(11, 1) is S.SUCCESS  # reached before: stays reached
+        assert owned_by_other.failure is S.OWNER_LEFT and owned_by_other.value == 0
         assert d.check() == []
 
 
