@@ -134,11 +134,11 @@ extern "C" __global__ void hl_wait_points(const unsigned long long *const *words
     int st = 0;
     for (int i = 0; i < n && !st; i++) {
         unsigned long long w = *(volatile const unsigned long long *)words[i];
-        if (kinds[i] == 2) {
-            if (w & HL_TIMELINE_FAILED) st = (int)(w & 0xffffffffull);
-        } else if (w != HL_STATUS_SUCCESS) {
+        if (kinds[i] == 2) { /* the header's rule: a point reached before a failure succeeded (ABI 6) */
+            unsigned int ps = hl_point_status((struct hl_fence *)words[i], w, value);
+            if (ps != HL_STATUS_SUCCESS) st = (int)ps;
+        } else if (w != HL_STATUS_SUCCESS)
             st = (int)w;
-        }
     }
     *gate = st;
 }
