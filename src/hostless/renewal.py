@@ -101,6 +101,7 @@ def renew(cg: CompiledGraph, slots: list[_Slot], what: str) -> None:
         try:
             cg._build_packets(sl)
             cg._build_programs(sl)
+            cg._renewed(sl)
         except BaseException as e:  # what was built is in the slot: close releases it
             cg._broken = _broken(what, e)
             raise cg._broken from e
