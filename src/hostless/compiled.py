@@ -151,6 +151,12 @@ class CompiledGraph(FrameRunner):
                     trace.name(dom, copied[k].handle, f"{s.name} (copies)")
         return timelines, copied
 
+    def _renewed(self, sl: _Slot) -> None:
+        """Called by :func:`hostless.renewal.renew` once slot ``sl`` has new timelines, packets
+        and frame programs: what an agent was given with the slot's old timeline handles is
+        redone (the GPU segments armed in the slot are armed again on the new ones)."""
+        segments.arm_slot(self, sl)
+
     # ------------------------------------------------------------ agents
     def _identities(self) -> list[_Ident]:
         """Each agent's participant slot and queue as compiled: the words to re-read per run."""

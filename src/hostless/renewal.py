@@ -53,7 +53,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import segments
 from .graphparts import GraphResetFailed, Retired, _Slot
 from .timeline import Timeline
 
@@ -102,7 +101,7 @@ def renew(cg: CompiledGraph, slots: list[_Slot], what: str) -> None:
         try:
             cg._build_packets(sl)
             cg._build_programs(sl)
-            segments.arm_slot(cg, sl)  # its armed GPU segments on the new timelines
+            cg._renewed(sl)
         except BaseException as e:  # what was built is in the slot: close releases it
             cg._broken = _broken(what, e)
             raise cg._broken from e

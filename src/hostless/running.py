@@ -244,19 +244,22 @@ class FrameRunner:
         pending: list[tuple[int, _Slot]] = []
         self._streams += 1
         self._fast = False  # a run() meanwhile takes the general path, which refuses
+        fast = self._bound_ok()  # (what changes it while the stream runs also ends it, or closes)
         try:
             for inp in frames:
                 if not isinstance(inp, Mapping):
                     inp = self._one_input(inp)
                 if len(pending) == self.inflight:
-                    out = self._collect(pending[0][1], pending[0][0], timeout)
+                    out = self._collect(pending[0][1], pending[0][0], timeout, fast)
                     pending.pop(0)
                     yield out
                 sl = self.slots[(self.frame + 1) % self.inflight]
-                self._unstale(sl)
+                if sl.stale:
+                    self._unstale(sl)
+                    fast = self._bound_ok()
                 self.frame += 1
                 pending.append((self.frame, sl))
-                r = sl.submit[0].frame(inp, self.frame, timeout) if self._bound_ok() else None
+                r = sl.submit[0].frame(inp, self.frame, timeout) if fast and not self._closed else None
                 if r is None:  # the general path
                     self._check()
                     self._check_agents()
@@ -265,7 +268,7 @@ class FrameRunner:
                 elif r.__class__ is not dict:
                     self._ran(sl, sl.submit, self.frame, r)
             while pending:
-                out = self._collect(pending[0][1], pending[0][0], timeout)
+                out = self._collect(pending[0][1], pending[0][0], timeout, fast)
                 pending.pop(0)
                 yield out
         finally:
@@ -288,9 +291,10 @@ class FrameRunner:
         """Whether the slots' one-call programs may run a stream's frame."""
         return self._bound and self._invalid is None and self._broken is None
 
-    def _collect(self, sl: _Slot, v: int, timeout: float | None) -> dict[str, np.ndarray]:
-        """Wait for frame ``v`` of a stream (slot ``sl``) and return its outputs."""
-        r = sl.wait[0].frame(None, v, timeout) if self._bound_ok() else None
+    def _collect(self, sl: _Slot, v: int, timeout: float | None, fast: bool) -> dict[str, np.ndarray]:
+        """Wait for frame ``v`` of a stream (slot ``sl``) and return its outputs (``fast``: in
+        one call of the slot's wait program)."""
+        r = sl.wait[0].frame(None, v, timeout) if fast and not self._closed else None
         if r.__class__ is dict:
             return r
         if r is not None:
