@@ -491,3 +491,202 @@ def test_the_model_saw_overwritten_and_clean_releases() -> None:
         pytest.skip("run with the model test")
     torn, clean = (sum(x[k] for x in _MODEL_STATS) for k in ("torn", "clean"))
     assert torn > 0 and clean > 0, (torn, clean, len(_MODEL_STATS))
+
+
+# ------------------------------------------------------------------------------ processes
+
+# A subscriber process: argv domain, subscriber name, policy.  Prints "ready <next> <resumed>",
+# then "f <seq> <lost> <ok>" for each frame from inside its with block (before the
+# acknowledgement; ok: every byte is seq % 251), "torn <seq>" for a skip frame overwritten while
+# read, and "done <lost>" once the channel is closed.
+SUB = """
+dom = hl.Domain.open(sys.argv[1], label="sub-" + sys.argv[2], watchdog_interval=0.01)
+sub = hl.Subscriber(dom, "cam", sys.argv[2], policy=sys.argv[3], start="oldest", timeout=20)
+print("ready", sub._next, int(sub.resumed), flush=True)
+while True:
+    try:
+        frame = sub.receive(timeout=20)
+    except hl.ChannelClosed:
+        break
+    try:
+        with frame:
+            a = frame.data
+            ok = int(a.min()) == int(a.max()) == frame.seq % 251
+            print("f", frame.seq, frame.lost, int(ok), flush=True)
+    except hl.FrameOverwritten:
+        print("torn", frame.seq, flush=True)
+print("done", sub.lost, flush=True)
+sub.close()
+dom.close()
+"""
+
+
+def _publisher(pub: hl.Channel, frames: int, pace: float, errors: list[BaseException]) -> threading.Thread:
+    def run() -> None:
+        try:
+            for _ in range(frames):
+                with pub.loan(timeout=60) as f:
+                    f.data[...] = f.seq % 251
+                if pace:
+                    time.sleep(pace)
+        except BaseException as e:  # the test reports it
+            errors.append(e)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th
+
+
+def _lines(proc) -> list[str]:  # type: ignore[no-untyped-def]
+    from conftest import _line_queue
+
+    out, q = [], _line_queue(proc)
+    while True:
+        try:
+            line = q.get(timeout=30)
+        except Exception:
+            break
+        if line is None:
+            break
+        out.append(line.strip())
+    return out
+
+
+def test_four_subscriber_processes_receive_every_frame_or_skip_cleanly(domain_name: str) -> None:
+    """Three "block" subscribers get every frame intact and in order; a "skip" one gets
+    increasing frames, each intact or reported torn, with ``lost`` accounting for every gap."""
+    frames = 300
+    with hl.Domain.create(domain_name, heap="16M", participants=16) as d:
+        pub = hl.Channel(d, "cam", (64, 1024), "u1", depth=4, grace=30)
+        kids = [spawn_child(SUB, domain_name, f"s{i}", "block" if i < 3 else "skip") for i in range(4)]
+        try:
+            for k in kids:
+                assert read_line(k).startswith("ready 1 0")
+            assert wait_until(lambda: len(pub.subscribers) == 4, 10)
+            errors: list[BaseException] = []
+            _publisher(pub, frames, 0.0, errors).join(120)
+            assert not errors, errors
+            pub.close()
+            for i, k in enumerate(kids):
+                out = _lines(k)
+                assert out[-1].startswith("done"), out[-3:]
+                got = [line.split() for line in out if line.startswith(("f ", "torn "))]
+                if i < 3:
+                    assert [(int(x[1]), x[2], x[3]) for x in got] == [(n, "0", "1") for n in range(1, frames + 1)]
+                else:
+                    torn = {int(x[1]) for x in got if x[0] == "torn"}  # its "f" line was printed in the block
+                    whole = [x for x in got if x[0] == "f" and int(x[1]) not in torn]
+                    seqs = [int(x[1]) for x in got if x[0] == "f"]
+                    assert seqs == sorted(set(seqs)) and seqs[-1] == frames
+                    assert all(x[3] == "1" for x in whole), "a skip subscriber kept a torn frame"
+                    lost = sum(int(x[2]) for x in got if x[0] == "f")
+                    assert lost == frames - len(seqs) == int(out[-1].split()[1])
+                assert k.wait(20) == 0
+        finally:
+            for k in kids:
+                kill_child(k)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sigkill_of_a_subscriber_and_its_replacement_lose_nothing(domain_name: str, seed: int) -> None:
+    """A "block" subscriber is killed with SIGKILL at random points of its loop, four times, and
+    replaced each time under the same name: each replacement resumes right after the last frame
+    the dead one acknowledged (so at most the one frame it held is received twice), every frame
+    arrives intact, none is lost, and the publisher never gave up on the name (grace 30 s)."""
+    rng = random.Random(seed)
+    frames = 400
+    with hl.Domain.create(domain_name, heap="16M", participants=16, watchdog_interval=0.01) as d:
+        pub = hl.Channel(d, "cam", 4096, depth=4, grace=30)
+        kid = spawn_child(SUB, domain_name, "k", "block")
+        assert read_line(kid) == "ready 1 0"
+        assert wait_until(lambda: "k" in pub.subscribers, 10)
+        errors: list[BaseException] = []
+        th = _publisher(pub, frames, 0.002, errors)
+        runs: list[tuple[int, int, list[int]]] = []  # (first, resumed, frames logged)
+        first, resumed = 1, 0
+        try:
+            for _ in range(4):
+                time.sleep(rng.uniform(0.05, 0.4))
+                kill_child(kid)
+                logged = [int(x.split()[1]) for x in _lines(kid) if x.startswith("f ")]
+                runs.append((first, resumed, logged))
+                kid = spawn_child(SUB, domain_name, "k", "block")
+                _ready, nxt, res = read_line(kid, 30).split()
+                first, resumed = int(nxt), int(res)
+            th.join(120)
+            assert not errors, errors
+            pub.close()
+            out = _lines(kid)
+            assert out[-1].startswith("done"), out[-3:]
+            runs.append((first, resumed, [int(x.split()[1]) for x in out if x.startswith("f ")]))
+            assert all(x.split()[3] == "1" for x in out if x.startswith("f "))
+        finally:
+            kill_child(kid)
+        assert runs[0][0] == 1
+        for (f0, _r0, got), (f1, r1, _nxt) in zip(runs, runs[1:], strict=False):
+            assert got == list(range(f0, f0 + len(got))), "a subscriber skipped or repeated a frame"
+            last = got[-1] if got else f0 - 1  # logged before its acknowledgement
+            assert r1 == 1 and f1 in (last, last + 1), (f0, got[-3:], f1)
+        final = runs[-1][2]
+        assert final == list(range(runs[-1][0], frames + 1))
+
+
+def test_a_dead_subscriber_is_dropped_after_its_grace(domain_name: str) -> None:
+    with hl.Domain.create(domain_name, heap="4M", watchdog_interval=0.01) as d:
+        pub = hl.Channel(d, "cam", 64, depth=2, grace=0.3, timeout=10)
+        kid = spawn_child(SUB, domain_name, "gone", "block")
+        try:
+            assert read_line(kid) == "ready 1 0"
+            assert wait_until(lambda: "gone" in pub.subscribers, 10)
+            kill_child(kid)
+            fill(pub, 2)
+            t0 = time.monotonic()
+            fill(pub, 1, timeout=10)  # frame 3 needs frame 1: waits for the grace, then drops it
+            assert 0.25 <= time.monotonic() - t0 < 0.3 + SLACK
+            assert pub.subscribers == {}
+            # after the drop a new subscriber of that name starts anew
+            s = hl.Subscriber(d, "cam", "gone", start="next")
+            assert not s.resumed and s._next == 4
+            s.close()
+        finally:
+            kill_child(kid)
+        pub.close()
+        assert d.check() == []
+
+
+def test_concurrent_replacements_one_wins_the_name(domain_name: str) -> None:
+    """Three processes take over one dead subscriber's name at once: one resumes after its last
+    acknowledged frame, the others get SubscriberNameTaken."""
+    race = """
+    dom = hl.Domain.open(sys.argv[1], watchdog_interval=0.01)
+    print("up", flush=True)
+    sys.stdin.readline()
+    try:
+        s = hl.Subscriber(dom, "cam", "k", timeout=0.5)
+        print("won", s._next, int(s.resumed), flush=True)
+        sys.stdin.readline()
+    except hl.SubscriberNameTaken:
+        print("taken", flush=True)
+    """
+    with hl.Domain.create(domain_name, heap="4M", watchdog_interval=0.01) as d:
+        pub = hl.Channel(d, "cam", 64, depth=4, grace=30)
+        kid = spawn_child(SUB, domain_name, "k", "block")
+        racers = [spawn_child(race, domain_name) for _ in range(3)]
+        try:
+            assert read_line(kid) == "ready 1 0"
+            assert wait_until(lambda: "k" in pub.subscribers, 10)
+            fill(pub, 3)
+            assert [read_line(kid) for _ in range(3)][-1].startswith("f 3")
+            assert wait_until(lambda: pub.subscribers["k"]["acknowledged"] == 3, 10)
+            kill_child(kid)
+            for r in racers:
+                assert read_line(r) == "up"
+            for r in racers:
+                r.stdin.write("go\n")  # type: ignore[union-attr]
+                r.stdin.flush()  # type: ignore[union-attr]
+            said = sorted(read_line(r, 30) for r in racers)
+            assert said == ["taken", "taken", "won 4 1"], said
+        finally:
+            for k in (kid, *racers):
+                kill_child(k)
+        pub.close()
