@@ -12,7 +12,6 @@ import asyncio
 import os
 import random
 import signal
-import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -197,7 +196,9 @@ def test_history_for_late_joiners(two: tuple[hl.Domain, hl.Domain], start: str, 
     pub.close()
 
 
-def test_clean_close_releases_the_publisher_at_once_and_frees_the_name(two: tuple[hl.Domain, hl.Domain]) -> None:
+def test_clean_close_releases_the_publisher_at_once_and_frees_the_name(
+    two: tuple[hl.Domain, hl.Domain],
+) -> None:
     a, b = two
     pub = hl.Channel(a, "cam", 4, depth=2, timeout=0, grace=60)
     sub = hl.Subscriber(b, "cam", "s")
@@ -401,7 +402,9 @@ def test_a_claim_pushed_by_a_hostile_peer_is_survived(two: tuple[hl.Domain, hl.D
 
 
 OPS = st.lists(
-    st.sampled_from(["begin", "half", "rest", "publish", "abort", "recv", "read", "release", "cycle", "cycle"]),
+    st.sampled_from(
+        ["begin", "half", "rest", "publish", "abort", "recv", "read", "release", "cycle", "cycle"]
+    ),
     min_size=10,
     max_size=60,
 )
@@ -572,7 +575,8 @@ def test_four_subscriber_processes_receive_every_frame_or_skip_cleanly(domain_na
                 assert out[-1].startswith("done"), out[-3:]
                 got = [line.split() for line in out if line.startswith(("f ", "torn "))]
                 if i < 3:
-                    assert [(int(x[1]), x[2], x[3]) for x in got] == [(n, "0", "1") for n in range(1, frames + 1)]
+                    want = [(n, "0", "1") for n in range(1, frames + 1)]
+                    assert [(int(x[1]), x[2], x[3]) for x in got] == want
                 else:
                     torn = {int(x[1]) for x in got if x[0] == "torn"}  # its "f" line was printed in the block
                     whole = [x for x in got if x[0] == "f" and int(x[1]) not in torn]

@@ -49,17 +49,12 @@ from . import names
 from ._abi import C
 from .buffer import Buffer, ShapeLike, normalize_layout
 from .errors import (
-    ChannelClosed,
-    ChannelFull,
     ChannelError,
     CorruptChannel,
-    DomainFull,
-    FrameOverwritten,
     HostlessError,
     InvalidOperation,
     NameTaken,
     SlowSubscriber,
-    SubscriberNameTaken,
 )
 from .status import Status
 from .timeline import Timeline
@@ -95,7 +90,9 @@ def _check_name(name: object, what: str) -> str:
         raise TypeError(f"a {what} name is a str, got {type(name).__name__}")
     n = len(name.encode("utf-8"))
     if not 1 <= n <= NAME_MAX_BYTES or "/" in name or "\0" in name:
-        raise ValueError(f"a {what} name is 1..{NAME_MAX_BYTES} bytes of UTF-8 without '/' or NUL, got {name!r}")
+        raise ValueError(
+            f"a {what} name is 1..{NAME_MAX_BYTES} bytes of UTF-8 without '/' or NUL, got {name!r}"
+        )
     return name
 
 
@@ -120,7 +117,9 @@ class Frame:
     def __enter__(self) -> Frame:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._open:
             self._open = False
             self._owner._finish(self, et is None)
@@ -168,7 +167,9 @@ class _Ring:
     _frame: Frame | None
     _closed: bool
 
-    def _init_ring(self, dom: Domain, name: str, pub: Timeline, claim: Timeline, slots: list[Buffer], ro: bool) -> None:
+    def _init_ring(
+        self, dom: Domain, name: str, pub: Timeline, claim: Timeline, slots: list[Buffer], ro: bool
+    ) -> None:
         self._dom, self._core, self.name, self.depth = dom, dom._core, name, len(slots)
         self._pub, self._claim, self._slots = pub, claim, slots
         self._pub_h, self._claim_h = int(pub.handle), int(claim.handle)
@@ -203,7 +204,9 @@ class _Ring:
     def __enter__(self) -> Any:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def close(self) -> None:  # pragma: no cover - both sides define it
@@ -375,8 +378,11 @@ class Channel(_Ring):
             return None
         now = time.monotonic()
         if deadline is not None and now >= deadline:
-            who = ", ".join(f"{s.name} (acknowledged {self._value(s.ack_h)}"
-                            f"{', dead: in its grace' if s.dead_since is not None else ''})" for s in blockers)
+            who = ", ".join(
+                f"{s.name} (acknowledged {self._value(s.ack_h)}"
+                f"{', dead: in its grace' if s.dead_since is not None else ''})"
+                for s in blockers
+            )
             raise SlowSubscriber(
                 f"channel {self.name!r}: frame {self._next} needs frame {need} released by: {who}; "
                 f"waited {self.timeout} s (raise the timeout, or use the 'skip' policy for them)"
@@ -479,7 +485,8 @@ class Channel(_Ring):
         return f"<hostless.Channel {self.name!r} depth={self.depth} published={self.published}>"
 
 
-def _drop(b: Buffer) -> None:
+def _drop(b: Buffer) -> _Sub | None:
+    """Release ``b``; the None that :meth:`Channel._adopt` returns for a record that is not ours."""
     b.release()
     return None
 
@@ -498,7 +505,9 @@ def _dead_channel(dom: Domain, key: str) -> bool:
             o.release()
 
 
-def _open_descriptor(dom: Domain, key: str, timeout: float | None) -> tuple[Timeline, Timeline, list[Buffer], Buffer]:
+def _open_descriptor(
+    dom: Domain, key: str, timeout: float | None
+) -> tuple[Timeline, Timeline, list[Buffer], Buffer]:
     """(published, claimed, slots, descriptor) of the channel published as ``key``, validated."""
     desc = names.lookup(dom, key, timeout)
     if not isinstance(desc, Buffer):

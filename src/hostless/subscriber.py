@@ -36,10 +36,10 @@ from .errors import (
     ChannelError,
     ChannelFull,
     DomainFull,
+    FrameOverwritten,
     HostlessError,
     InvalidHandle,
     NameTaken,
-    FrameOverwritten,
     SubscriberNameTaken,
 )
 from .status import Status
@@ -218,7 +218,9 @@ class Subscriber(_Ring):
         while True:
             w = int(core.word(self._pub_h))
             if w < n:  # (a failed word is larger than any frame number)
-                return None if lost == 0 else self._skip_to(n, lost)
+                if lost:
+                    self._skip_to(n, lost)
+                return None
             p = int(core.aux(self._pub_h)) if w & _FAILED else w
             if p < n:
                 st = Status(w & 0xFFFFFFFF) if w & _FAILED else Status.ACTIVE
@@ -234,7 +236,6 @@ class Subscriber(_Ring):
     def _skip_to(self, n: int, lost: int) -> None:
         self.lost += lost  # frames overwritten: counted once, the wait goes on for frame n
         self._next = n
-        return None
 
     def _hand_out(self, n: int, lost: int) -> Frame:
         self.lost += lost
@@ -254,11 +255,11 @@ class Subscriber(_Ring):
         while (r := self._ready(self._next)) is None:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                raise TimeoutError(f"channel {self.name!r}: no frame {self._next} within {timeout} s")
+                raise self._timeout(timeout)
             try:
                 self._pub.wait(self._next, left)
             except TimeoutError:
-                raise TimeoutError(f"channel {self.name!r}: no frame {self._next} within {timeout} s") from None
+                raise self._timeout(timeout) from None
         return self._hand_out(*r)
 
     async def receive_async(self, timeout: float | None = None) -> Frame:
@@ -268,12 +269,15 @@ class Subscriber(_Ring):
         while (r := self._ready(self._next)) is None:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                raise TimeoutError(f"channel {self.name!r}: no frame {self._next} within {timeout} s")
+                raise self._timeout(timeout)
             try:
                 await self._pub.wait_async(self._next, left)
             except TimeoutError:
-                raise TimeoutError(f"channel {self.name!r}: no frame {self._next} within {timeout} s") from None
+                raise self._timeout(timeout) from None
         return self._hand_out(*r)
+
+    def _timeout(self, timeout: float | None) -> TimeoutError:
+        return TimeoutError(f"channel {self.name!r}: no frame {self._next} within {timeout} s")
 
     def _finish(self, f: Frame, ok: bool) -> None:
         self._frame = None
@@ -326,7 +330,9 @@ class Subscriber(_Ring):
         _release(self._ack, self._rec, self._pub, self._claim, *self._slots)
 
     def __repr__(self) -> str:
-        return f"<hostless.Subscriber {self.sub_name!r} of {self.name!r} policy={self.policy} next={self._next}>"
+        return (
+            f"<hostless.Subscriber {self.sub_name!r} of {self.name!r} policy={self.policy} next={self._next}>"
+        )
 
 
 def _release(*objs: Timeline | Buffer | None) -> None:
