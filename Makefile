@@ -45,6 +45,7 @@ demo: tools
 	$(PY) examples/demo.py
 	$(PY) examples/pipeline_demo.py
 	$(PY) examples/by_name.py
+	$(PY) examples/camera_channel.py
 
 test: tools
 	$(PY) -m pytest -q -ra tests
