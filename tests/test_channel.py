@@ -336,9 +336,10 @@ def test_hostile_records_are_rejected_and_the_publisher_carries_on(two: tuple[hl
     assert pub.rejected == len(bad) + 1
     # a subscriber whose name holds garbage takes the name over
     s = hl.Subscriber(b, "cam", "magic", start="next")
+    s2 = hl.Subscriber(b, "cam", "tl", start="next", timeout=1)  # (a Timeline held the name)
     fill(pub, 1)
-    assert set(pub.subscribers) == {"good", "magic"}
-    for o in (*bad.values(), fence, tl, s, good, pub):
+    assert set(pub.subscribers) == {"good", "magic", "tl"}
+    for o in (*bad.values(), fence, tl, s, s2, good, pub):
         o.close() if isinstance(o, (hl.Subscriber, hl.Channel)) else o.release()
 
 
@@ -642,15 +643,22 @@ def test_a_dead_subscriber_is_dropped_after_its_grace(domain_name: str) -> None:
         try:
             assert read_line(kid) == "ready 1 0"
             assert wait_until(lambda: "gone" in pub.subscribers, 10)
+            held = d.lookup("ch:cam/gone")  # someone keeps the dead one's record (and its entry) alive
             kill_child(kid)
             fill(pub, 2)
             t0 = time.monotonic()
             fill(pub, 1, timeout=10)  # frame 3 needs frame 1: waits for the grace, then drops it
             assert 0.25 <= time.monotonic() - t0 < 0.3 + SLACK
             assert pub.subscribers == {}
+            d.publish("unrelated", tl := d.timeline())  # the publisher looks at the names again ...
+            t0 = time.monotonic()
+            fill(pub, 3, timeout=10)  # ... and does not take the dropped record back (no new grace)
+            assert time.monotonic() - t0 < 0.25 and pub.subscribers == {}
+            held.release()
+            tl.release()
             # after the drop a new subscriber of that name starts anew
             s = hl.Subscriber(d, "cam", "gone", start="next")
-            assert not s.resumed and s._next == 4
+            assert not s.resumed and s._next == 7
             s.close()
         finally:
             kill_child(kid)

@@ -353,6 +353,8 @@ class Channel(_Ring):
     def _drop(self, s: _Sub) -> None:
         if self._subs.get(s.name) is s:
             del self._subs[s.name]
+        if len(self._bad) < 4096:  # never adopted again (a holder may keep its entry alive)
+            self._bad.add(int(s.rec.handle))
         s.release()
 
     @property

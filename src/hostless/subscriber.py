@@ -120,8 +120,8 @@ class Subscriber(_Ring):
         the last frame it acknowledged), or "stale" (left, another channel's, or garbage)."""
         try:
             rec = self._dom.import_buffer(h)
-        except InvalidHandle:
-            return "gone", 0
+        except InvalidHandle:  # freed meanwhile, or not a buffer at all
+            return ("stale", 0) if names.peek(self._dom, self._key) == h else ("gone", 0)
         try:
             if rec.device != "cpu" or rec.nbytes != _REC_WORDS * 8:
                 return "stale", 0
@@ -157,6 +157,8 @@ class Subscriber(_Ring):
         resume: int | None = None
         reaped = False
         while True:
+            if deadline is not None and time.monotonic() > deadline + 1.0:  # (a live holder: below)
+                raise ChannelError(f"subscriber {self.sub_name!r}: its name kept changing; try again")
             h = names.peek(dom, key)
             if h is not None:
                 verdict, last = self._judge(h)
