@@ -279,7 +279,8 @@ class Channel(_Ring):
         self._subs: dict[str, _Sub] = {}
         self._bad: set[int] = set()
         self.rejected = 0
-        """Records under this channel's names that failed validation (garbage, forged handles)."""
+        """Records under this channel's names that were refused: garbage, forged handles, or
+        records of an earlier publisher of the channel."""
 
     # ------------------------------------------------------------ subscribers
     def _refresh(self) -> None:
@@ -511,7 +512,10 @@ def _open_descriptor(
     dom: Domain, key: str, timeout: float | None
 ) -> tuple[Timeline, Timeline, list[Buffer], Buffer]:
     """(published, claimed, slots, descriptor) of the channel published as ``key``, validated."""
-    desc = names.lookup(dom, key, timeout)
+    try:
+        desc = names.lookup(dom, key, timeout)
+    except KeyError:
+        raise TimeoutError(f"no channel {key[3:]!r} in this domain (no publisher has created it)") from None
     if not isinstance(desc, Buffer):
         if hasattr(desc, "release"):
             desc.release()

@@ -50,6 +50,7 @@ _DEPTH = 4
 class ChannelBenchConfig:
     quick: bool = False
     subscribers: tuple[int, ...] = (1, 4)
+    payloads: tuple[str, ...] = ("64B", "1080p")
     latency_frames: int = 3000
     """Frames per latency figure (the 1080p rows use a tenth)."""
     throughput_frames: int = 20000
@@ -313,7 +314,7 @@ def run(cfg: ChannelBenchConfig | None = None, progress: Progress | None = None)
     modes = [("hostless", "spin"), ("hostless", "wait")]
     if result["iceoryx2"] is not None:
         modes.append(("iceoryx2", "poll"))
-    for payload in PAYLOADS:
+    for payload in cfg.payloads:
         for subs in cfg.subscribers:
             for system, mode in modes:
                 key = f"{system}-{mode}/{payload}/{subs}"
