@@ -764,3 +764,49 @@ def test_bench_channel_smoke(tmp_path: object) -> None:
     js, md = bench.write_results(r, str(tmp_path))
     assert json.loads(Path(js).read_text())["benchmark"] == "channel"
     assert "iceoryx2" in Path(md).read_text()
+
+
+def test_a_dead_publisher_ends_the_channel_and_a_new_one_takes_the_name(domain_name: str) -> None:
+    """The publisher's process is killed: its subscriber receives what it published, then
+    ChannelClosed (OWNER_DIED); a new publisher creates the channel again and the subscriber,
+    subscribing again under its name, is served by it (its old record is left behind)."""
+    with hl.Domain.create(domain_name, heap="4M", watchdog_interval=0.01) as d:
+        kid = spawn_child(
+            """
+            dom = hl.Domain.open(sys.argv[1])
+            pub = hl.Channel(dom, "cam", 8, depth=4)
+            print("up", flush=True)
+            sys.stdin.readline()
+            for i in range(3):
+                pub.publish(i + 1)
+            print("sent", flush=True)
+            time.sleep(60)
+            """,
+            domain_name,
+        )
+        try:
+            assert read_line(kid) == "up"
+            old = hl.Subscriber(d, "cam", "s", start="next")
+            kid.stdin.write("go\n")  # type: ignore[union-attr]
+            kid.stdin.flush()  # type: ignore[union-attr]
+            assert read_line(kid) == "sent"
+            held = d.lookup("ch:cam")  # keeps the dead publisher's descriptor (and its name) alive
+            kill_child(kid)
+            got = []
+            with pytest.raises(hl.ChannelClosed, match="OWNER_DIED"):
+                while True:
+                    with old.receive(timeout=10) as f:
+                        got.append(int(f.data[0]))
+            assert got == [1, 2, 3]
+        finally:
+            kill_child(kid)
+        pub = hl.Channel(d, "cam", 8, depth=4)  # replaces the dead publisher's entry
+        held.release()
+        new = hl.Subscriber(d, "cam", "s", start="next")
+        assert not new.resumed
+        pub.publish(9)
+        with new.receive(timeout=1) as f:
+            assert (f.seq, int(f.data[0])) == (1, 9)
+        assert set(pub.subscribers) == {"s"}
+        for x in (new, old, pub):
+            x.close()
