@@ -275,6 +275,7 @@ class Channel(_Ring):
         self._desc = desc
         self._init_ring(dom, name, pub, claim, slots, False)
         self._next = 1
+        self._claimed = 0
         self._seen = -1
         self._subs: dict[str, _Sub] = {}
         self._bad: set[int] = set()
@@ -285,7 +286,7 @@ class Channel(_Ring):
     # ------------------------------------------------------------ subscribers
     def _refresh(self) -> None:
         """Adopt the records published since the last look (one load when nothing changed)."""
-        seq = names.changes(self._dom)
+        seq = self._core.name_seq()  # (names.changes, inlined: once per loan)
         if seq == self._seen:
             return
         self._seen = seq
@@ -398,8 +399,13 @@ class Channel(_Ring):
 
     def _start(self) -> Frame:
         n = self._next
-        if self._value(self._claim_h) < n:  # (equal: a loan whose block raised; its slot is ours)
-            self._claim.signal(n)
+        if self._claimed < n:  # (equal: a loan whose block raised; its slot is ours)
+            try:
+                self._claim.signal(n)
+            except ValueError:  # moved ahead by another participant: frames look overwritten
+                if self._value(self._claim_h) < n:
+                    raise
+            self._claimed = n
         i = (n - 1) % self.depth
         f = Frame(self, n, self._views[i], self._slots[i], 0)
         self._frame = f

@@ -286,10 +286,10 @@ class Subscriber(_Ring):
         n = f.seq
         intact = self._intact(n)  # before the acknowledgement: after it the slot may be reused
         if not self._closed:
-            if self._value(self._ack_h) < n:
-                try:
-                    self._ack.signal(n)
-                except (AlreadySignaled, ValueError) as e:
+            try:
+                self._ack.signal(n)  # (n is above every value this subscriber gave it)
+            except (AlreadySignaled, ValueError) as e:
+                if isinstance(e, AlreadySignaled) or self._value(self._ack_h) < n:
                     raise ChannelError(
                         f"subscriber {self.sub_name!r}: its acknowledgement timeline was failed or moved by "
                         f"another participant ({e}); close it and subscribe again"
