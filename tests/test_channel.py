@@ -499,13 +499,18 @@ def test_the_model_saw_overwritten_and_clean_releases() -> None:
 
 # ------------------------------------------------------------------------------ processes
 
-# A subscriber process: argv domain, subscriber name, policy.  Prints "ready <next> <resumed>",
-# then "f <seq> <lost> <ok>" for each frame from inside its with block (before the
-# acknowledgement; ok: every byte is seq % 251), "torn <seq>" for a skip frame overwritten while
-# read, and "done <lost>" once the channel is closed.
+# A subscriber process: argv domain, subscriber name, policy.  Prints "joined" once subscribed,
+# "ready <next> <resumed>" once the publisher has seen it, then "f <seq> <lost> <ok>" for each
+# frame from inside its with block (before the acknowledgement; ok: every byte is seq % 251),
+# "torn <seq>" for a skip frame overwritten while read, and "done <lost>" once the channel is
+# closed.
 SUB = """
 dom = hl.Domain.open(sys.argv[1], label="sub-" + sys.argv[2], watchdog_interval=0.01)
 sub = hl.Subscriber(dom, "cam", sys.argv[2], policy=sys.argv[3], start="oldest", timeout=20)
+print("joined", flush=True)
+t = time.monotonic()
+while not sub.seen and time.monotonic() < t + 20:  # the publisher takes it in at its next loan
+    time.sleep(0.001)
 print("ready", sub._next, int(sub.resumed), flush=True)
 while True:
     try:
@@ -564,9 +569,9 @@ def test_four_subscriber_processes_receive_every_frame_or_skip_cleanly(domain_na
         pub = hl.Channel(d, "cam", (64, 1024), "u1", depth=4, grace=30)
         kids = [spawn_child(SUB, domain_name, f"s{i}", "block" if i < 3 else "skip") for i in range(4)]
         try:
+            assert wait_until(lambda: len(pub.subscribers) == 4, 20)
             for k in kids:
-                assert read_line(k).startswith("ready 1 0")
-            assert wait_until(lambda: len(pub.subscribers) == 4, 10)
+                assert read_line(k) == "joined" and read_line(k) == "ready 1 0"
             errors: list[BaseException] = []
             _publisher(pub, frames, 0.0, errors).join(120)
             assert not errors, errors
@@ -603,8 +608,9 @@ def test_sigkill_of_a_subscriber_and_its_replacement_lose_nothing(domain_name: s
     with hl.Domain.create(domain_name, heap="16M", participants=16, watchdog_interval=0.01) as d:
         pub = hl.Channel(d, "cam", 4096, depth=4, grace=30)
         kid = spawn_child(SUB, domain_name, "k", "block")
-        assert read_line(kid) == "ready 1 0"
+        assert read_line(kid) == "joined"
         assert wait_until(lambda: "k" in pub.subscribers, 10)
+        assert read_line(kid) == "ready 1 0"
         errors: list[BaseException] = []
         th = _publisher(pub, frames, 0.002, errors)
         runs: list[tuple[int, int, list[int]]] = []  # (first, resumed, frames logged)
@@ -616,7 +622,8 @@ def test_sigkill_of_a_subscriber_and_its_replacement_lose_nothing(domain_name: s
                 logged = [int(x.split()[1]) for x in _lines(kid) if x.startswith("f ")]
                 runs.append((first, resumed, logged))
                 kid = spawn_child(SUB, domain_name, "k", "block")
-                _ready, nxt, res = read_line(kid, 30).split()
+                assert read_line(kid, 30) == "joined"
+                _ready, nxt, res = read_line(kid, 30).split()  # the publisher saw it: its record outlives it
                 first, resumed = int(nxt), int(res)
             th.join(120)
             assert not errors, errors
@@ -641,8 +648,9 @@ def test_a_dead_subscriber_is_dropped_after_its_grace(domain_name: str) -> None:
         pub = hl.Channel(d, "cam", 64, depth=2, grace=0.3, timeout=10)
         kid = spawn_child(SUB, domain_name, "gone", "block")
         try:
-            assert read_line(kid) == "ready 1 0"
+            assert read_line(kid) == "joined"
             assert wait_until(lambda: "gone" in pub.subscribers, 10)
+            assert read_line(kid) == "ready 1 0"
             held = d.lookup("ch:cam/gone")  # someone keeps the dead one's record (and its entry) alive
             kill_child(kid)
             fill(pub, 2)
@@ -685,8 +693,9 @@ def test_concurrent_replacements_one_wins_the_name(domain_name: str) -> None:
         kid = spawn_child(SUB, domain_name, "k", "block")
         racers = [spawn_child(race, domain_name) for _ in range(3)]
         try:
-            assert read_line(kid) == "ready 1 0"
+            assert read_line(kid) == "joined"
             assert wait_until(lambda: "k" in pub.subscribers, 10)
+            assert read_line(kid) == "ready 1 0"
             fill(pub, 3)
             assert [read_line(kid) for _ in range(3)][-1].startswith("f 3")
             assert wait_until(lambda: pub.subscribers["k"]["acknowledged"] == 3, 10)
@@ -715,8 +724,9 @@ def test_sigkill_anywhere_including_registration_loses_no_frame(domain_name: str
     with hl.Domain.create(domain_name, heap="16M", participants=32, watchdog_interval=0.01) as d:
         pub = hl.Channel(d, "cam", 4096, depth=4, grace=30)
         kid = spawn_child(SUB, domain_name, "k", "block")
-        assert read_line(kid) == "ready 1 0"
+        assert read_line(kid) == "joined"
         assert wait_until(lambda: "k" in pub.subscribers, 10)
+        assert read_line(kid) == "ready 1 0"
         errors: list[BaseException] = []
         th = _publisher(pub, frames, 0.001, errors)
         logs: list[list[int]] = []
@@ -810,3 +820,38 @@ def test_a_dead_publisher_ends_the_channel_and_a_new_one_takes_the_name(domain_n
         assert set(pub.subscribers) == {"s"}
         for x in (new, old, pub):
             x.close()
+
+
+def test_a_successor_killed_before_the_publisher_saw_it_leaves_the_resume_point(domain_name: str) -> None:
+    """A subscriber takes a dead one's name over (as its successor, ``<name>+``) and is killed
+    before the publisher has seen it: the dead one's record, which the publisher holds, still
+    has the name, so the next replacement resumes after the frame the first one acknowledged.
+    Once the publisher sees a successor it promotes it to the name."""
+    with hl.Domain.create(domain_name, heap="4M", watchdog_interval=0.01) as d:
+        pub = hl.Channel(d, "cam", 64, depth=4, grace=30)
+        kid = spawn_child(SUB, domain_name, "k", "block")
+        r1 = None
+        try:
+            assert read_line(kid) == "joined"
+            assert wait_until(lambda: "k" in pub.subscribers, 10)
+            assert read_line(kid) == "ready 1 0"
+            fill(pub, 3)
+            assert [read_line(kid) for _ in range(3)][-1].startswith("f 3")
+            assert wait_until(lambda: pub.subscribers["k"]["acknowledged"] == 3, 10)
+            kill_child(kid)
+            r1 = spawn_child(SUB, domain_name, "k", "block")  # the publisher publishes nothing now
+            assert read_line(r1, 30) == "joined"
+            assert "ch:cam/k+" in d.names()
+            kill_child(r1)
+            r2 = hl.Subscriber(d, "cam", "k", timeout=10)
+            assert r2.resumed and r2._next == 4 and not r2.seen
+            fill(pub, 1)  # the publisher sees r2 and promotes it to the name
+            assert r2.seen and d.names()["ch:cam/k"] == r2._rec.handle and "ch:cam/k+" not in d.names()
+            with r2.receive(1) as f:
+                assert f.seq == 4
+            r2.close()
+        finally:
+            for k in (kid, r1):
+                if k is not None:
+                    kill_child(k)
+        pub.close()

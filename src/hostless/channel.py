@@ -81,6 +81,8 @@ _REC_MAGIC = int.from_bytes(b"HLCHSUB1", "little")
 _VERSION = 1
 _HDR = 8  # descriptor words before the slots' handles
 _REC_WORDS = 8
+_REC_SEEN = 5  # the record's word the publisher sets when it adopts it
+_SEEN = int.from_bytes(b"HLCHSEEN", "little")
 _FAILED = int(C.TIMELINE_FAILED)
 _POLL = 0.005  # seconds between looks while a dead subscriber's grace runs (a replacement may come)
 
@@ -285,36 +287,58 @@ class Channel(_Ring):
 
     # ------------------------------------------------------------ subscribers
     def _refresh(self) -> None:
-        """Adopt the records published since the last look (one load when nothing changed)."""
+        """Adopt the records published since the last look (one load when nothing changed), and
+        promote a successor (``<name>+``, a subscriber taking a dead one's name over) to the
+        name once its predecessor is dead: until then the predecessor's record, which this
+        publisher holds, keeps the name and the frame to resume from."""
         seq = self._core.name_seq()  # (names.changes, inlined: once per loan)
         if seq == self._seen:
             return
         self._seen = seq
         prefix = f"ch:{self.name}/"
+        main: dict[str, int] = {}
+        succ: dict[str, int] = {}
         for key, h in names.entries(self._dom).items():
-            if not key.startswith(prefix) or h in self._bad:
-                continue
-            sub = key[len(prefix) :]
+            if key.startswith(prefix) and h not in self._bad:
+                sub = key[len(prefix) :]
+                if sub.endswith("+"):
+                    succ[sub[:-1]] = h
+                else:
+                    main[sub] = h
+        for sub, h in main.items():
             old = self._subs.get(sub)
-            if old is not None and int(old.rec.handle) == h:
-                continue
-            if old is None and len(self._subs) >= MAX_SUBSCRIBERS:
-                continue  # it withdraws itself (ChannelFull)
+            if old is None or int(old.rec.handle) != h:
+                self._take(sub, h, old, None)
+        for sub, h in succ.items():
+            old = self._subs.get(sub)
+            if old is None or int(self._core.word(old.ack_h)) & _FAILED:
+                self._take(sub, h, old, prefix + sub)
+
+    def _take(self, sub: str, h: int, old: _Sub | None, promote: str | None) -> None:
+        if old is None and len(self._subs) >= MAX_SUBSCRIBERS:
+            return  # it withdraws itself (ChannelFull)
+        try:
+            new = self._adopt(sub, h)
+        except (HostlessError, ValueError, KeyError):
+            new = None
+        if new is None:
+            self.rejected += 1
+            if len(self._bad) < 4096:
+                self._bad.add(h)
+            return
+        if promote is not None:  # the successor takes the name (the publisher holds it now)
             try:
-                new = self._adopt(sub, h)
-            except (HostlessError, ValueError, KeyError):
-                new = None
-            if new is None:
-                self.rejected += 1
-                if len(self._bad) < 4096:
-                    self._bad.add(h)
-                continue
-            if old is not None:
-                old.release()
-            self._subs[sub] = new
+                self._dom.publish(promote, new.rec, replace=True)
+                names.unpublish(self._dom, promote + "+", h)
+            except (HostlessError, KeyError):
+                pass  # it closed meanwhile, or the table is full: it stays under its own name
+        if old is not None:
+            old.release()
+        self._subs[sub] = new
 
     def _adopt(self, sub: str, h: int) -> _Sub | None:
-        """Validate the record ``h`` and take references to it and its timeline (None: not ours)."""
+        """Validate the record ``h`` and take references to it and its timeline (None: not ours);
+        marks the record seen (``Subscriber.seen``)."""
         rec = self._dom.import_buffer(h)
         try:
             if rec.device != "cpu" or rec.nbytes != _REC_WORDS * 8:
@@ -329,6 +353,7 @@ class Channel(_Ring):
         if int(ack.handle) in (self._pub_h, self._claim_h):
             ack.release()
             return _drop(rec)
+        rec.numpy()[_REC_SEEN] = _SEEN
         return _Sub(sub, rec, ack, w[2])
 
     def _blockers(self, need: int) -> list[_Sub]:

@@ -20,7 +20,9 @@ from .channel import (
     _FAILED,
     _POLICIES,
     _REC_MAGIC,
+    _REC_SEEN,
     _REC_WORDS,
+    _SEEN,
     _STARTS,
     MAX_SUBSCRIBERS,
     SKIP,
@@ -83,6 +85,8 @@ class Subscriber(_Ring):
     ) -> None:
         _check_name(channel, "channel")
         _check_name(name, "subscriber")
+        if name.endswith("+"):
+            raise ValueError(f"a subscriber name does not end with '+' (a successor's name), got {name!r}")
         if policy not in _POLICIES:
             raise ValueError(f"policy is 'block' or 'skip', got {policy!r}")
         if start not in _STARTS:
@@ -107,6 +111,7 @@ class Subscriber(_Ring):
                         f"channel {channel!r} carries {self.shape} {self.dtype}, expected {shp} {dt}"
                     )
             self._key = f"ch:{channel}/{name}"
+            self._pred = 0
             self._register(start, deadline)
         except BaseException:
             self._closed = True
@@ -115,13 +120,14 @@ class Subscriber(_Ring):
             raise
 
     # ----------------------------------------------------------- registration
-    def _judge(self, h: int) -> tuple[str, int]:
-        """What the record ``h`` under our name is: "gone" (freed meanwhile), "live", "dead" (with
-        the last frame it acknowledged), or "stale" (left, another channel's, or garbage)."""
+    def _judge(self, key: str, h: int) -> tuple[str, int]:
+        """What the record ``h`` published as ``key`` is: "gone" (freed meanwhile), "live",
+        "dead" (with the last frame it acknowledged), or "stale" (left, another channel's, or
+        garbage)."""
         try:
             rec = self._dom.import_buffer(h)
         except InvalidHandle:  # freed meanwhile, or not a buffer at all
-            return ("stale", 0) if names.peek(self._dom, self._key) == h else ("gone", 0)
+            return ("stale", 0) if names.peek(self._dom, key) == h else ("gone", 0)
         try:
             if rec.device != "cpu" or rec.nbytes != _REC_WORDS * 8:
                 return "stale", 0
@@ -153,64 +159,84 @@ class Subscriber(_Ring):
         return min(p + 1, max(1, c - self.depth + 1))
 
     def _register(self, start: str, deadline: float | None) -> None:
+        """Publish our record as ``ch:<channel>/<name>`` (a new name), or as ``<that>+`` when a
+        dead subscriber holds the name (we resume after its last acknowledged frame; the
+        publisher promotes us to the name).  Both publishes fail when the name is taken, so of
+        several processes only one gets either."""
         dom, key = self._dom, self._key
-        resume: int | None = None
         reaped = False
         while True:
             if deadline is not None and time.monotonic() > deadline + 1.0:  # (a live holder: below)
                 raise ChannelError(f"subscriber {self.sub_name!r}: its name kept changing; try again")
             h = names.peek(dom, key)
-            if h is not None:
-                verdict, last = self._judge(h)
-                if verdict == "gone":
-                    continue
-                if verdict == "live":
-                    if not reaped:  # a subscriber killed a moment ago: recover it now
-                        dom.reap()
-                        reaped = True
-                        continue
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise SubscriberNameTaken(
-                            f"channel {self.name!r} has a live subscriber named {self.sub_name!r}: pick "
-                            "another name, or close that subscriber first"
-                        )
-                    time.sleep(0.01)
-                    continue
-                resume = last if verdict == "dead" else None
-                try:
-                    names.unpublish(dom, key, h)
-                except KeyError:
-                    pass  # another process removed it first: look again
+            if h is None:
+                if self._publish(key, self._first(start), False):
+                    return
                 continue
-            first = resume + 1 if resume is not None else self._first(start)
-            ack = dom.timeline(initial=first - 1)
-            rec: Buffer | None = None
-            try:
-                rec = dom.buffer(_REC_WORDS, "<u8")
-                w = rec.numpy()
-                w[:] = 0
-                w[0], w[1], w[2], w[3] = _REC_MAGIC, ack.handle, _POLICIES[self.policy], self._pub_h
-                dom.publish(key, rec)
-            except NameTaken:
-                _release(ack, rec)
-                continue  # another process published first: it is live (or we wait for it)
-            except DomainFull as e:
-                _release(ack, rec)
-                raise ChannelFull(f"cannot register subscriber {self.sub_name!r}: {e}") from None
-            except BaseException:
-                _release(ack, rec)
-                raise
-            prefix = f"ch:{self.name}/"
-            if sum(1 for k in names.entries(dom) if k.startswith(prefix)) > MAX_SUBSCRIBERS:
-                try:
-                    names.unpublish(dom, key, int(rec.handle))
-                except KeyError:
-                    pass
-                _release(ack, rec)
-                raise ChannelFull(f"channel {self.name!r} has {MAX_SUBSCRIBERS} subscribers already")
-            self._ack, self._rec, self._ack_h = ack, rec, int(ack.handle)
-            self._next, self.resumed = first, resume is not None
-            return
+            verdict, last = self._judge(key, h)
+            if verdict == "stale":
+                _unpublish(dom, key, h)
+            if verdict in ("stale", "gone"):
+                continue
+            if verdict == "dead":  # take it over, as its successor
+                hs = names.peek(dom, key + "+")
+                if hs is None:
+                    if self._publish(key + "+", last + 1, True):
+                        self._pred = h
+                        return
+                    continue
+                verdict, _ = self._judge(key + "+", hs)
+                if verdict in ("stale", "dead"):  # (a successor that died before the publisher saw it)
+                    _unpublish(dom, key + "+", hs)
+                if verdict != "live":
+                    continue
+            if not reaped:  # a live holder: maybe one killed a moment ago; recover it now
+                dom.reap()
+                reaped = True
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
+                raise SubscriberNameTaken(
+                    f"channel {self.name!r} has a live subscriber named {self.sub_name!r}: pick "
+                    "another name, or close that subscriber first"
+                )
+            time.sleep(0.01)
+
+    def _publish(self, key: str, first: int, resumed: bool) -> bool:
+        """Publish a record (a new acknowledgement timeline at ``first - 1``) as ``key``;
+        False when another process has the name."""
+        dom = self._dom
+        ack = dom.timeline(initial=first - 1)
+        rec: Buffer | None = None
+        try:
+            rec = dom.buffer(_REC_WORDS, "<u8")
+            w = rec.numpy()
+            w[:] = 0
+            w[0], w[1], w[2], w[3] = _REC_MAGIC, ack.handle, _POLICIES[self.policy], self._pub_h
+            dom.publish(key, rec)
+        except NameTaken:
+            _release(ack, rec)
+            return False
+        except DomainFull as e:
+            _release(ack, rec)
+            raise ChannelFull(f"cannot register subscriber {self.sub_name!r}: {e}") from None
+        except BaseException:
+            _release(ack, rec)
+            raise
+        prefix = f"ch:{self.name}/"
+        if sum(1 for k in names.entries(dom) if k.startswith(prefix)) > MAX_SUBSCRIBERS:
+            _unpublish(dom, key, int(rec.handle))
+            _release(ack, rec)
+            raise ChannelFull(f"channel {self.name!r} has {MAX_SUBSCRIBERS} subscribers already")
+        self._ack, self._rec, self._ack_h = ack, rec, int(ack.handle)
+        self._next, self.resumed = first, resumed
+        return True
+
+    @property
+    def seen(self) -> bool:
+        """Whether the publisher has taken this subscriber in (at its first loan after the
+        subscription): from then on it holds the slots of a "block" subscriber, and keeps the
+        record for a replacement if this subscriber dies."""
+        return _words(self._rec, _REC_WORDS)[_REC_SEEN] == _SEEN
 
     # ---------------------------------------------------------------- receive
     def _ready(self, n: int) -> tuple[int, int] | None:
@@ -326,9 +352,12 @@ class Subscriber(_Ring):
         try:
             if self._ack.failure is None:
                 self._ack.fail(Status.CANCEL)
-            names.unpublish(self._dom, self._key, int(self._rec.handle))
-        except (HostlessError, KeyError):
+        except HostlessError:
             pass
+        for key in (self._key, self._key + "+"):  # (promoted by the publisher, or not yet)
+            _unpublish(self._dom, key, int(self._rec.handle))
+        if self._pred:  # never promoted: the dead predecessor's record must not outlive us by name
+            _unpublish(self._dom, self._key, self._pred)
         _release(self._ack, self._rec, self._pub, self._claim, *self._slots)
 
     def __repr__(self) -> str:
@@ -344,3 +373,11 @@ def _release(*objs: Timeline | Buffer | None) -> None:
                 o.release()
             except HostlessError:
                 pass
+
+
+def _unpublish(dom: Domain, key: str, h: int) -> None:
+    """Remove ``key`` if it still holds ``h`` (another process may have removed it first)."""
+    try:
+        names.unpublish(dom, key, h)
+    except (KeyError, HostlessError):
+        pass
