@@ -28,9 +28,9 @@ acknowledgement timeline, owned by the subscriber (the last frame it released).
   the new frame also sees the advance).
 * A subscriber that dies (its acknowledgement timeline OWNER_DIED, by recovery) is kept for
   ``grace`` seconds (a ``"block"`` one still holds its unacknowledged slots); a subscriber
-  started under the same name within the grace takes its record over and resumes after the last
-  frame the dead one acknowledged.  After the grace it is dropped.  ``Subscriber.close()`` leaves
-  at once (its timeline CANCEL).
+  started under the same name within the grace takes its place (as ``<name>+`` until the
+  publisher promotes it) and resumes after the last frame the dead one acknowledged.  After
+  the grace it is dropped.  ``Subscriber.close()`` leaves at once (its timeline CANCEL).
 * Everything read from shared memory (descriptor, records, timelines' words) is validated:
   sizes, magic, counts by subtraction, handles by importing them.
 """

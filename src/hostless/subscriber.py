@@ -4,9 +4,11 @@ A subscriber finds the channel by name (waiting for it), validates its descripto
 registers under its own name: a 64-byte record buffer published as ``ch:<channel>/<name>``
 naming its acknowledgement timeline (owned by it, so that its death fails the timeline with
 OWNER_DIED).  A name held by a dead subscriber of the same channel is taken over: the new
-subscriber starts after the last frame the dead one acknowledged.  Of several processes taking
-one name over at once, exactly one publishes its record (the name table's publish is one step
-under its lock); the others find it live and get :class:`~hostless.SubscriberNameTaken`.
+subscriber publishes its record as ``ch:<channel>/<name>+`` (the dead one's record keeps the
+name, held by the publisher, until the publisher promotes the successor) and starts after the
+last frame the dead one acknowledged.  Of several processes taking one name over at once,
+exactly one publishes its record (the name table's publish fails when the name is taken); the
+others find it live and get :class:`~hostless.SubscriberNameTaken`.
 """
 
 from __future__ import annotations
