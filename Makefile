@@ -46,6 +46,7 @@ demo: tools
 	$(PY) examples/pipeline_demo.py
 	$(PY) examples/gpu_pipeline.py
 	$(PY) examples/by_name.py
+	$(PY) examples/camera_channel.py
 
 # the suite in TEST_JOBS processes (pytest-xdist), a file's tests in one of them (--dist loadfile:
 # a file's module fixtures are made once, its tests see each other's order); TEST_JOBS=0: one
