@@ -1012,7 +1012,7 @@ def test_cuda_agent_checks_packets_before_any_stream_wait(env: Env) -> None:
     ag.peer = _Recorder(calls)  # type: ignore[assignment]
     ag.cp = _Recorder(calls, "cp")
     ag.kernels = {kernel_id("relu"): _Recorder(calls, "kernel")}
-    ag.inflight, ag.warm = [], set()
+    ag.inflight, ag.warm, ag.armed, ag.runners = [], set(), {}, {}
     x = env.buffer(np.zeros(8, np.float32))
     good = env.block([x.handle, x.handle]).handle
     relu = kernel_id("relu")
@@ -1074,7 +1074,7 @@ def test_cuda_agent_pushes_follow_ups_from_the_argument_block(env: Env) -> None:
     super(CudaLoop, ag).__init__(env.dom, q, "cuda", {}, os.getppid(), WAIT_TIMEOUT, FOLLOW_TIMEOUT)
     ag.peer, ag.cp = peer, _Recorder(calls, "cp")  # type: ignore[assignment]
     ag.kernels = {kernel_id("relu"): _Recorder(calls, "kernel")}
-    ag.inflight, ag.warm = [], set()
+    ag.inflight, ag.warm, ag.armed, ag.runners = [], set(), {}, {}
     x = env.buffer(np.zeros(8, np.float32))
     fp = hl.Packet(type=hl.PacketType.BARRIER, signal=env.fence().handle)
     block = env.block([x.handle, x.handle], [7], follow=[hl.Follow(q2.handle, fp)])
