@@ -44,10 +44,20 @@ tools: $(VENV)/.tools
 demo: tools
 	$(PY) examples/demo.py
 	$(PY) examples/pipeline_demo.py
+	$(PY) examples/gpu_pipeline.py
 	$(PY) examples/by_name.py
+	$(PY) examples/camera_channel.py
 
-test: tools
-	$(PY) -m pytest -q -ra tests
+# the suite in TEST_JOBS processes (pytest-xdist), a file's tests in one of them (--dist loadfile:
+# a file's module fixtures are made once, its tests see each other's order); TEST_JOBS=0: one
+# process.  HOSTLESS_TEST_FULL=1 runs the soaks and model-based tests at full size (tests/conftest.py).
+TEST_JOBS ?= 2
+$(VENV)/.test-deps: $(VENV)/.created
+	$(PIP) install -q "pytest-xdist>=3.5"
+	touch $@
+
+test: tools $(VENV)/.test-deps
+	$(PY) -m pytest -q -ra -n $(TEST_JOBS) --dist loadfile tests
 	$(PY) -m ruff check $(RUFF_PATHS)
 	$(PY) -m mypy
 	$(MAKE) --no-print-directory lint-imports
@@ -109,7 +119,7 @@ agent: build/hostless-agent
 #     ours), every child process inheriting it:
 #       - `hostless fuzz` (hostless-tools, installed from ./tools) with $(SAN_CASES) cases (hostile writes into live domains under innocent
 #         processes; its report goes to build/san-results),
-#       - tests/test_stress.py (protocol stress with kills);
+#       - tests/stress/test_stress.py (protocol stress with kills);
 #  3. fails on any sanitizer report: ASan aborts the process (abort_on_error=1), UBSan halts it
 #     (UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1), the fuzzer classifies that innocent as a
 #     crash (it attaches the report, which it points at per-innocent files), and every other
@@ -146,8 +156,8 @@ sanitize: $(SAN_VENV)/.installed
 	echo "== hostless fuzz under ASan+UBSan: $(SAN_CASES) cases, seed $(SAN_SEED)"; \
 	$(SAN_VENV)/bin/hostless fuzz hlsan --cases $(SAN_CASES) --seed $(SAN_SEED) --quiet \
 	    -o build/san-results || status=1; \
-	echo "== tests/test_stress.py under ASan+UBSan"; \
-	$(SAN_PY) -m pytest -q -p no:cacheprovider tests/test_stress.py || status=1; \
+	echo "== tests/stress/test_stress.py under ASan+UBSan"; \
+	$(SAN_PY) -m pytest -q -p no:cacheprovider tests/stress/test_stress.py || status=1; \
 	if [ -n "$$(ls -A $(SAN_LOGS))" ]; then \
 	    echo "== sanitizer reports:"; for f in $(SAN_LOGS)/*; do echo "--- $$f"; head -60 "$$f"; done; status=1; \
 	fi; \

@@ -115,7 +115,8 @@ def _traced(n: int) -> dict[str, Any]:
         try:
             with _graph(dom, a, b) as cg:
                 inp = {"x": np.arange(FLOATS, dtype=np.float32)}
-                sink = cg.timelines[-1].handle
+                tl_of = getattr(cg, "timelines_of", lambda f: cg.timelines)  # (older builds: shared)
+                sinks = {tl_of(f)[-1].handle for f in range(cg.inflight)}  # each slot has its own
                 for _ in range(50):
                     cg.run(inp)
                 mono = time.monotonic_ns
@@ -133,7 +134,7 @@ def _traced(n: int) -> dict[str, Any]:
         dom.close()
     enq = np.asarray(sorted(e["ts"] for e in evs if e["type"] == int(C.EV_ENQUEUE)), dtype=np.int64)
     sig = np.asarray(
-        sorted(e["ts"] for e in evs if e["type"] == int(C.EV_SIGNAL) and e["a"] == sink), dtype=np.int64
+        sorted(e["ts"] for e in evs if e["type"] == int(C.EV_SIGNAL) and e["a"] in sinks), dtype=np.int64
     )
     submit, wake, frame = [], [], []
     for t0, t1 in spans:
@@ -176,8 +177,9 @@ def _host_only(n: int) -> dict[str, Any]:
             inp = {"x": np.arange(FLOATS, dtype=np.float32)}
             wall = np.empty(n, dtype=np.int64)
             pc = time.perf_counter_ns
+            tl_of = getattr(cg, "timelines_of", lambda f: cg.timelines)  # (older builds: shared)
             for i in range(n + 100):
-                for t in cg.timelines:
+                for t in tl_of(cg.frame + 1):  # each frame in flight has its own
                     t.signal(cg.frame + 1)
                 t0 = pc()
                 cg.run(inp)

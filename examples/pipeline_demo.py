@@ -52,6 +52,16 @@ SHAPE = (128, 256)  # rows x features of a frame
 OUT = Path("out")
 
 
+def versus(ratio: float, better: str, worse: str, what: str) -> str:
+    """``ratio`` = old / new of a cost (lower is better) as words: ``1.22x lower latency`` when
+    it is above 1, ``1.22x higher latency`` (1 / ratio) when below: never "0.82x lower"."""
+    if ratio != ratio or ratio <= 0:
+        return f"n/a {what}"
+    if ratio >= 1:
+        return f"{fmt_ratio(ratio)} {better} {what}"
+    return f"{fmt_ratio(1 / ratio)} {worse} {what}"
+
+
 def pin_agents(cpu: agents.Agent, npu: agents.Agent) -> str:
     """One engine, one core: pin the agents when there are CPUs for it."""
     try:
@@ -202,9 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         best = results["direct+shared"]
         print(
-            f"direct+shared vs host+copy: {fmt_ratio(base['p50_ns'] / best['p50_ns'])} lower latency, "
+            "direct+shared vs host+copy: "
+            f"{versus(base['p50_ns'] / best['p50_ns'], 'lower', 'higher', 'latency')}, "
             f"{fmt_ratio(best['fps'] / base['fps'])} the throughput, "
-            f"{fmt_ratio(base['host_cpu_ns'] / best['host_cpu_ns'])} less host CPU per frame"
+            f"{versus(base['host_cpu_ns'] / best['host_cpu_ns'], 'less', 'more', 'host CPU per frame')}"
         )
         tpath = OUT / "pipeline_trace.json"
         n = trace.export(dom, str(tpath))

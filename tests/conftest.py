@@ -1,5 +1,16 @@
 """Shared fixtures and helpers of the hostless test suite.
 
+The suite is in folders by kind (the README's "Where things are" says which):
+unit (the handle types and the domain), agents (agents and graphs), model (the
+protocol models and their replays against the engine), c (C programs taking part),
+hostile (hostile peers and memory, trust), stress (SIGKILL soaks and chaos), gpu
+(skipped without a GPU), tools (hostless-tools) and repo (the README, the docs'
+figures, the import layers).  Test modules import helpers by module name, this
+file's (``from conftest import ...``) and other test files' (``import
+test_agents_hostile``) alike: every folder of the suite is put on ``sys.path`` here,
+so a folder runs alone (``pytest tests/gpu``) as it runs with the rest; module names
+are unique across the folders (pytest's default import mode needs that anyway).
+
 Every test that creates a domain uses a unique name (``domain_name``) and the
 name is unlinked when the test ends, whatever happened.  Child participants
 run as separate interpreters (``subprocess`` + ``sys.executable -c``): a
@@ -25,6 +36,23 @@ import pytest
 
 import hostless as hl
 from hostless._abi import FENCE_DTYPE, C
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+for _folder in sorted(os.listdir(TESTS)):
+    _path = os.path.join(TESTS, _folder)
+    if os.path.isdir(_path) and not _folder.startswith((".", "_")) and _path not in sys.path:
+        sys.path.append(_path)
+
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test of ``tests/stress/`` (SIGKILL soaks, chaos) is ``slow``: ``-m "not slow"``
+    leaves the folder out of a quick loop."""
+    stress = os.path.join(TESTS, "stress") + os.sep
+    for item in items:
+        if str(item.path).startswith(stress):
+            item.add_marker(pytest.mark.slow)
+
 
 # Prepended to every child's code.
 CHILD_PRELUDE = "import os, sys, time\nimport hostless as hl\n"
@@ -253,6 +281,19 @@ needs_test_hooks = pytest.mark.skipif(
     "reinstall with HOSTLESS_TEST_HOOKS=1 (make venv and make test do)",
 )
 """Mark a test that drives a failure through hostless._core.testing (heap_lock_forever, ...)."""
+
+FULL = os.environ.get("HOSTLESS_TEST_FULL", "") not in ("", "0")
+"""``HOSTLESS_TEST_FULL=1``: the soaks and model-based tests run at their full size (more kills,
+more examples, longer sequences) instead of the smaller default that keeps ``make test`` within
+its time on a 2-core machine.  The defaults are the same tests with smaller counts: every
+check still runs, each adversarial step (a SIGKILL at a random point, a random operation
+sequence) still happens many times."""
+
+
+def full_or(default: int, full: int) -> int:
+    """``full`` under ``HOSTLESS_TEST_FULL=1``, else ``default`` (a soak's or a model's size)."""
+    return full if FULL else default
+
 
 SLACK = 2.0
 """Seconds a unit test adds to any time it bounds (``expected + SLACK``): the machine

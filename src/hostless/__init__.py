@@ -20,25 +20,35 @@ from . import devmem as devmem
 from . import trace as trace  # hl.trace.span / hl.trace.instant
 from ._abi import abi_header_path, get_include
 from .buffer import Buffer, PrivateBuffer
+from .channel import Channel, Frame
 from .domain import Domain, Participant, parse_size
 from .errors import (
     AlreadySignaled,
+    ChannelClosed,
+    ChannelError,
+    ChannelFull,
+    CorruptChannel,
     CorruptDomain,
     DeviceBufferError,
     DeviceHeapFull,
     DomainClosed,
+    DomainExists,
     DomainFull,
+    FrameOverwritten,
     HostlessError,
     InvalidHandle,
     InvalidOperation,
     NameTaken,
     OutOfMemory,
     QueueFull,
+    SlowSubscriber,
+    SubscriberNameTaken,
 )
 from .fence import Fence
 from .interop import ExternalBuffer, dma_heap_buffer, export_buffer, memfd_buffer, recv_fds, send_fds
 from .queue import Follow, Kernargs, Packet, PacketType, Queue
 from .status import Status
+from .subscriber import Subscriber
 from .timeline import Point, Timeline
 from .waits import Completed, packet_waits, wait_all, wait_all_async, wait_any, wait_any_async
 
@@ -57,6 +67,16 @@ __all__ = [
     "wait_all_async",
     "packet_waits",
     "Buffer",
+    "Channel",
+    "Subscriber",
+    "Frame",
+    "ChannelError",
+    "ChannelClosed",
+    "ChannelFull",
+    "CorruptChannel",
+    "FrameOverwritten",
+    "SlowSubscriber",
+    "SubscriberNameTaken",
     "Queue",
     "Packet",
     "PacketType",
@@ -74,6 +94,7 @@ __all__ = [
     "HostlessError",
     "CorruptDomain",
     "DomainFull",
+    "DomainExists",
     "DomainClosed",
     "InvalidHandle",
     "AlreadySignaled",

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ._abi import C
 
-__all__ = ["MIN_AGE", "DomainFile", "scan", "probe", "remove_if_stale", "gc"]
+__all__ = ["MIN_AGE", "DomainFile", "scan", "probe", "remove_if_stale", "gc", "live_participants", "listing"]
 
 MIN_AGE = 1.0
 """Seconds a lock-less domain file must exist before it counts as stale."""
@@ -116,8 +116,14 @@ def _classify(fd: int, path: str, min_age: float, uninitialised: bool) -> Domain
     if st.st_uid != os.geteuid():
         return found("foreign", f"owned by user {st.st_uid}")
     hsize = int(C.HEADER_SIZE)
-    head = os.pread(fd, hsize, 0) if st.st_size >= hsize else b""
-    magic = int.from_bytes(head[0:8], "little") if head else 0
+    # what the file holds, also when it is smaller than a header: a foreign file of a few KiB
+    # must not pass for an uninitialised domain (whose bytes are all zero)
+    head = os.pread(fd, min(st.st_size, hsize), 0)
+    magic = int.from_bytes(head[0:8], "little") if len(head) >= 8 else 0
+    if magic == 0 and any(head):
+        return found("foreign", "not a hostless domain (no magic, but not an uninitialised file either)")
+    if magic == int(C.MAGIC) and len(head) < hsize:
+        return found("foreign", f"a hostless magic, but {st.st_size} bytes: smaller than a domain header")
     if head and magic not in (0, int(C.MAGIC)):
         return found("foreign", f"not a hostless domain (magic {magic:#x})")
     if magic != int(C.MAGIC) and not uninitialised:
@@ -222,4 +228,89 @@ def gc(directory: str = "/dev/shm", min_age: float = MIN_AGE, dry_run: bool = Fa
             except FileNotFoundError:
                 continue
         out.append(d)
+    return out
+
+
+def live_participants(path: str) -> int:
+    """How many participants of the domain at ``path`` are alive: slots ALIVE or RECOVERING
+    whose liveness lock is held (or that joined without it and whose process runs).  Read
+    without joining: the file is opened read-only and only F_OFD_GETLK is asked; -1 when the
+    file is not a readable domain of this ABI."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return -1
+    try:
+        st = os.fstat(fd)
+        hsize = int(C.HEADER_SIZE)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < hsize:
+            return -1
+        head = os.pread(fd, hsize, 0)
+
+        def u(off: int, n: int, buf: bytes = head) -> int:
+            return int.from_bytes(buf[off : off + n], "little")
+
+        if u(0, 8) != int(C.MAGIC) or u(int(C.H_ABI_VERSION), 4) != int(C.ABI_VERSION):
+            return -1
+        cap = u(int(C.H_PARTICIPANT_CAPACITY), 4)
+        base, psize = u(int(C.H_PARTICIPANTS_OFFSET), 8), int(C.PARTICIPANT_SIZE)
+        if not 0 < cap <= int(C.MAX_PARTICIPANTS) or not hsize <= base <= st.st_size:
+            return -1
+        if cap * psize > st.st_size - base:  # the table must lie inside the file
+            return -1
+        table = os.pread(fd, cap * psize, base)
+        n = 0
+        for i in range(cap):
+            state = u(i * psize + int(C.P_CTL), 8, table) & 0xFF
+            if state not in (int(C.PART_ALIVE), int(C.PART_RECOVERING)):
+                continue
+            req = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, int(C.LOCK_BASE) + i, 1, 0)
+            ltype = struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_OFD_GETLK, req))[0]
+            if ltype == fcntl.F_WRLCK:
+                n += 1
+            elif u(i * psize + _PART_FLAGS, 4, table) & _PART_FLAG_PIDLIVE:
+                pid = u(i * psize + int(C.P_PID), 4, table)
+                try:
+                    if 0 < pid < 1 << 31:
+                        os.kill(pid, 0)
+                        n += 1
+                except PermissionError:
+                    n += 1
+                except OSError:
+                    pass
+        return n
+    except OSError:
+        return -1
+    finally:
+        os.close(fd)
+
+
+def listing(directory: str = "/dev/shm", min_age: float = MIN_AGE) -> list[dict[str, object]]:
+    """What ``hostless ls`` shows: one dict per hostless domain file of ``directory`` (name,
+    path, owner, size, age, live participants, state, stale, reason), read without joining."""
+    import pwd
+
+    out: list[dict[str, object]] = []
+    for d in scan(directory, min_age):
+        try:
+            uid = os.stat(d.path, follow_symlinks=False).st_uid
+        except OSError:
+            continue
+        try:
+            owner = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            owner = str(uid)
+        out.append(
+            {
+                "name": os.path.basename(d.path),
+                "path": d.path,
+                "owner": owner,
+                "size": d.size,
+                "age_s": round(d.age, 1),
+                "participants": live_participants(d.path),
+                "state": d.state,
+                "stale": d.state == "stale",
+                "reason": d.reason,
+            }
+        )
     return out

@@ -3,8 +3,10 @@ the benchmarks and the protocol tools).
 
 ::
 
+    hostless ls [--dir DIR] [--json]   domains: owner, size, live participants, stale or not
     hostless info NAME [--json]        participants, capacities, object counts, heap, epoch
-    hostless check NAME                invariant violations (exit status 1 if any)
+    hostless check NAME                invariant violations: exit status 0 consistent, 1 corrupt,
+                                       3 dead participants not recovered yet (run `hostless reap`)
     hostless reap NAME                 recover dead participants, print their ids
     hostless gc [--dry-run] [--min-age S] [--dir DIR]
                                        remove domains no live participant uses
@@ -21,9 +23,11 @@ function that adds its parser to the CLI's subcommands (``add(subparsers)``) and
 
 Without it those three say how to install it (:data:`TOOLS_HINT`) and exit with status 2.
 
-``info``, ``check`` and ``reap`` join the domain as a participant labelled
-``hostless-cli`` (with no watchdog, so that they report the domain as they
-found it) and leave before exiting.  Tables use rich when it is installed and
+``info``, ``check``, ``trace`` and ``ls`` only look: they map the domain
+read-only (:class:`hostless.view.DomainView`) and take no participant slot,
+no lock and no reference, so they show the domain as it is and cannot change
+it.  ``reap`` acts: it joins as a participant labelled ``hostless-cli`` (with
+no watchdog) and leaves before exiting.  Tables use rich when it is installed and
 plain text otherwise (or with ``--plain`` / ``HOSTLESS_NO_RICH=1``).
 """
 
@@ -38,11 +42,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__, trace
-from .cleanup import gc
+from .cleanup import gc, listing
 from .domain import Domain
 from .errors import HostlessError
 from .info import domain_info
+from .recovery import split_findings
 from .tables import print_table
+from .view import open_view
 
 __all__ = ["main", "build_parser", "domain_info", "PLUGIN_GROUP", "TOOLS", "TOOLS_HINT"]
 
@@ -92,11 +98,8 @@ def _size(n: int) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    dom = _open(args.name)
-    try:
-        info = domain_info(dom)
-    finally:
-        dom.close()
+    with open_view(args.name) as view:  # read-only: no participant slot taken
+        info = domain_info(view)
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
@@ -120,7 +123,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             str(p["id"]),
             str(p["index"]),
             str(p["pid"]),
-            _safe(p["label"]) + (" (this command)" if p["this_cli"] else ""),
+            _safe(p["label"]),
             _safe(p["kind"]),
             p["state"],
             p["joined"] or "-",
@@ -198,7 +201,7 @@ def _print_device_heaps(heaps: list[dict[str, Any]], plain: bool) -> None:
         [
             _safe(h["name"]),
             _size(h["size"]),
-            f"{_size(h['used'])} ({h['used'] / h['size']:.1%})",
+            f"{_size(h['used'])} ({h['used'] / h['size']:.1%})" if h["size"] else "-",
             _size(h["largest_free"]),
             str(h["granule"]),
             str(h["buffers"]),
@@ -206,24 +209,40 @@ def _print_device_heaps(heaps: list[dict[str, Any]], plain: bool) -> None:
             str(h["repairs"]),
         ]
         for h in heaps
+        if h.get("gpu_here", True)
     ]
+    for h in heaps:
+        if not h.get("gpu_here", True):
+            print(
+                f"device heap {_safe(h['name'])}: declared ({_size(h['size'])}), no GPU here "
+                "(no memory backs it on this machine)"
+            )
+    if not rows:
+        return
     headers = ["device", "size", "used", "largest free run", "granule", "buffers", "allocs", "repairs"]
     _print_table("device heaps (bookkeeping; memory mapped by hostless.devmem)", headers, rows, plain)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    dom = _open(args.name)
-    try:
-        problems = dom.check()
-    finally:
-        dom.close()
+    with open_view(args.name) as view:  # read-only: checking takes no participant slot
+        problems = view.check()
     if not problems:
         print(f"{args.name}: consistent")
         return 0
-    print(f"{args.name}: {len(problems)} violation(s)")
-    for p in problems:
-        print(f"  {p}")
-    return 1
+    unreaped, corrupt = split_findings(problems)
+    if corrupt:
+        print(f"{args.name}: {len(corrupt)} violation(s): the tables are inconsistent")
+        for p in corrupt:
+            print(f"  {p}")
+    if unreaped:
+        print(
+            f"{args.name}: not recovered yet ({len(unreaped)} finding(s) of dead participants that "
+            "nobody has recovered; no live participant runs a watchdog here):"
+        )
+        for p in unreaped:
+            print(f"  {p}")
+        print(f"run `hostless reap {args.name}` to recover them, then check again")
+    return 1 if corrupt else 3
 
 
 def cmd_reap(args: argparse.Namespace) -> int:
@@ -255,15 +274,40 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ls(args: argparse.Namespace) -> int:
+    rows = listing(args.dir, args.min_age)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print(f"no hostless domain in {args.dir}")
+        return 0
+    table = [
+        [
+            _safe(str(r["name"])),
+            _safe(str(r["owner"])),
+            _size(int(str(r["size"]))),
+            "?" if r["participants"] == -1 else str(r["participants"]),
+            f"{r['age_s']:.0f} s",
+            "stale" if r["stale"] else str(r["state"]),
+            _safe(str(r["reason"])),
+        ]
+        for r in rows
+    ]
+    headers = ["name", "owner", "size", "live participants", "age", "state", "why"]
+    _print_table(f"domains in {args.dir} (read without joining)", headers, table, args.plain)
+    stale = sum(1 for r in rows if r["stale"])
+    if stale:
+        print(f"{stale} stale: `hostless gc` removes them (`hostless gc --dry-run` lists what it would)")
+    return 0
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
-    dom = _open(args.name)
-    try:
-        if not dom.trace_enabled():
+    with open_view(args.name) as view:  # read-only: the exporter is no participant of the trace
+        if not view.trace_enabled():
             print(f"{args.name}: this domain has no trace ring (create it with trace=...)", file=sys.stderr)
             return 1
-        n = trace.export(dom, args.output)
-    finally:
-        dom.close()
+        n = trace.export(view, args.output)
     print(f"wrote {n} trace events to {args.output} (open it in ui.perfetto.dev or chrome://tracing)")
     return 0
 
@@ -315,12 +359,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="plain-text tables even when rich is installed")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    s = sub.add_parser("ls", help="list domains: owner, size, live participants, stale or not")
+    s.add_argument("--dir", default="/dev/shm", help="directory to scan (default /dev/shm)")
+    s.add_argument("--min-age", type=float, default=1.0, metavar="S", help="younger files are never stale")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=cmd_ls)
+
     s = sub.add_parser("info", help="participants, capacities, object counts, epoch")
     s.add_argument("name", help="domain name (/dev/shm/NAME)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_info)
 
-    s = sub.add_parser("check", help="print invariant violations; exit status 1 if any")
+    s = sub.add_parser(
+        "check",
+        help="print invariant violations: exit status 1 if corrupt, 3 if dead participants need a reap",
+    )
     s.add_argument("name", help="domain name (/dev/shm/NAME)")
     s.set_defaults(func=cmd_check)
 

@@ -97,6 +97,7 @@ extern "C" __global__ void hl_signal(unsigned long long *word, int kind, unsigne
                                      const int *gate) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int g = gate ? *(volatile const int *)gate : 0;
+    if (g < 0) return; /* a cancelled frame of an armed segment: not signalled */
     __threadfence_system();
     if (kind == 2) {
         /* the header's operations, as on the host (a failure keeps the last value in aux) */
@@ -111,17 +112,75 @@ extern "C" __global__ void hl_signal(unsigned long long *word, int kind, unsigne
     __threadfence_system();
 }
 
-/* out[i] = src[i] when the gate is open (every input succeeded). */
+/* The wait of an armed segment's frame on its predecessors' points, once its host word says
+ * the frame was submitted (so each point is reached, or failed, in bounded time): spin, one
+ * thread sleeping between looks, until every word has reached `value` (kinds as hl_gate) or
+ * *cancel is set; then gate = -1 when cancelled (the agent's quiesce: nothing of the frame is
+ * committed, signalled or pushed), else hl_gate's status. */
+extern "C" __global__ void hl_wait_points(const unsigned long long *const *words, const int *kinds, int n,
+                                          unsigned long long value, const int *cancel, int *gate) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    for (int i = 0; i < n; i++) {
+        const volatile unsigned long long *w = (const volatile unsigned long long *)words[i];
+        for (;;) {
+            unsigned long long x = *w;
+            if (kinds[i] == 2 ? x >= value : x != 0) break;
+            if (*(const volatile int *)cancel) { *gate = -1; return; }
+            __nanosleep(200);
+        }
+    }
+    if (*(const volatile int *)cancel) { *gate = -1; return; }
+    __threadfence_system();
+    int st = 0;
+    for (int i = 0; i < n && !st; i++) {
+        unsigned long long w = *(volatile const unsigned long long *)words[i];
+        if (kinds[i] == 2) { /* the header's rule: a point reached before a failure succeeded (ABI 6) */
+            unsigned int ps = hl_point_status((struct hl_fence *)words[i], w, value);
+            if (ps != HL_STATUS_SUCCESS) st = (int)ps;
+        } else if (w != HL_STATUS_SUCCESS)
+            st = (int)w;
+    }
+    *gate = st;
+}
+
+/* *old = the word, which becomes v (one atomic step): an armed segment's host word is set past
+ * every frame to release its queued waits (the agent's quiesce) ... */
+extern "C" __global__ void hl_xchg64(unsigned long long *word, unsigned long long v,
+                                     unsigned long long *old) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    *old = atomicExch_system(word, v);
+    __threadfence_system();
+}
+
+/* ... and back to *old unless the host stored a newer frame number meanwhile. */
+extern "C" __global__ void hl_cas64(unsigned long long *word, unsigned long long expect,
+                                    const unsigned long long *old) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    atomicCAS_system(word, expect, *old);
+    __threadfence_system();
+}
+
+/* out[i] = src[i] when the gate is open (every input succeeded): 16-byte stores when both
+ * are 16-byte aligned (the writes may cross the bus to host memory: wide stores, many in
+ * flight), else 8-byte ones. */
 extern "C" __global__ void hl_commit(unsigned char *out, const unsigned char *src, unsigned long long n,
                                      const int *gate) {
     if (gate && *(volatile const int *)gate != 0) return;
     unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
     unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
-    const unsigned long long *s8 = (const unsigned long long *)src;
-    unsigned long long *o8 = (unsigned long long *)out;
-    unsigned long long n8 = n / 8;
+    unsigned long long done = 0;
+    if ((((unsigned long long)out | (unsigned long long)src) & 15) == 0) {
+        const uint4 *s16 = (const uint4 *)src;
+        uint4 *o16 = (uint4 *)out;
+        unsigned long long n16 = n / 16;
+        for (unsigned long long k = i; k < n16; k += step) o16[k] = s16[k];
+        done = n16 * 16;
+    }
+    const unsigned long long *s8 = (const unsigned long long *)(src + done);
+    unsigned long long *o8 = (unsigned long long *)(out + done);
+    unsigned long long n8 = (n - done) / 8;
     for (unsigned long long k = i; k < n8; k += step) o8[k] = s8[k];
-    for (unsigned long long k = n8 * 8 + i; k < n; k += step) out[k] = src[k];
+    for (unsigned long long k = done + n8 * 8 + i; k < n; k += step) out[k] = src[k];
 }
 """
 
@@ -194,6 +253,9 @@ class CudaPeer:
         self._k_gate = self.module.get_function("hl_gate")
         self._k_signal = self.module.get_function("hl_signal")
         self._k_commit = self.module.get_function("hl_commit")
+        self.k_wait_points = self.module.get_function("hl_wait_points")
+        self.k_xchg64 = self.module.get_function("hl_xchg64")
+        self.k_cas64 = self.module.get_function("hl_cas64")
         self._wake_fn = cu.CUhostFn(lowlevel.host_wake_fn())
         self._closed = False
         # device arrays of the completion-word addresses of input sets seen recently (graphs
@@ -253,6 +315,16 @@ class CudaPeer:
         """
         flag = self.cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
         self._word_op("cuStreamWaitValue64", obj, value, flag, stream)
+
+    def wait_word(self, dptr: int, value: int, stream: Any = None) -> None:
+        """Make ``stream`` wait until the u64 at device address ``dptr`` is >= value (a word of
+        a heap buffer: :meth:`buffer_dptr`)."""
+        cu = self.cu
+        flag = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+        err = cu.cuStreamWaitValue64(
+            self._cu_stream(stream), cu.CUdeviceptr(dptr), cu.cuuint64_t(value), flag
+        )
+        self._check(err[0] if isinstance(err, tuple) else err, "cuStreamWaitValue64")
 
     def write_value(self, obj: Any, value: int, stream: Any = None) -> None:
         """``cuStreamWriteValue64`` of ``value`` into the word of ``obj`` (a plain device store)."""
@@ -323,7 +395,7 @@ class CudaPeer:
         n = out.nbytes
         if scratch.nbytes != n:
             raise ValueError("scratch and output sizes differ")
-        blocks = max(1, min(1024, (n // 8 + 255) // 256))
+        blocks = max(1, min(2048, (n // 16 + 255) // 256))
         self._k_commit(
             (blocks,),
             (256,),

@@ -6,6 +6,7 @@ __all__ = [
     "HostlessError",
     "CorruptDomain",
     "DomainFull",
+    "DomainExists",
     "InvalidHandle",
     "AlreadySignaled",
     "InvalidOperation",
@@ -21,6 +22,13 @@ __all__ = [
     "CudaUnavailable",
     "UnsafeRuntimeDirectory",
     "UntrustedPeer",
+    "ChannelError",
+    "ChannelClosed",
+    "ChannelFull",
+    "CorruptChannel",
+    "FrameOverwritten",
+    "SlowSubscriber",
+    "SubscriberNameTaken",
 ]
 
 
@@ -34,6 +42,13 @@ class CorruptDomain(HostlessError):
 
 class DomainFull(HostlessError):
     """A fixed-capacity table of the domain (fences, participants, queues) is exhausted."""
+
+
+class DomainExists(HostlessError, FileExistsError):
+    """``Domain.create``: the name is taken (a FileExistsError, as before).  The message says
+    whether a live domain, a stale one or another file holds it, and what to do:
+    ``replace_stale=True`` replaces a domain no live participant uses; ``hostless gc`` removes
+    every such domain; ``hostless ls`` lists them."""
 
 
 class InvalidHandle(HostlessError, ValueError):
@@ -113,3 +128,42 @@ class UntrustedPeer(HostlessWarning):
 
 class CudaUnavailable(HostlessError):
     """CUDA support cannot be used here (missing packages, no GPU, missing capability)."""
+
+
+class ChannelError(HostlessError):
+    """Base class of the errors of :mod:`hostless.channel` (one publisher, many subscribers)."""
+
+
+class ChannelClosed(ChannelError):
+    """The channel's publisher closed it or died: every frame it published has been received.
+    Subscribe again once a new publisher has created the channel."""
+
+
+class ChannelFull(ChannelError, DomainFull):
+    """A channel has its maximum number of subscribers (``hostless.channel.MAX_SUBSCRIBERS``), or
+    the domain's name table (one entry per subscriber) is full: close a subscriber, or unpublish
+    names the domain no longer needs."""
+
+
+class CorruptChannel(ChannelError, CorruptDomain):
+    """What the name table holds under a channel's name is not a channel descriptor of this
+    version (garbage written by a buggy or hostile participant, or another object): the message
+    says which field is wrong."""
+
+
+class FrameOverwritten(ChannelError):
+    """A frame was overwritten by the publisher while a subscriber with the ``"skip"`` policy
+    read it: what the ``with`` block computed from it may be torn, discard it (the frame is
+    acknowledged; the next ``receive()`` skips to the newest frame)."""
+
+
+class SlowSubscriber(ChannelError, TimeoutError):
+    """``Channel.loan`` waited its whole timeout for subscribers with the ``"block"`` policy to
+    release the slot it needs; the message names them.  Nothing was published; retry, raise the
+    timeout, or give those subscribers the ``"skip"`` policy."""
+
+
+class SubscriberNameTaken(ChannelError, NameTaken):
+    """A live subscriber of the channel already has this subscriber name: pick another name, or
+    close that subscriber first (a dead one is taken over: its replacement resumes after the
+    last frame it acknowledged)."""

@@ -1,9 +1,12 @@
 """What ``hostless info`` shows: a domain's participants, objects, heap,
-names and error records, as a JSON-able dict (:func:`domain_info`)."""
+names and error records, as a JSON-able dict (:func:`domain_info`), from a
+joined :class:`~hostless.Domain` or from a :class:`~hostless.view.DomainView`
+(read without joining: what the command uses)."""
 
 from __future__ import annotations
 
 import datetime as _dt
+import os
 from typing import Any
 
 import numpy as np
@@ -11,6 +14,7 @@ import numpy as np
 from . import lowlevel, records
 from ._abi import FENCE_DTYPE, C
 from .status import Status
+from .view import DomainView
 
 __all__ = ["domain_info"]
 
@@ -48,10 +52,14 @@ def domain_info(dom: Any) -> dict[str, Any]:
     metadata); ``{"size": 0}`` for a domain without a heap.
     ``device_heaps`` lists each device heap (``lowlevel.device_heaps``: name,
     size, granule, used, free, largest_free, allocs, repairs) with
-    ``buffers``, the live buffers placed in it.
+    ``buffers``, the live buffers placed in it, and ``gpu_here``: whether a GPU
+    of that ordinal exists on this machine (a heap is declared in the file; only
+    a GPU backs it with memory).
     """
     h = dom.header()
-    view = lowlevel.layout(dom)  # the layout validated at attach: the shared header may have been rewritten
+    ro = isinstance(dom, DomainView)
+    # the layout validated at attach (or when the view was made): the shared header may have been rewritten
+    view = dom.layout if ro else lowlevel.layout(dom)
     raw = dom.raw()
     fcap = int(view["fence_capacity"])
     table = np.frombuffer(raw, dtype=FENCE_DTYPE, count=fcap, offset=int(view["fences_offset"])).copy()
@@ -76,9 +84,14 @@ def domain_info(dom: Any) -> dict[str, Any]:
 
     place = (table["err"].astype(np.uint64) & np.uint64(0xFF)).astype(np.int64)
     dev_bufs = (state == int(C.SLOT_LIVE)) & (kind == int(C.KIND_BUFFER))
+    found = dom.device_heaps() if ro else [dh._asdict() for dh in lowlevel.device_heaps(dom)]
     device_heaps = [
-        {**dh._asdict(), "buffers": int(np.count_nonzero(dev_bufs & (place == dh.heap_index + 1)))}
-        for dh in lowlevel.device_heaps(dom)
+        {
+            **dh,
+            "buffers": int(np.count_nonzero(dev_bufs & (place == int(dh["heap_index"]) + 1))),
+            "gpu_here": gpu_present(int(dh["ordinal"])),
+        }
+        for dh in found
     ]
     dev_names = {int(d["heap_index"]): str(d["name"]) for d in device_heaps}
     if heap["size"]:
@@ -138,12 +151,20 @@ def domain_info(dom: Any) -> dict[str, Any]:
     }
 
 
+def gpu_present(ordinal: int) -> bool:
+    """Whether GPU ``ordinal`` exists on this machine (its NVIDIA device node), without
+    initialising CUDA: a device heap is only bookkeeping in the domain file, and one that no
+    GPU here can back is reported as declared, not as memory."""
+    return os.path.exists(f"/dev/nvidia{int(ordinal)}")
+
+
 def _error_records(dom: Any) -> dict[str, str]:
     """Failed object (hex handle) -> the text its failer recorded (hostless.records)."""
     out = {}
     for n in dom.names():
         if n.startswith(records.PREFIX):
-            text = records.read(dom, int(n[len(records.PREFIX) :], 16))
+            h = int(n[len(records.PREFIX) :], 16)
+            text = dom.record(h) if isinstance(dom, DomainView) else records.read(dom, h)
             if text is not None:
                 out["0x" + n[len(records.PREFIX) :]] = text
     return out
@@ -155,5 +176,6 @@ def _heap_info(dom: Any) -> dict[str, Any]:
         return {"size": 0}
     keys = ("size", "used", "free", "largest_free", "free_runs", "fragmentation", "allocs", "repairs")
     out: dict[str, Any] = {k: (float(st[k]) if k == "fragmentation" else int(st[k])) for k in keys}
-    out["metadata_only"] = bool(dom._core.info()["meta_heap"])
+    ro = isinstance(dom, DomainView)
+    out["metadata_only"] = dom.meta_heap if ro else bool(dom._core.info()["meta_heap"])
     return out

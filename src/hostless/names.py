@@ -1,6 +1,6 @@
 """Names: independent processes find each other's objects by name.
 
-A domain holds a small name table (47 entries, in its header page; see
+A domain holds a name table (MAX_NAMES = 239 entries, in its header; see
 ``hostless_layout.h``).  One process publishes an object under a name, any
 other looks it up, with no side channel (no file of handles, no mailbox)::
 
@@ -43,7 +43,7 @@ from .errors import InvalidHandle
 if TYPE_CHECKING:
     from .domain import Domain
 
-__all__ = ["publish", "unpublish", "lookup", "entries", "MAX_NAMES", "NAME_MAX_BYTES"]
+__all__ = ["publish", "unpublish", "lookup", "peek", "entries", "changes", "MAX_NAMES", "NAME_MAX_BYTES"]
 
 MAX_NAMES = int(C.MAX_NAMES)
 NAME_MAX_BYTES = int(C.NAME_MAX) - 1
@@ -107,9 +107,24 @@ def publish(dom: Domain, name: str, obj: Any, replace: bool = False) -> None:
     dom._core.name_publish(_check_name(name), handle, bool(replace))
 
 
-def unpublish(dom: Domain, name: str) -> None:
-    """Remove ``name`` from the table (KeyError when nothing has it)."""
-    dom._core.name_remove(_check_name(name), None)
+def unpublish(dom: Domain, name: str, handle: int | None = None) -> None:
+    """Remove ``name`` from the table (KeyError when nothing has it).  With ``handle``: only
+    while the entry holds that handle (KeyError otherwise), one step under the table's lock,
+    so that of several processes removing one stale entry, the one that publishes next cannot
+    lose its entry to the others."""
+    dom._core.name_remove(_check_name(name), handle)
+
+
+def peek(dom: Domain, name: str) -> int | None:
+    """The handle published as ``name`` (a live object), or None; takes no reference."""
+    h = dom._core.name_lookup(_check_name(name))
+    return None if h is None else int(h)
+
+
+def changes(dom: Domain) -> int:
+    """A counter that changes whenever the table does (cheap: one load), to re-read
+    :func:`entries` only when something was published or removed."""
+    return int(dom._core.name_seq())
 
 
 def entries(dom: Domain) -> dict[str, int]:

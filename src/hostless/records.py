@@ -12,7 +12,7 @@ Records are bounded: at most :data:`~hostless.stagefn.MAX_ERROR_BYTES` of
 text each, and a writer keeps its last :data:`KEEP` records alive (older ones
 are released, and their names die with them), so a stage failing on every
 frame does not fill the heap or the name table.  All records together hold
-at most 12 of the name table's 47 cells (the engine's share, core/names.c): past
+at most 12 of the name table's 239 cells (the engine's share, core/names.c): past
 it a new record takes another record's cell, never one a user's name could use.
 Writing a record never
 raises: without a heap, with a full heap or a full name table, the failure

@@ -15,6 +15,10 @@ made of the same single atomic steps as every other operation.  The rules:
   holds any more).  Then the participant slot becomes FREE.
 * Every step is idempotent: a recoverer that dies is itself dead, and the next
   recoverer repeats the work.
+* A participant that leaves (``Domain.close``) recovers itself the same way,
+  except that what it owned completes with OWNER_LEFT: leaving is not dying.
+  A timeline's points reached before its failure stay SUCCESS either way
+  (docs/abi.md sections 3 and 8).
 
 This module holds the checker: it reads a snapshot of the tables and lists
 every violated invariant.
@@ -22,6 +26,7 @@ every violated invariant.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -29,7 +34,34 @@ import numpy as np
 from . import _core
 from ._abi import FENCE_DTYPE, HEADER_DTYPE, PARTICIPANT_DTYPE, C
 
-__all__ = ["check_tables", "check_heap", "check_device_heap"]
+__all__ = ["check_tables", "check_heap", "check_device_heap", "split_findings"]
+
+_DEAD = re.compile(
+    r"^participant (\d+)(?: \(pid \d+\) is dead and not recovered|: recovery stuck| is still being recovered)"
+)
+_DEAD_REFS = re.compile(r"^fence slot \d+ is referenced by dead or absent participants (0x[0-9a-f]+)$")
+_DEAD_TRANSIENT = re.compile(r"^fence slot \d+ is stuck in a transient state \d+ \(participant (\d+)\)$")
+_DEAD_OWNER = re.compile(r"^fence slot \d+ is ACTIVE but its owner (\d+) is gone \(not recovered\)$")
+
+
+def split_findings(findings: list[str]) -> tuple[list[str], list[str]]:
+    """(unreaped, corrupt): the findings of :func:`check_tables` that a dead participant not
+    recovered yet explains (itself, references it still holds, a slot it left ALLOC or DYING,
+    an ACTIVE fence it owned), which ``reap`` repairs; and every other one (corruption, or an
+    operation in flight elsewhere).  A finding names a participant that is not dead-unrecovered
+    stays in ``corrupt``."""
+    dead = {int(m.group(1)) for f in findings if (m := _DEAD.match(f))}
+    unreaped: list[str] = []
+    corrupt: list[str] = []
+    for f in findings:
+        ok = bool(_DEAD.match(f))
+        if not ok and (m := _DEAD_REFS.match(f)):
+            mask = int(m.group(1), 16)
+            ok = bool(dead) and all(mask >> i & 1 == 0 or i in dead for i in range(64))
+        elif not ok and (m := _DEAD_TRANSIENT.match(f) or _DEAD_OWNER.match(f)):
+            ok = int(m.group(1)) in dead
+        (unreaped if ok else corrupt).append(f)
+    return unreaped, corrupt
 
 
 def _status_ok(w: int) -> bool:

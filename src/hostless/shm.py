@@ -17,7 +17,7 @@ import time
 from . import _core
 from ._abi import C
 from .cleanup import MIN_AGE, remove_if_stale
-from .errors import CorruptDomain, OutOfMemory
+from .errors import CorruptDomain, DomainExists, OutOfMemory
 
 __all__ = [
     "SHM_DIR",
@@ -129,9 +129,32 @@ def check_space(total: int) -> None:
         )
 
 
+_WHAT_NEXT = (
+    "pass replace_stale=True to replace it when no live participant uses it, or run `hostless gc` "
+    "to remove every stale domain (`hostless ls` lists them)"
+)
+
+
+def _exists_error(path: str) -> DomainExists:
+    """The "name taken" error of Domain.create: what holds the name (probed without joining)
+    and what to do next."""
+    from .cleanup import probe
+
+    try:
+        found = probe(path, uninitialised=False)
+        what = f"{found.state}: {found.reason}"
+    except OSError as e:
+        what = e.strerror or str(e)
+    if what.startswith("live"):
+        hint = "a live domain is never replaced: pick another name, or close the processes that use it"
+    else:
+        hint = _WHAT_NEXT
+    return DomainExists(errno.EEXIST, f"a domain file already exists ({what}); {hint}", path)
+
+
 def replace_stale(path: str) -> None:
     """Remove ``path`` if it is a stale domain (``Domain.create(replace_stale=True)``);
-    FileExistsError, saying why, when it is live or not a hostless domain."""
+    DomainExists (a FileExistsError), saying why, when it is live or not a hostless domain."""
     deadline = time.monotonic() + 2 * MIN_AGE
     while True:
         try:
@@ -141,14 +164,19 @@ def replace_stale(path: str) -> None:
         except OSError as e:  # a symbolic link (never followed), another user's file, ...
             link = e.errno == errno.ELOOP
             what = "a symbolic link, never followed" if link else f"cannot check it: {e.strerror}"
-            raise FileExistsError(f"{path} exists and was not replaced: {what}") from None
+            raise DomainExists(errno.EEXIST, f"the file exists and was not replaced: {what}", path) from None
         if found.state in ("removed", "gone"):
             return
         if found.state == "young" and time.monotonic() < deadline:
             # a creator that is starting takes its lock within microseconds: give it MIN_AGE
             time.sleep(min(0.05, max(0.001, MIN_AGE - found.age)))
             continue
-        raise FileExistsError(f"{path} exists and was not replaced: {found.state} ({found.reason})")
+        hint = ""
+        if found.state != "foreign":
+            hint = "; a live domain is never replaced: close the processes that use it"
+        raise DomainExists(
+            errno.EEXIST, f"the file exists and was not replaced: {found.state} ({found.reason}){hint}", path
+        )
 
 
 DEVICE_ALIGN = int(C.DEVICE_ALIGN)
@@ -235,7 +263,10 @@ def create_file(
     check_space(lay["total_size"])
     if replace:
         replace_stale(path)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    except FileExistsError:
+        raise _exists_error(path) from None
     try:
         os.fchmod(fd, mode)
         os.ftruncate(fd, lay["total_size"])

@@ -22,7 +22,8 @@ class Status(enum.IntEnum):
     SUCCESS = 2
     ERROR = 3
     CANCEL = 4
-    OWNER_DIED = 6
+    OWNER_DIED = 6  # the owner died (killed, crashed): recovery completed it
+    OWNER_LEFT = 7  # the owner left cleanly (Domain.close) without signalling it (ABI 6)
 
     @classmethod
     def _missing_(cls, value: object) -> Status | None:

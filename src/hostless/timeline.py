@@ -6,8 +6,13 @@
   value itself, so a device advances a timeline with one store and waits with
   ``word >= v`` (cuStreamWaitValue64 GEQ).
 * ``fail(status)`` is sticky: the word becomes 2**62 | status, larger than any
-  value, so every current and future waiter wakes and gets the status.  If the
-  owner dies, recovery fails the timeline with OWNER_DIED.
+  value, so every current and future waiter wakes.  A point reached stays
+  reached: a wait for a value at or below the value the timeline had when it
+  failed returns SUCCESS; a wait for a higher one returns the status.  If the
+  owner dies, recovery fails the timeline with OWNER_DIED; if it leaves with
+  ``Domain.close()``, with OWNER_LEFT.
+* ``await timeline.point(v)`` awaits a point (a Timeline itself is not
+  awaitable: it has no value to wait for).
 """
 
 from __future__ import annotations
@@ -66,7 +71,8 @@ class Timeline(_core.Handle):
             AlreadySignaled after a failure.  Wakes every waiter whose point is reached."""
 
         def wait(self, value: int, timeout: float | None = None, *, spin: float | None = None) -> Status:
-            """Block until the value is >= ``value``: returns SUCCESS, or the failure status.
+            """Block until the value is >= ``value`` or the timeline fails: returns SUCCESS when
+            ``value`` was reached (also before a failure), else the failure status.
 
             Spins for ``spin`` seconds (default: the domain's), then sleeps on a
             futex.  Raises TimeoutError after ``timeout`` seconds.
@@ -94,13 +100,15 @@ class Timeline(_core.Handle):
         self._core.tl_fail(self.handle, int(status))
 
     async def wait_async(self, value: int, timeout: float | None = None) -> Status:
-        """Await ``value >= value`` without blocking the loop (SUCCESS or the failure status)."""
+        """Await until the timeline's value is >= ``value`` (or it fails), without blocking the
+        loop: SUCCESS when ``value`` was reached (also before a failure), else the failure
+        status.  ``await timeline.point(value)`` is the same."""
         self._check_held()
         if not 0 <= value <= int(C.TIMELINE_MAX):
             raise ValueError(f"timeline values are in 0..2**62-1, got {value}")
         w = self._core.word(self.handle)
         if w >= value:
-            return _decode(w)
+            return _point_status(self, w, value)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
         self._dom.notifier().watch(self.handle, value, fut, loop)
@@ -110,7 +118,7 @@ class Timeline(_core.Handle):
             raise TimeoutError(
                 f"timeline {self.handle:#x} did not reach {value} within {timeout} s"
             ) from None
-        return _decode(w)
+        return _point_status(self, w, value)
 
     def add_callback(self, value: int, cb: Callable[[Timeline, Status], object]) -> None:
         """Call ``cb(timeline, status)`` once the value reaches ``value`` or the timeline fails."""
@@ -119,7 +127,17 @@ class Timeline(_core.Handle):
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        self._dom.notifier().watch(self.handle, value, lambda w: cb(self, _decode(w)), loop)
+        self._dom.notifier().watch(
+            self.handle, value, lambda w: cb(self, _point_status(self, w, value)), loop
+        )
+
+    def __await__(self) -> Generator[Any, None, Status]:
+        """A Timeline is not awaitable by itself (it has no value to wait for): TypeError naming
+        what is, ``await timeline.point(value)`` or ``await timeline.wait_async(value)``."""
+        raise TypeError(
+            "a Timeline is not awaitable by itself: await timeline.point(value) "
+            "(or timeline.wait_async(value)) for the value to reach"
+        )
 
     def __repr__(self) -> str:
         if not self._held or self._dom._closed:
@@ -175,7 +193,7 @@ class Point:
         """ACTIVE until the point is reached, then SUCCESS, or the timeline's failure."""
         self.timeline._check_held()
         w = self.timeline._core.word(self.timeline.handle)
-        return _decode(w) if w >= self.value else Status.ACTIVE
+        return _point_status(self.timeline, w, self.value) if w >= self.value else Status.ACTIVE
 
     @property
     def done(self) -> bool:
@@ -196,5 +214,11 @@ class Point:
         return f"<hostless.Point {self.timeline.handle:#x} >= {self.value}>"
 
 
-def _decode(w: int) -> Status:
-    return timeline_failure(w) or Status.SUCCESS
+def _point_status(tl: Timeline, w: int, value: int) -> Status:
+    """What a wait for ``value`` returns given the word ``w`` it saw (>= value, or failed):
+    hl_point_status, through the engine: SUCCESS when ``value`` was reached, also before a
+    failure (the value failed from is in aux, read after the word), else the failure."""
+    failure = timeline_failure(w)  # CorruptDomain for a word nobody writes
+    if failure is None:
+        return Status.SUCCESS
+    return Status(tl._core.point_status(tl.handle, value, w))

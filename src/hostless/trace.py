@@ -9,12 +9,21 @@ with ``trace="4M"``).  Add your own with :func:`span` and :func:`instant`::
         boxes = detect(frame)
     hl.trace.instant("dropped frame")
 
-:func:`export` writes ``{"traceEvents": [...]}``: one track per participant,
-named by its label (also after it left: every participant records its label in
-the ring when it joins), a slice per packet run named after its Graph stage
-(or its kernel), instant events for enqueues and signals, flow arrows from
-each enqueue to the start of the same packet on its consumer, and the user's
-spans and instants.  Open it in ui.perfetto.dev.
+:func:`export` writes ``{"traceEvents": [...]}``: one process and track per
+participant (each event carries its writer's participant index and
+incarnation, so two processes that used the same participant slot one after
+the other get a track each), named by its label (also after it left: every
+participant records its label in the ring when it joins), a slice per packet
+run named after its Graph stage (or its kernel), a slice per wait that had to
+wait (``wait <name>``, from its start to its end), instant events for
+enqueues and signals, flow arrows from each enqueue to the start of the same
+packet on its consumer, and the user's spans and instants.  Objects are named
+by :func:`name` records, else by the names they are published under
+(``Domain.publish``, read from the name table at export), else by handle.
+Open it in ui.perfetto.dev.
+
+The exporter needs no participant slot: ``hostless trace NAME -o out.json``
+reads the ring through a read-only :class:`~hostless.view.DomainView`.
 
 Names travel in the ring as ``HL_EV_USER`` records (``a`` = :data:`USER_MAGIC`
 | a record type, ``b`` = the key, ``c``..``e`` = up to 24 bytes of UTF-8), so
@@ -41,6 +50,7 @@ from . import lowlevel
 from ._abi import C
 from .domain import Domain, _live
 from .kernels import CPU_KERNELS
+from .view import DomainView
 from .wire import TRACE_INSTANT as _INSTANT
 from .wire import TRACE_JOIN as _JOIN
 from .wire import TRACE_NAME_HANDLE as _NAME_HANDLE
@@ -50,7 +60,7 @@ from .wire import TRACE_SPAN_END as _SPAN_END
 from .wire import USER_MAGIC as USER_MAGIC
 from .wire import unpack_text as _unpack
 
-__all__ = ["events", "export", "to_chrome", "span", "instant", "name", "USER_MAGIC"]
+__all__ = ["events", "export", "to_chrome", "track_of", "span", "instant", "name", "USER_MAGIC"]
 
 _EV_USER = int(C.EV_USER)
 _span_ids = itertools.count(1)
@@ -133,9 +143,12 @@ _NAMES = {
 }
 
 
-def events(dom: Domain) -> list[dict[str, int]]:
-    """The valid events of the ring, oldest first (torn or overwritten ones are dropped)."""
-    v = lowlevel.layout(dom)  # the layout validated at attach, never the shared header
+def events(dom: Domain | DomainView) -> list[dict[str, int]]:
+    """The valid events of the ring, oldest first (torn or overwritten ones are dropped).
+    ``part`` is the writer's participant slot index, ``inc`` the low 24 bits of its
+    incarnation (the event's participant field is the writer's HL_OWNER code, ABI 6)."""
+    # the layout validated at attach (or when the view was made), never the shared header
+    v = dom.layout if isinstance(dom, DomainView) else lowlevel.layout(dom)
     off, cap = int(v["trace_offset"]), int(v["trace_capacity"])
     if not off or not cap:
         return []
@@ -148,7 +161,10 @@ def events(dom: Domain) -> list[dict[str, int]]:
         e = ev[i % cap]
         if int(e["seq"]) != i + 1:
             continue
-        out.append({k: int(e[k]) for k in _FIELDS})
+        rec = {k: int(e[k]) for k in _FIELDS}
+        who = rec["part"]
+        rec["part"], rec["inc"] = (who & 0xFF) - 1, who >> 8  # HL_OWNER(inc, index); 0: no writer
+        out.append(rec)
     out.sort(key=lambda e: e["ts"])
     return out
 
@@ -157,13 +173,24 @@ def _kernel_names() -> dict[int, str]:
     return {kid: kname for kname, (kid, _fn) in CPU_KERNELS.items()}
 
 
-def to_chrome(dom: Domain, evs: list[dict[str, int]] | None = None) -> dict[str, Any]:
+def _track(e: dict[str, int]) -> int:
+    """The track (Chrome tid and pid) of an event: its writer, participant slot and
+    incarnation (``(inc << 8) | index``: the participant id's low 32 bits)."""
+    return ((e.get("inc", 0) & 0xFFFFFF) << 8) | (e["part"] & 0xFF)
+
+
+def track_of(participant_id: int) -> int:
+    """The track of a participant id (``(incarnation << 8) | index``)."""
+    return (((participant_id >> 8) & 0xFFFFFF) << 8) | (participant_id & 0xFF)
+
+
+def to_chrome(dom: Domain | DomainView, evs: list[dict[str, int]] | None = None) -> dict[str, Any]:
     """The Chrome trace-event JSON object for the domain's trace."""
     evs = events(dom) if evs is None else evs
-    table = {p.index: f"{p.label} ({p.kind}, pid {p.pid})" for p in dom.participants}
+    table = {track_of(p.id): f"{p.label} ({p.kind}, pid {p.pid})" for p in dom.participants}
     kernels = _kernel_names()
-    handles: dict[int, str] = {}
-    joined: dict[int, list[str]] = {}  # participant index -> labels of those that joined there, in order
+    handles: dict[int, str] = {h: n for n, h in dom.names().items() if not n.startswith("!")}  # published
+    joined: dict[int, str] = {}  # track -> "label (kind)" of the participant that joined there
     for e in evs:  # names first: a record may come after the events it names
         if e["type"] == _EV_USER and e["a"] & ~0xFF == USER_MAGIC:
             rec, text = e["a"] & 0xFF, _unpack(e["c"], e["d"], e["e"])
@@ -171,8 +198,8 @@ def to_chrome(dom: Domain, evs: list[dict[str, int]] | None = None) -> dict[str,
                 kernels[e["b"]] = text
             elif rec == _NAME_HANDLE:
                 handles[e["b"]] = text
-            elif rec == _JOIN and text not in joined.setdefault(e["part"], []):
-                joined[e["part"]].append(text)
+            elif rec == _JOIN:
+                joined[track_of(e["b"])] = text
     out: list[dict[str, Any]] = []
     t0 = evs[0]["ts"] if evs else 0
     # The core stamps an enqueue after it published the packet (and retook the
@@ -186,12 +213,12 @@ def to_chrome(dom: Domain, evs: list[dict[str, int]] | None = None) -> dict[str,
         return handles.get(signal) or kernels.get(kernel) or f"k{kernel}"
 
     for e in evs:
-        tid = e["part"]  # one track per participant slot; labels of every participant seen there
+        tid = _track(e)  # one process and track per participant (slot and incarnation)
         if e["type"] == _EV_USER and e["a"] & ~0xFF == USER_MAGIC and e["a"] & 0xFF == _JOIN:
             continue
         ts = (e["ts"] - t0) / 1000.0
         kind = _NAMES.get(e["type"], "?")
-        base = {"pid": 1, "tid": tid, "ts": ts, "cat": kind}
+        base = {"pid": tid, "tid": tid, "ts": ts, "cat": kind}
         pid = f"{e['a']:#x}:{e['b']}"  # queue handle : packet index
         if kind == "enqueue":
             args = {"queue": hex(e["a"]), "index": e["b"], "kernel": e["d"], "signal": hex(e["c"])}
@@ -209,6 +236,14 @@ def to_chrome(dom: Domain, evs: list[dict[str, int]] | None = None) -> dict[str,
             nm = begun.pop(pid, "") or handles.get(e["c"]) or "packet"  # the end matches its start's name
             out.append(
                 {**base, "cat": "packet", "ph": "e", "name": nm, "id": pid, "args": {"status": e["d"]}}
+            )
+        elif kind == "wait":  # a wait that waited: a slice from its start (c) to its end
+            nm = handles.get(e["a"]) or f"{e['a']:#x}"
+            start = max(e["c"], t0)
+            args = {"handle": hex(e["a"]), "threshold": e["b"], "word": hex(e["d"])}
+            out.append(
+                {**base, "ts": (start - t0) / 1000.0, "ph": "X", "dur": (e["ts"] - start) / 1000.0,
+                 "name": f"wait {nm}", "args": args}
             )
         elif kind == "signal":
             nm = handles.get(e["a"], "signal")
@@ -228,16 +263,17 @@ def to_chrome(dom: Domain, evs: list[dict[str, int]] | None = None) -> dict[str,
         else:
             out.append({**base, "ph": "i", "s": "t", "name": kind, "args": {"a": e["a"], "b": e["b"]}})
     meta: list[dict[str, Any]] = []
-    for idx in sorted({e["part"] for e in evs}):
-        # the join records name every participant that used the slot, also after it left; the
-        # participant table only the one there now (a join record may have been overwritten)
-        nm = " / ".join(joined.get(idx, [])) or table.get(idx, f"participant {idx}")
-        meta.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": idx, "args": {"name": nm}})
-    meta.append({"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "hostless domain"}})
+    for tr in sorted({_track(e) for e in evs}):
+        # the join record names the participant, also after it left; the participant table only
+        # the one there now (a join record may have been overwritten when the ring wrapped)
+        idx = tr & 0xFF
+        nm = joined.get(tr) or table.get(tr, f"participant {idx} (incarnation {tr >> 8})")
+        meta.append({"ph": "M", "name": "process_name", "pid": tr, "args": {"name": nm}})
+        meta.append({"ph": "M", "name": "thread_name", "pid": tr, "tid": tr, "args": {"name": nm}})
     return {"traceEvents": meta + out, "displayTimeUnit": "ns"}
 
 
-def export(dom: Domain, path: str) -> int:
+def export(dom: Domain | DomainView, path: str) -> int:
     """Write the trace to ``path``; returns the number of events."""
     obj = to_chrome(dom)
     with open(path, "w") as f:

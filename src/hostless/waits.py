@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from . import _core
 from .fence import Fence
 from .status import Status, fence_status
-from .timeline import Point, _decode
+from .timeline import Point, _point_status
 
 if TYPE_CHECKING:
     from .domain import Domain
@@ -79,7 +79,9 @@ def _target(obj: object) -> tuple[Domain, int, int]:
 
 
 def _status(obj: Waitable, word: int) -> Status:
-    return fence_status(word) if isinstance(obj, Fence) else _decode(word)
+    if isinstance(obj, Point):
+        return _point_status(obj.timeline, word, obj.value)
+    return fence_status(word)
 
 
 def _items(objs: Iterable[Waitable]) -> tuple[list[Waitable], list[tuple[Domain, int, int]]]:

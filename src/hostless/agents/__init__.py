@@ -38,6 +38,7 @@ its kernels, packet format, placement, options and command line.  Modules:
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import select
@@ -49,7 +50,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .. import lowlevel
@@ -149,6 +150,97 @@ class Agent:
             return kid
         finally:
             self._control_lock.release()
+
+    def load_segment(self, desc: dict[str, Any], timeout: float = 120.0) -> tuple[int, str, str]:
+        """Make a cuda agent load a segment of GPU stage functions (``desc``: what
+        :mod:`hostless.segments` builds); returns (kernel id, "graph" or "eager", why eager).
+        The agent imports each function, runs it on zero tensors and checks its result
+        (:mod:`hostless.agents.gpufn`).  Errors as :meth:`load_function`'s."""
+        if not self.spec.gpu_functions:
+            raise TypeError(f"GPU stage functions run on cuda agents, not on {self.kind} agents")
+        what = "segment " + "+".join(str(s.get("name")) for s in desc.get("stages", []))
+        with self._channel(timeout) as deadline:
+            kid = self._next_kid
+            self._next_kid += 1
+            reply = self._checked_reply({**desc, "op": "segment", "id": kid}, deadline, what, timeout)
+            return kid, str(reply.get("mode", "eager")), str(reply.get("why", ""))
+
+    def prepare_segment(
+        self, kid: int, buffers: Sequence[int], gated: bool = False, timeout: float = 120.0
+    ) -> tuple[str, str]:
+        """Capture segment ``kid`` over ``buffers`` (handles: inputs, then the output) as a
+        CUDA graph in the agent (``gated``: its result into scratch, committed per frame only
+        when the frame's inputs succeeded: for :meth:`arm_segment`); returns ("graph" or
+        "eager", why eager)."""
+        with self._channel(timeout) as deadline:
+            req = {"op": "prepare", "id": kid, "buffers": [int(h) for h in buffers], "gated": bool(gated)}
+            reply = self._checked_reply(req, deadline, f"segment {kid}", timeout)
+            return str(reply.get("mode", "eager")), str(reply.get("why", ""))
+
+    def arm_segment(
+        self,
+        kid: int,
+        slot: int,
+        step: int,
+        buffers: Sequence[int],
+        waits: Sequence[int],
+        signal: int,
+        fed: int,
+        host_word: int,
+        start: int,
+        timeout: float = 120.0,
+    ) -> None:
+        """Arm frame slot ``slot`` of segment ``kid`` (prepared ``gated`` over ``buffers``): from
+        frame ``start`` on, every ``step``-th frame is queued ahead on the GPU, behind a stream
+        wait on the u64 of the host buffer ``host_word`` (the host stores the frame number there
+        once it wrote the frame) and a wait on the ``waits`` timelines reaching the frame
+        number, then committed and signalled on ``signal``
+        (:class:`hostless.agents.cuda_agent.Armed`; it pushes nothing).  A slot armed already is
+        re-armed.  ``fed`` is a timeline of the graph's host: when it fails (the graph closed or
+        invalidated, or its host died) the agent disarms the graph's slots."""
+        req = {
+            "op": "arm",
+            "id": kid,
+            "slot": int(slot),
+            "step": int(step),
+            "buffers": [int(h) for h in buffers],
+            "waits": [int(h) for h in waits],
+            "signal": int(signal),
+            "fed": int(fed),
+            "host_word": int(host_word),
+            "start": int(start),
+        }
+        with self._channel(timeout) as deadline:
+            self._checked_reply(req, deadline, f"segment {kid}", timeout)
+
+    def drop_segment(self, kid: int, timeout: float = 30.0) -> None:
+        """Make the agent forget segment ``kid`` and release the buffers its graphs hold."""
+        with self._channel(timeout) as deadline:
+            self._checked_reply({"op": "drop", "id": kid}, deadline, f"segment {kid}", timeout)
+
+    @contextlib.contextmanager
+    def _channel(self, timeout: float) -> Iterator[float]:
+        """The load channel's lock, held for one request; yields the deadline."""
+        deadline = time.monotonic() + timeout
+        if not self._control_lock.acquire(timeout=max(0.0, timeout)):
+            raise TimeoutError(f"{self.kind} agent {self.id}: another load held the channel for {timeout} s")
+        try:
+            yield deadline
+        finally:
+            self._control_lock.release()
+
+    def _checked_reply(
+        self, req: dict[str, Any], deadline: float, what: str, timeout: float
+    ) -> dict[str, Any]:
+        reply = self._request(req, deadline, what, timeout)
+        if not reply.get("ok"):
+            why = str(reply.get("error", "no reason given"))
+            raise HostlessError(f"{self.kind} agent {self.id} could not load {what}: {why}")
+        if reply.get("id") != req["id"]:
+            raise HostlessError(
+                f"{self.kind} agent {self.id} answered id {reply.get('id')!r}, not {req['id']}"
+            )
+        return reply
 
     def _request(self, req: dict[str, Any], deadline: float, what: str, timeout: float) -> dict[str, Any]:
         """Send ``req`` on the load channel and read its reply (the lock held)."""
@@ -386,7 +478,7 @@ def spawn(
     mine: socket.socket | None = None
     theirs: socket.socket | None = None
     pass_fds: tuple[int, ...] = ()
-    if spec.stage_functions:  # the private load channel (hostless.agents.control)
+    if spec.stage_functions or spec.gpu_functions:  # the private load channel (hostless.agents.control)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # both close-on-exec
         cmd += ["--control", str(theirs.fileno())]
         pass_fds = (theirs.fileno(),)

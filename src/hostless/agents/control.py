@@ -46,7 +46,7 @@ _HEAD = struct.Struct("<I")
 
 
 class _Loader(Protocol):
-    def load_function(self, req: dict[str, Any]) -> int: ...
+    def load_function(self, req: dict[str, Any]) -> int | dict[str, Any]: ...
 
 
 def _left(deadline: float | None) -> float | None:
@@ -132,7 +132,10 @@ def serve(sock: socket.socket, loop: _Loader) -> None:
         seq = req.get("seq")
         reply: dict[str, Any]
         try:
-            reply = {"seq": seq, "ok": True, "id": loop.load_function(req)}
+            r = loop.load_function(req)
+            reply = {"seq": seq, "ok": True, "id": r}
+            if isinstance(r, dict):
+                reply = {**r, "seq": seq, "ok": True}
         except (Exception, SystemExit) as e:  # the import's own errors travel to the spawner
             reply = {"seq": seq, "ok": False, "error": format_error(e)}
         try:

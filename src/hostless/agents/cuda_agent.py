@@ -13,14 +13,21 @@ reference to the block until the stream has passed the push.
 
 from __future__ import annotations
 
+import queue as _queue
+import threading
+from collections import OrderedDict
 from typing import Any
 
+import numpy as np
+
+from .. import stagefn
 from .._abi import C
 from ..domain import Domain
 from ..kernels import Kernel
 from ..queue import Queue
 from ..status import Status
 from ..wire import FO_PACKET, BadPacket, Packet, PacketType, follow_offset
+from .gpufn import MAX_RUNNERS, Runner, Segment
 from .kinds import FLAG_STAGE_COPY
 from .loop import _EV_END, _EV_START, _SIGNALABLE, _WAITABLE, FAIL_BUDGET, AgentLoop, _debug, _kind
 
@@ -64,6 +71,189 @@ class CudaLoop(AgentLoop):
         # on first use, and that must never happen behind a pending stream wait
         # (module loading can wait for the device, which the wait holds: deadlock)
         self.warm: set[Any] = set()
+        # GPU stages from user functions (hostless.agents.gpufn): segments by kernel id, their
+        # runners by the buffers' handles; requests from the spawner's load channel, served
+        # by this thread between packets (never behind a pending stream wait)
+        self.runners: dict[int, OrderedDict[tuple[int, ...], Runner]] = {}
+        self.requests: _queue.Queue[tuple[dict[str, Any], list[Any], threading.Event]] = _queue.Queue()
+        self.armed: dict[tuple[int, int], Armed] = {}  # armed segments' frame slots: by (id, slot)
+
+    ARMED_POLL_NS = 100_000
+    """While segments are armed the loop looks at them this often (it queues their next frames):
+    ``Armed.WINDOW`` frames per look at most."""
+
+    # ------------------------------------------------------------ load channel
+    def load_function(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A request of the spawner's private channel (the channel's thread): handed to
+        the loop thread, which owns the stream; returns its reply or raises its error."""
+        box: list[Any] = []
+        done = threading.Event()
+        self.requests.put((req, box, done))
+        while not done.wait(1.0):
+            if not self.running:
+                raise RuntimeError("the agent is stopping")
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]  # type: ignore[no-any-return]
+
+    def service(self) -> None:
+        for key, a in list(self.armed.items()):
+            if not a.pump():
+                self._disarm(key)
+        while True:
+            try:
+                req, box, done = self.requests.get_nowait()
+            except _queue.Empty:
+                return
+            try:
+                box.append(self._request(req))
+            except BaseException as e:  # the spawner gets it, with its traceback
+                box.append(e)
+            done.set()
+
+    def _request(self, req: dict[str, Any]) -> dict[str, Any]:
+        """``segment``: load a segment under ``id``; ``prepare``: capture it over ``buffers``;
+        ``drop``: forget it.  Every request first lets the stream drain."""
+        from ..kernels import FUNCTION_KERNEL_BASE
+
+        op, kid = req.get("op"), req.get("id")
+        if not isinstance(kid, int) or isinstance(kid, bool) or kid < FUNCTION_KERNEL_BASE:
+            raise ValueError(f"a segment id is an int >= {FUNCTION_KERNEL_BASE}, got {kid!r}")
+        self._quiesce()
+        self.peer.stream.synchronize()
+        self._recycle()
+        if op == "segment":
+            if kid in self.kernels:
+                raise ValueError(f"kernel id {kid} is taken")
+            seg = Segment(req, self.peer.device)
+            self.kernels[kid] = seg
+            self.runners[kid] = OrderedDict()
+            return {"id": kid, "mode": seg.mode, "why": seg.why}
+        got = self.kernels.get(kid)
+        if not isinstance(got, Segment):
+            raise ValueError(f"no segment {kid}")
+        seg = got
+        if op == "prepare":
+            hs = req.get("buffers")
+            if not isinstance(hs, list) or not all(isinstance(h, int) for h in hs):
+                raise ValueError("prepare names a list of buffer handles")
+            r = self._runner(kid, seg, tuple(hs), bool(req.get("gated", False)))
+            return {"id": kid, "mode": r.mode, "why": r.why}
+        if op == "arm":  # one frame slot; a slot armed already is re-armed (its graph renewed it)
+            slot = req.get("slot")
+            if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < 64:
+                raise ValueError("arm: slot is an int in 0..63")
+            hs = req.get("buffers")
+            if not isinstance(hs, list) or not all(isinstance(h, int) for h in hs):
+                raise ValueError("arm: buffers is a list of buffer handles")
+            r = self._runner(kid, seg, tuple(hs), True)
+            if r.mode != "graph":
+                raise ValueError(f"segment {kid} runs eagerly over these buffers ({r.why}): not armed")
+            armed = Armed(self, kid, req, r)
+            if (kid, slot) in self.armed:
+                self._disarm((kid, slot), restore=True)
+            self.armed[(kid, slot)] = armed
+            self.pop_timeout_ns = self.ARMED_POLL_NS  # pump the armed segments this often
+            return {"id": kid}  # (the first pump is the loop's next service(), not this reply's)
+        if op == "drop":
+            for key in [key for key in self.armed if key[0] == kid]:
+                self._disarm(key)
+            for r in self.runners.pop(kid, {}).values():
+                r.release()
+            del self.kernels[kid]
+            return {"id": kid}
+        raise ValueError(f"unknown request {op!r}")
+
+    def _group(self, a: Armed) -> list[Armed]:
+        return [b for b in self.armed.values() if b.word == a.word]
+
+    def _disarm(self, key: tuple[int, int], restore: bool = False) -> None:
+        """Close one armed slot: its graph's queued frames pass (:func:`pass_frames`), the
+        others of its graph (``restore``: the graph goes on) are queued again."""
+        a = self.armed[key]
+        group = self._group(a)
+        pass_frames(group, restore)
+        del self.armed[key]
+        a.release()
+        for b in group:
+            if b is not a:
+                b.requeue()
+        if not self.armed:
+            self.pop_timeout_ns = 50_000_000
+
+    def _quiesce(self) -> None:
+        """Before what may synchronize the whole device: no armed frame left waiting."""
+        seen: set[int] = set()
+        for a in list(self.armed.values()):
+            group = self._group(a)
+            if a.word in seen or not any(b.queued() for b in group):
+                continue
+            seen.add(a.word)
+            pass_frames(group, restore=True)
+            for b in group:
+                b.requeue()
+
+    def _runner(self, kid: int, seg: Segment, hs: tuple[int, ...], gated: bool = False) -> Runner:
+        """The runner of segment ``kid`` over buffers ``hs`` (``gated``: its result into
+        scratch, for an armed segment's gated commit): prepared at compile time, or captured
+        now (the stream drained first: never capture behind a pending wait)."""
+        rs = self.runners[kid]
+        key = (*hs, int(gated))
+        r = rs.get(key)
+        if r is not None:
+            return r
+        self._quiesce()
+        bufs: list[Any] = []
+        try:
+            for h in hs:
+                if _kind(h) != _KIND_BUFFER:
+                    raise BadPacket(f"handle {h:#x} is not a buffer")
+                try:
+                    bufs.append(self.dom.import_buffer(h))
+                except Exception as e:
+                    raise BadPacket(f"handle {h:#x}: {e}") from None
+            self.peer.stream.synchronize()
+            try:
+                r = seg.runner(self.dom, self.peer, bufs, gated)
+            except ValueError as e:
+                raise BadPacket(str(e)) from None
+        except BaseException:
+            for b in bufs:
+                b.release()
+            raise
+        rs[key] = r
+        if len(rs) > MAX_RUNNERS:
+            _h, old = rs.popitem(last=False)
+            self.inflight.append((self.peer.stream.record(), [old]))
+        return r
+
+    def _segment(self, idx: int, pkt: Packet, seg: Segment, hs: tuple[int, ...], follow: list[Any]) -> None:
+        """A packet of a segment: waits, the replay (or the eager functions), the gated
+        signal and the follow-ups, all queued on the stream."""
+        peer, st = self.peer, self.peer.stream
+        r = self._runner(pkt.kernel, seg, hs)
+        targets = self._resolve_follow(follow)
+        block: Any = None
+        keep: list[Any] = []
+        if targets:
+            block = self.dom.import_buffer(pkt.args)
+            keep.append(block)
+        try:
+            gate = self._wait_inputs_on_gpu(pkt)
+            keep.append(_Keep([gate]))
+            try:
+                r.launch(int(st.ptr))
+            except Exception as e:
+                self.records.write(pkt.signal, stagefn.format_error(e))
+                raise
+            if pkt.signal:
+                peer.signal(self.cache.get(pkt.signal, _SIGNALABLE), pkt.signal_value, gate)
+            nb = len(hs)
+            for q, j in targets:
+                at = follow_offset(nb, 0, j) + FO_PACKET
+                keep.append(_Keep([peer.enqueue(q, block, gate, offset=at)]))
+        finally:
+            self.inflight.append((st.record(), keep))
 
     def _recycle(self) -> None:
         """Release what the stream work that has completed kept alive."""
@@ -124,6 +314,13 @@ class CudaLoop(AgentLoop):
             scalars: tuple[int, ...] = ()
             if pkt.type == PacketType.KERNEL:
                 fn, hs, scalars, follow = self.kernel_call(pkt)
+                if isinstance(fn, Segment):
+                    if scalars:
+                        raise BadPacket("a segment's packet carries no scalars")
+                    queued = True
+                    self._segment(idx, pkt, fn, tuple(hs), follow)
+                    self.trace(_EV_END, self.queue.handle, idx, pkt.signal, 0, 1)
+                    return
                 bufs = [self.cache.get(h, (_KIND_BUFFER,)) for h in hs]
                 if not bufs:
                     raise BadPacket("kernel packet without buffers")
@@ -131,6 +328,7 @@ class CudaLoop(AgentLoop):
                 if sig not in self.warm:
                     # first run of this signature: without pending waits (the
                     # result goes to a scratch buffer that is never committed)
+                    self._quiesce()
                     st.synchronize()
                     with st:
                         tmp = cp.empty(bufs[-1].shape, bufs[-1].dtype)
@@ -200,3 +398,157 @@ class _Keep:
 
     def release(self) -> None:
         self.objs = []
+
+
+class Armed:
+    """One frame slot of a segment armed by its graph (direct dispatch, shared data): the GPU
+    work of the slot's next frames is queued ahead on a stream of its own, so neither a packet
+    nor this process is on a frame's path.
+
+    The slot runs frames ``start``, ``start + step``, ... (``step``: the graph's slots, each
+    with its own buffers and timelines), each queued as: a stream wait
+    (``cuStreamWaitValue64``) until the graph's *host word* (a u64 of a heap buffer that the
+    host's frame program stores the frame number into, a release store after the frame's
+    inputs) reaches the frame; ``hl_wait_points``, one thread waiting for the predecessors'
+    points in this slot's timelines (bounded: the frame was submitted) and computing the gate;
+    the slot's captured graph (its result into device scratch); the gated commit of the
+    scratch into the output buffer; the gated signal of the slot's timeline of the stage and a
+    host function that wakes its sleepers.  It pushes nothing: the GPU's atomics on host
+    memory are not atomic against the host's on a PCIe machine without PCIe atomics, so the
+    graph's host pushes the stages it feeds (:func:`hostless.segments.arm_plan`).
+    :meth:`pump` (the agent's loop, every 100 us) keeps up to ``WINDOW`` of the slot's frames
+    queued past the last one it signalled.  What waits indefinitely (for frames the host has
+    not submitted) is only the stream wait on the host word: the GPU front end's, no SM.
+
+    Before anything in this process that may synchronize the whole device (a load, a capture,
+    a kernel's first run), and when a slot is closed or re-armed, the queued frames of the
+    graph's armed slots pass without effect (:func:`pass_frames`) and the ones not signalled
+    are queued again by the next :meth:`pump`.  The agent closes the slots of a graph that
+    dropped the segment or whose ``fed`` timeline failed (the graph closed or invalidated, or
+    its host died).
+    """
+
+    WINDOW = 8
+    """The slot's frames queued ahead past the last one signalled: each is six stream
+    operations, and a stream holds a bounded number before a launch blocks."""
+    PAST = 2**63 - 1
+
+    def __init__(self, loop: CudaLoop, kid: int, req: dict[str, Any], runner: Runner) -> None:
+        import cupyx
+
+        cp, dom, peer = loop.cp, loop.dom, loop.peer
+        self.loop, self.kid, self.runner = loop, kid, runner
+        held: list[Any] = []
+        try:
+            start, step = req.get("start"), req.get("step")
+            if not isinstance(start, int) or not 0 < start < 2**62:
+                raise ValueError("arm: start is a frame number")
+            if not isinstance(step, int) or not 0 < step <= 64:
+                raise ValueError("arm: step is the graph's number of frame slots")
+            waits = req.get("waits")
+            if not isinstance(waits, list) or len(waits) > 16:
+                raise ValueError("arm: at most 16 wait timelines")
+            for h in [*waits, req.get("fed"), req.get("signal")]:
+                if not isinstance(h, int) or _kind(h) != _KIND_TIMELINE:
+                    raise ValueError(f"arm: {h!r} is not a timeline handle")
+                held.append(dom.import_timeline(h))
+            self.waits, self.fed, self.signal = held[: len(waits)], held[-2], held[-1]
+            hw = req.get("host_word")
+            if not isinstance(hw, int) or _kind(hw) != _KIND_BUFFER:
+                raise ValueError("arm: host_word is a buffer handle")
+            word = dom.import_buffer(hw)
+            held.append(word)
+            if word.device != "cpu" or word.nbytes < 8:
+                raise ValueError("arm: the host word is a host buffer of at least 8 bytes")
+            self.word = peer.buffer_dptr(word)
+        except BaseException:
+            for o in held:
+                o.release()
+            raise
+        self.held = held
+        self.start, self.step, self.next = start, step, start
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.side = cp.cuda.Stream(non_blocking=True)
+        self.cancel = cupyx.zeros_pinned((1,), np.int32)  # mapped: its host address is its device one
+        self.gates = cp.zeros(self.WINDOW, dtype=cp.int32)
+        self.old = cp.zeros(1, dtype=cp.uint64)
+        self.addrs = cp.asarray(np.array([peer.word_addr(t) for t in self.waits] or [0], dtype=np.uint64))
+        self.kinds = cp.asarray(np.full(max(1, len(self.waits)), 2, dtype=np.int32))
+
+    def _done(self) -> int:
+        """The slot's last frame signalled (``start - step`` before the first)."""
+        v = self.signal.value
+        return v if v >= self.start else self.start - self.step
+
+    def pump(self) -> bool:
+        """Queue the slot's frames up to ``WINDOW`` past the last one signalled; False when
+        the graph is over (its ``fed`` timeline failed).  After a failed frame (the slot's
+        timeline failed) nothing more is queued: the graph renews the slot and re-arms it."""
+        if self.fed.failure is not None:
+            return False
+        if self.signal.failure is not None:
+            return True
+        peer, st, r = self.loop.peer, self.stream, self.runner
+        while self.next <= self._done() + self.WINDOW * self.step:
+            f = self.next
+            i = (f // self.step) % self.WINDOW
+            gate = self.gates[i : i + 1]
+            peer.wait_word(self.word, f, st)
+            peer.k_wait_points(
+                (1,),
+                (1,),
+                (
+                    self.addrs,
+                    self.kinds,
+                    np.int32(len(self.waits)),
+                    np.uint64(f),
+                    np.uint64(self.cancel.ctypes.data),
+                    gate,
+                ),
+                stream=st,
+            )
+            r.launch(int(st.ptr))
+            peer.commit(r.buffers[-1], r.scratch, gate, st)
+            peer.signal(self.signal, f, gate, st)
+            self.next = f + self.step
+        return True
+
+    def queued(self) -> bool:
+        """Whether frames are queued on the slot's stream past the last one signalled."""
+        return self.signal.failure is not None or self.next > self._done() + self.step
+
+    def requeue(self) -> None:
+        """After a pass (:func:`pass_frames`): the frames not signalled are queued again."""
+        if self.signal.failure is None:
+            self.next = self._done() + self.step
+
+    def release(self) -> None:
+        for o in self.held:
+            try:
+                o.release()
+            except Exception:
+                pass
+        self.held = []
+
+
+def pass_frames(group: list[Armed], restore: bool) -> None:
+    """Let every frame queued by ``group`` (the armed slots of one graph: one host word) pass
+    without effect: their cancel flags set, the host word exchanged for a value past every
+    frame, their streams drained (each frame's gate is -1: nothing committed or signalled);
+    then (``restore``) the host word put back unless the host stored a newer frame meanwhile,
+    and the flags cleared.  All of a graph's slots at once: a frame passing the host word
+    while its flag is clear could run before the host wrote it."""
+    if not group:
+        return
+    peer, a0 = group[0].loop.peer, group[0]
+    for a in group:
+        a.cancel[0] = 1
+    peer.k_xchg64((1,), (1,), (np.uint64(a0.word), np.uint64(Armed.PAST), a0.old), stream=a0.side)
+    a0.side.synchronize()
+    for a in group:
+        a.stream.synchronize()
+    if restore:
+        peer.k_cas64((1,), (1,), (np.uint64(a0.word), np.uint64(Armed.PAST), a0.old), stream=a0.side)
+        a0.side.synchronize()
+        for a in group:
+            a.cancel[0] = 0

@@ -40,7 +40,8 @@ Hostile packets: the CPU agents' rule (``hle_agent_run``'s contract in
 waits or runs (gpucp.cu's header comment says how): a bad signal, input or argument block fails
 the packet alone with ERROR and the follow-ups' signals (nested ones too); follow-ups into a
 full queue wait 1 s at most (never for the processor's own queue); chains through its own queue
-are cut after 64 hops.  Signals are 16-byte CASes over a slot's {word, ctl} on sm_90
+are cut after ``HLE_AGENT_HOP_LIMIT`` (64) hops, the CPU agents' limit (:data:`LIMITS`).
+Signals are 16-byte CASes over a slot's {word, ctl} on sm_90
 (``HL_CP_CAS128=0`` in the environment compiles word-only CASes).
 
 ERT packets run as on the emulated NPU: START_CU / START_NPU on the CU their
@@ -67,7 +68,18 @@ from ..domain import Domain
 from ..errors import HostlessError
 from ..queue import Queue
 
-__all__ = ["GpuCommandProcessor", "GPUCP_KERNEL_NAMES", "CTL_FIELDS", "read_ctl", "stats", "compile_cubin"]
+__all__ = [
+    "GpuCommandProcessor",
+    "GPUCP_KERNEL_NAMES",
+    "CTL_FIELDS",
+    "CU_PARTS",
+    "LIMITS",
+    "read_ctl",
+    "stats",
+    "compile_cubin",
+    "nvrtc_options",
+    "source",
+]
 
 GPUCP_KERNEL_NAMES = ("copy", "add", "scale", "relu", "gemm", "sum", "softmax", "normalize")
 CTL_FIELDS = (
@@ -127,23 +139,60 @@ def _ok(res: Any, what: str) -> Any:
     return vals[0] if len(vals) == 1 else tuple(vals)
 
 
+CU_PARTS = ("gpucp.cu", "gpucp_decode.cu", "gpucp_sync.cu", "gpucp_front.cu")
+"""The processor's CUDA source files (beside this module), in the order NVRTC reads them: one
+program, the files concatenated (gpucp.cu: the header comment, constants and workers;
+gpucp_decode.cu: reading slots, buffers and argument blocks; gpucp_sync.cu: waits, signals,
+failure passing and queue pushes; gpucp_front.cu: the front end's loop and the kernel)."""
+
+
+def source() -> bytes:
+    """The CUDA source NVRTC compiles: the files of :data:`CU_PARTS`, concatenated."""
+    here = os.path.dirname(__file__)
+    parts = []
+    for name in CU_PARTS:
+        with open(os.path.join(here, name), "rb") as f:
+            parts.append(f.read())
+    return b"".join(parts)
+
+
+LIMITS = {
+    "HL_CP_HOP_LIMIT": int(C.AGENT_HOP_LIMIT),
+    "HL_CP_FAIL_DEPTH": int(C.AGENT_FAIL_DEPTH),
+    "HL_CP_FAIL_BUDGET": int(C.AGENT_FAIL_BUDGET),
+}
+"""The CPU agents' limits (hostless_engine.h's ``HLE_AGENT_HOP_LIMIT``, ``_FAIL_DEPTH``,
+``_FAIL_BUDGET``, through the extension's constant table) under the names gpucp.cu uses: NVRTC
+cannot include the engine header, so :func:`nvrtc_options` passes them as ``-D`` options (the
+source stops with ``#error`` without them)."""
+
+
+def nvrtc_options(arch: str) -> list[bytes]:
+    """NVRTC's options for :func:`source` on a GPU of architecture ``arch`` (``"sm_90"``): the
+    public headers' folder, C++14, the architecture, :data:`LIMITS` as ``-D`` options, and
+    ``-DHL_CP_CAS128=0`` when ``HL_CP_CAS128=0`` is in the environment."""
+    from .._abi import abi_header_path
+
+    inc = os.path.dirname(abi_header_path())
+    opts = [f"-I{inc}", "--std=c++14", f"--gpu-architecture={arch}"]
+    opts += [f"-D{name}={value}" for name, value in LIMITS.items()]
+    if os.environ.get("HL_CP_CAS128") == "0":  # a host without 128-bit PCIe atomics: word-only CASes
+        opts.append("-DHL_CP_CAS128=0")
+    return [o.encode() for o in opts]
+
+
 def compile_cubin(device: int) -> bytes:
     """gpucp.cu compiled by NVRTC for the device's architecture (a cubin)."""
     from cuda.bindings import driver as cu
     from cuda.bindings import nvrtc
 
-    from .._abi import abi_header_path
-
     dev = _ok(cu.cuDeviceGet(device), "cuDeviceGet")
     attr = cu.CUdevice_attribute
     major = _ok(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "attribute")
     minor = _ok(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "attribute")
-    src = open(os.path.join(os.path.dirname(__file__), "gpucp.cu"), "rb").read()
-    inc = os.path.dirname(abi_header_path())
+    src = source()
     prog = _ok(nvrtc.nvrtcCreateProgram(src, b"gpucp.cu", 0, [], []), "nvrtcCreateProgram")
-    opts = [f"-I{inc}".encode(), b"--std=c++14", f"--gpu-architecture=sm_{major}{minor}".encode()]
-    if os.environ.get("HL_CP_CAS128") == "0":  # a host without 128-bit PCIe atomics: word-only CASes
-        opts.append(b"-DHL_CP_CAS128=0")
+    opts = nvrtc_options(f"sm_{major}{minor}")
     try:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if int(err) != 0:

@@ -89,6 +89,9 @@ class AgentSpec:
     """It runs Python: kernels given as ``user_kernels``."""
     stage_functions: bool = False
     """It runs Python stage functions (``Agent.load_function``, through the private channel)."""
+    gpu_functions: bool = False
+    """It runs GPU stage functions taking PyTorch tensors or CuPy arrays, captured as CUDA graphs
+    (``Agent.load_segment``, through the private channel; :mod:`hostless.agents.gpufn`)."""
     gpu: bool = False
     """Its engine is a GPU (``device=N``): it reads memory on "cuda:N"."""
     resident: bool = False
@@ -280,7 +283,14 @@ SPECS: dict[str, AgentSpec] = {
         AgentSpec("cpu-exe", "cpu", _cpu_names, "exe", python=False, options=_EXE),
         AgentSpec("npu-exe", "npu", _npu_names, "exe", ert=True, python=False, options=_EXE),
         AgentSpec(
-            "cuda", "cuda", _cuda_names, False, gpu=True, stage_copy_flag=True, options=_COMMON | {"device"}
+            "cuda",
+            "cuda",
+            _cuda_names,
+            False,
+            gpu=True,
+            gpu_functions=True,
+            stage_copy_flag=True,
+            options=_COMMON | {"device"},
         ),
         AgentSpec(
             "gpucp",

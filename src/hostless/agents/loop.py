@@ -181,6 +181,8 @@ class AgentLoop:
         self.wait_timeout = wait_timeout
         self.follow_timeout = follow_timeout
         self.stale_below = 0
+        self.pop_timeout_ns = 50_000_000
+        """How long an idle loop sleeps on its doorbell before it looks again (service, parent)."""
         """Packets below this index were queued for the dead consumer this agent replaced
         (what :meth:`Queue.bind` returned): they fail unrun, with OWNER_DIED."""
         self.failures = 0  # packets failed and follow-ups dropped (statistics)
@@ -193,7 +195,9 @@ class AgentLoop:
         q = self.queue
         idle = 0
         while self.running:
-            r = q.pop_raw(50_000_000, self.spin_ns)  # 50 ms bounded wait after the spin
+            self.service()
+            # a bounded wait after the spin (both at most pop_timeout_ns: service() runs that often)
+            r = q.pop_raw(self.pop_timeout_ns, min(self.spin_ns, self.pop_timeout_ns))
             if r is None:
                 idle += 1
                 if os.getppid() != self.parent:
@@ -223,6 +227,10 @@ class AgentLoop:
     def execute(self, idx: int, pkt: Packet) -> None:
         """Run packet ``idx`` of the queue (a subclass's); never raises for a bad packet."""
         raise NotImplementedError
+
+    def service(self) -> None:
+        """Between packets (and at least every 50 ms when idle): the loop thread's other work
+        (a subclass's: the cuda agent serves its spawner's load requests here)."""
 
     def check(self, pkt: Packet) -> None:
         """Validate the packet's type, signal and waits before anything runs (BadPacket)."""

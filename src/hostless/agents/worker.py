@@ -12,7 +12,8 @@ when the spawner dies (PR_SET_PDEATHSIG plus the loop's parent checks).  User
 kernels are given as ``--user ID=module:function``.  A cpu agent gets
 ``--control FD``: its end of the spawner's private load channel
 (:mod:`hostless.agents.control`), served by a thread; stage functions reach
-the agent only through it.
+the agent only through it (a cuda agent gets one too: its GPU stage functions,
+:mod:`hostless.agents.gpufn`).
 """
 
 from __future__ import annotations
@@ -106,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
             loop = CudaLoop(dom, q, user, a.parent, a.device, wait_timeout, follow_timeout)
             loop.spin_ns = int(max(0.0, a.spin) * 1e9)
             loop.stale_below = stale_below
+            if control is not None:  # GPU stage functions: loaded and captured in the loop's thread
+                from .control import serve
+
+                t = threading.Thread(target=serve, args=(control, loop), name="hostless-load", daemon=True)
+                t.start()
             try:
                 loop.run()
             finally:

@@ -69,7 +69,7 @@ PyObject *hlpy_exc(int code);
 PyObject *hlpy_status_obj(uint64_t s);
 /* The status a wait on timeline `h` returns for its word `w`: SUCCESS, or its
  * failure; a word no conforming participant writes is CorruptDomain. */
-PyObject *hlpy_timeline_status(uint64_t h, uint64_t w);
+PyObject *hlpy_timeline_status(hle_ctx *c, uint64_t h, uint64_t value, uint64_t w);
 int hlpy_set_status(PyObject *cls, PyObject *map);
 Handle *hlpy_handle_make(PyTypeObject *cls, Core *c, PyObject *dom, uint64_t h);
 int hlpy_set_layout(Handle *b, const char *fmt, Py_ssize_t itemsize, PyObject *shape, Py_ssize_t len);

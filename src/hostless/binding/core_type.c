@@ -158,6 +158,22 @@ static PyObject *Core_aux(Core *c, PyObject *arg) {
     return PyLong_FromUnsignedLongLong(w);
 }
 
+/* point_status(handle, value, word) -> int: hle_point_status (a timeline we hold) */
+static PyObject *Core_point_status(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ATTACHED(c);
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "point_status(handle, value, word)");
+        return NULL;
+    }
+    uint64_t h = PyLong_AsUnsignedLongLong(args[0]), v = PyLong_AsUnsignedLongLong(args[1]),
+             w = PyLong_AsUnsignedLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    uint32_t s;
+    int r = hle_point_status(&c->ctx, h, v, w, &s);
+    if (r) return hlpy_raise(r);
+    return PyLong_FromUnsignedLong(s);
+}
+
 static PyObject *Core_tl_fail(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     NEED_ATTACHED(c);
     if (nargs != 2) {
@@ -601,6 +617,7 @@ static PyMethodDef Core_methods[] = {
     {"signal", FAST(Core_signal), NULL},
     {"word", (PyCFunction)Core_word, METH_O, NULL},
     {"aux", (PyCFunction)Core_aux, METH_O, NULL},
+    {"point_status", FAST(Core_point_status), NULL},
     {"tl_fail", FAST(Core_tl_fail), NULL},
     {"wait_any", (PyCFunction)Core_wait_any, METH_VARARGS, NULL},
     {"kick", (PyCFunction)Core_kick, METH_NOARGS, NULL},

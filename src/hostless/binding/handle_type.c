@@ -30,15 +30,24 @@ int hlpy_set_status(PyObject *cls, PyObject *map) {
 
 
 
-PyObject *hlpy_timeline_status(uint64_t h, uint64_t w) {
-    if ((w & HL_TIMELINE_FAILED) ? (w & ~HL_TIMELINE_FAILED) > 0xffffffffull || (w & 0xffffffffull) == HL_STATUS_SUCCESS
+/* What a wait for point `value` of timeline h returns, given the word w it
+ * read: SUCCESS, also for a point reached before a failure (hle_point_status),
+ * or the failure; CorruptDomain for a word no participant writes. */
+PyObject *hlpy_timeline_status(hle_ctx *c, uint64_t h, uint64_t value, uint64_t w) {
+    if ((w & HL_TIMELINE_FAILED) ? (w & ~HL_TIMELINE_FAILED) > 0xffffffffull || (w & 0xffffffffull) == HL_STATUS_SUCCESS ||
+                                       !hl_status_valid(w & 0xffffffffull)
                                  : w > HL_TIMELINE_MAX) {
         hle_fail(HL_E_CORRUPT,
                  "timeline 0x%llx holds an invalid word 0x%llx (written by a buggy or hostile participant)",
                  (unsigned long long)h, (unsigned long long)w);
         return hlpy_raise(HL_E_CORRUPT);
     }
-    return hlpy_status_obj(w & HL_TIMELINE_FAILED ? (w & 0xffffffffull) : HL_STATUS_SUCCESS);
+    uint32_t s = HL_STATUS_SUCCESS;
+    if (w & HL_TIMELINE_FAILED) {
+        int r = hle_point_status(c, h, value, w, &s);
+        if (r) return hlpy_raise(r);
+    }
+    return hlpy_status_obj(s);
 }
 
 PyObject *hlpy_status_obj(uint64_t s) {
@@ -297,7 +306,7 @@ static PyObject *Handle_timeline_wait(Handle *o, PyObject *const *args, Py_ssize
         return hlpy_raise(HL_E_TIMEOUT);
     }
     if (r) return hlpy_raise(r);
-    return hlpy_timeline_status(o->handle, w);
+    return hlpy_timeline_status(&o->core->ctx, o->handle, v, w);
 }
 
 static int Handle_traverse(Handle *b, visitproc visit, void *arg) {

@@ -182,7 +182,8 @@ static PyObject *py_wait_any(PyObject *m, PyObject *const *args, Py_ssize_t narg
     }
     if (r) return hlpy_raise(r);
     /* a fence's status; a timeline's failure or SUCCESS (as Timeline.wait) */
-    PyObject *st = HL_HANDLE_KIND(hs[idx]) == HL_KIND_TIMELINE ? hlpy_timeline_status(hs[idx], w) : hlpy_status_obj(w);
+    PyObject *st = HL_HANDLE_KIND(hs[idx]) == HL_KIND_TIMELINE ? hlpy_timeline_status(&c->ctx, hs[idx], vs[idx], w)
+                                                               : hlpy_status_obj(w);
     if (!st) {
         Py_DECREF(obj);
         return NULL;

@@ -243,6 +243,9 @@ static uint64_t wait_inputs(struct agent *a, const struct hl_packet *p) {
             }
         }
         uint64_t s = hl_input_status(h, w); /* ERROR for a final word that is no status */
+        uint32_t ps;
+        if (tl && s != HL_STATUS_SUCCESS && hle_point_status(a->c, h, thr, w, &ps) == HL_OK)
+            s = ps; /* reached before the failure: SUCCESS (ABI 6) */
         if (s != HL_STATUS_SUCCESS) return s;
     }
     return HL_STATUS_SUCCESS;

@@ -342,7 +342,7 @@ int hle_leave(hle_ctx *c) {
         uint64_t claimed = HL_PCTL(HL_PCTL_INC(pc), (uint32_t)me, HL_PART_RECOVERING);
         if (cas(&c->parts[me].ctl, &pc, claimed)) {
             tok = hle_unlock(c);
-            hle_recover_participant(c, me, claimed);
+            hle_recover_participant(c, me, claimed, HL_STATUS_OWNER_LEFT); /* leaving is not dying */
             hle_relock(c, tok);
         }
         hle_drop_lock(c->fd, me);

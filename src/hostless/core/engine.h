@@ -16,7 +16,7 @@
  * is dead.
  *
  * The write rule (hostless.h, "THE WRITE RULE"; explored by
- * tests/protocol_model.py): a participant writes a slot's fields only
+ * tests/model/protocol_model.py): a participant writes a slot's fields only
  *   (a) while it holds a reference to that object (its bit in refs; during
  *       recovery of a dead participant d, d's bit, which only d's one
  *       recoverer may use: it holds d's liveness lock while it recovers), or
@@ -232,8 +232,9 @@ uint64_t hle_alloc_publish(hle_ctx *c, uint32_t idx, uint32_t kind, uint32_t gen
 void hle_alloc_abort(hle_ctx *c, uint32_t idx, uint32_t kind, uint32_t gen);
 /* begin + publish; returns the index or -1 (table full). */
 int hle_alloc_slot(hle_ctx *c, uint32_t kind, uint32_t owner, uint32_t mask, uint64_t *handle_out);
-/* Complete a slot we hold with OWNER_DIED when still ACTIVE (write rule (a)). */
-void hle_fail_owned(hle_ctx *c, uint32_t idx);
+/* Complete a slot we hold with `status` (OWNER_DIED after a death, OWNER_LEFT
+ * after a clean leave) when still ACTIVE (write rule (a)). */
+void hle_fail_owned(hle_ctx *c, uint32_t idx, uint32_t status);
 /* Fail a new object whose named owner is no longer that live incarnation. */
 void hle_owner_recheck(hle_ctx *c, uint32_t idx, uint32_t owner);
 /* Fail a timeline we hold with a failure status.  HL_OK; HL_E_CLOSED;
@@ -311,8 +312,10 @@ int hle_owner_alive(hle_ctx *c, uint64_t o);
 
 /* ---- recovery (recovery.c) ---- */
 /* Recover participant d whose ctl we moved to RECOVERING(us) holding d's
- * liveness lock.  Returns 1 when d's slot is FREE again, 0 to retry later. */
-int hle_recover_participant(hle_ctx *c, int d, uint64_t pctl);
+ * liveness lock; what d owned fails with `status` (OWNER_DIED; OWNER_LEFT when
+ * d is ourselves, leaving).  Returns 1 when d's slot is FREE again, 0 to retry
+ * later (a later reap then finishes it with OWNER_DIED). */
+int hle_recover_participant(hle_ctx *c, int d, uint64_t pctl, uint32_t status);
 /* Check every participant and recover the dead ones (see hostless_engine.h
  * hle_reap, which adds the sweep); returns the count written into out. */
 int hle_reap_all(hle_ctx *c, uint64_t *out, int outcap);
@@ -321,7 +324,7 @@ void hle_start_watchdog(hle_ctx *c, uint64_t interval_ns);
 void hle_stop_watchdog(hle_ctx *c);
 /* Skip the cells a dead producer d reserved (failing their signal fences) and
  * unbind d as consumer of queue slot idx (pinned by the caller). */
-void hle_recover_queue(hle_ctx *c, uint32_t idx, uint64_t ctl, int d, uint32_t dinc);
+void hle_recover_queue(hle_ctx *c, uint32_t idx, uint64_t ctl, int d, uint32_t dinc, uint32_t status);
 /* Pin slot idx (read as LIVE ctl) with bit: 1 pinned, 0 another object, -1 retry later. */
 int hle_pin(hle_ctx *c, uint32_t idx, uint64_t ctl, uint64_t bit, uint32_t actor);
 

@@ -205,7 +205,9 @@ static int run_ops(hle_ctx *c, const struct hle_frame *f, uint64_t frame, int64_
         switch (o->type) {
         case HLE_FOP_STORE:
             if ((r = recheck(c, i, o))) return r;
-            __atomic_store_n((uint64_t *)(c->base + o->dst_off), frame, __ATOMIC_RELAXED);
+            /* release: a reader that sees the frame number sees what the frame wrote before
+             * (the inputs: an armed GPU segment waits on such a word) */
+            __atomic_store_n((uint64_t *)(c->base + o->dst_off), frame, __ATOMIC_RELEASE);
             break;
         case HLE_FOP_COPY:
             if ((r = recheck(c, i, o))) return r;

@@ -133,7 +133,7 @@ static uint64_t *watch_field(struct hl_fence *f, uint32_t kind) {
     return kind == HL_KIND_TIMELINE ? &f->parents[0] : kind == HL_KIND_FENCE ? &f->err : NULL;
 }
 
-/* Test-only switches (tests/test_watch_kills.py), compiled only into the test
+/* Test-only switches (tests/stress/test_watch_kills.py), compiled only into the test
  * build (HOSTLESS_TEST_HOOKS), each read once from the environment; unset,
  * they cost a load:
  *   HOSTLESS_TEST_KILL_AT=watch-published: SIGKILL between publishing a watch
@@ -312,7 +312,7 @@ void hle_watch_eval(hle_ctx *c, uint32_t idx) {
         uint32_t kind = HL_HANDLE_KIND(h);
         uint64_t s;
         for (int tries = 0;; tries++) {
-            uint64_t t1 = ld(&tf->ctl), tw = ld(&tf->word), t2 = ld(&tf->ctl);
+            uint64_t t1 = ld(&tf->ctl), tw = ld(&tf->word), ta = ld(&tf->aux), t2 = ld(&tf->ctl);
             if (t1 != t2) {
                 if (tries < 8) continue;
                 return; /* moving: the next evaluation decides */
@@ -324,7 +324,8 @@ void hle_watch_eval(hle_ctx *c, uint32_t idx) {
             } else if (tw < thr) {
                 return;
             } else if (kind == HL_KIND_TIMELINE) {
-                s = (tw & HL_TIMELINE_FAILED) ? (uint32_t)tw : HL_STATUS_SUCCESS;
+                /* a point reached before the failure stays reached (ABI 6; aux read after the word) */
+                s = (tw & HL_TIMELINE_FAILED) && !(ta >= thr && ta <= HL_TIMELINE_MAX) ? (uint32_t)tw : HL_STATUS_SUCCESS;
             } else {
                 s = tw;
             }

@@ -88,7 +88,7 @@ void hle_drop_ref(hle_ctx *c, uint32_t idx, uint64_t bit, uint32_t actor) {
     for (;;) {
         /* refs read between two reads of ctl: a mask read before another
          * object's initialisation must not meet that object's LIVE ctl (the
-         * protocol model found a leak that way: tests/protocol_model.py) */
+         * protocol model found a leak that way: tests/model/protocol_model.py) */
         uint64_t ctl = ld(&f->ctl);
         uint64_t m = ld(&f->refs);
         if (ld(&f->ctl) != ctl) continue;
@@ -170,19 +170,20 @@ int hle_alloc_slot(hle_ctx *c, uint32_t kind, uint32_t owner, uint32_t mask, uin
     return idx;
 }
 
-/* Complete slot idx with OWNER_DIED when it is still ACTIVE: a fence's word
- * CAS 0 -> OWNER_DIED (then its merged parents are told), a timeline fails.
+/* Complete slot idx with `status` (OWNER_DIED, OWNER_LEFT) when it is still
+ * ACTIVE: a fence's word CAS 0 -> status (then its merged parents are told),
+ * a timeline fails (its points reached stay SUCCESS: hl_timeline_fail).
  * The caller holds the slot (its own bit, or the dead participant's bit that
  * its recovery pinned): write rule (a). */
-void hle_fail_owned(hle_ctx *c, uint32_t idx) {
+void hle_fail_owned(hle_ctx *c, uint32_t idx, uint32_t status) {
     struct hl_fence *f = slot(c, idx);
     uint32_t k = HL_CTL_KIND(ld(&f->ctl));
     if (k == HL_KIND_TIMELINE) {
-        hl_timeline_fail(f, HL_STATUS_OWNER_DIED, NULL);
+        hl_timeline_fail(f, status, NULL);
         hle_watch_notify(c, idx);
     } else if (k == HL_KIND_FENCE) {
         uint64_t z = 0;
-        if (cas(&f->word, &z, HL_STATUS_OWNER_DIED)) hl_wake_fence(f);
+        if (cas(&f->word, &z, status)) hl_wake_fence(f);
         hle_propagate(c, idx, 0);
         hle_watch_notify(c, idx);
     }
@@ -197,7 +198,7 @@ void hle_owner_recheck(hle_ctx *c, uint32_t idx, uint32_t owner) {
     uint64_t pc = ld(&c->parts[oi].ctl);
     if (HL_PCTL_STATE(pc) == HL_PART_ALIVE && (HL_PCTL_INC(pc) & 0xffffffu) == HL_OWNER_INC(owner)) return;
     /* we hold the slot (we just created it): write rule (a) */
-    hle_fail_owned(c, idx);
+    hle_fail_owned(c, idx, HL_STATUS_OWNER_DIED);
 }
 
 /* ------------------------------------------------------------------ */
@@ -339,6 +340,14 @@ int hle_word(hle_ctx *c, uint64_t h, uint64_t *out) {
         w = ld(&f->word);
     }
     *out = w;
+    return HL_OK;
+}
+
+/* Contract in hostless_engine.h. */
+int hle_point_status(hle_ctx *c, uint64_t h, uint64_t value, uint64_t word, uint32_t *status) {
+    int64_t idx = hle_check_handle(c, h, HL_KIND_TIMELINE, 1);
+    if (idx < 0) return (int)idx;
+    *status = hl_point_status(slot(c, (uint32_t)idx), word, value);
     return HL_OK;
 }
 

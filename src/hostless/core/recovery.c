@@ -1,7 +1,7 @@
 /*
  * recovery.c -- recovering a dead participant: its ALLOC slots are freed, its
  * DYING slots finished or rolled back, the fences and timelines it owned fail
- * with OWNER_DIED, its references are dropped, its queue cells skipped and
+ * with OWNER_DIED (OWNER_LEFT when a participant recovers itself as it leaves), its references are dropped, its queue cells skipped and
  * its queues unbound, a heap or device-heap lock it held broken; then its slot is FREE.  Any
  * live participant (joined or not) does it, one at a time per dead
  * participant (its liveness lock), idempotently.  And the watchdog thread
@@ -58,7 +58,7 @@ int hle_pin(hle_ctx *c, uint32_t idx, uint64_t ctl, uint64_t bit, uint32_t actor
 /* Cells a dead producer reserved become SKIP (their signal fence, when it is
  * a valid one, gets OWNER_DIED); a dead consumer is unbound.  The queue slot
  * is pinned by the caller. */
-void hle_recover_queue(hle_ctx *c, uint32_t idx, uint64_t ctl, int d, uint32_t dinc) {
+void hle_recover_queue(hle_ctx *c, uint32_t idx, uint64_t ctl, int d, uint32_t dinc, uint32_t status) {
     uint64_t qh = HL_HANDLE(c->tag, HL_KIND_QUEUE, HL_CTL_GEN(ctl), idx);
     struct hl_qview v;
     uint64_t dbit = 1ull << d;
@@ -81,7 +81,7 @@ void hle_recover_queue(hle_ctx *c, uint32_t idx, uint64_t ctl, int d, uint32_t d
             uint64_t sctl = ld(&sf->ctl);
             /* the packet's signal fence is not ours: pin it with d's bit first */
             if (hl_fence_matches(sf, sig) && hle_pin(c, si, sctl, dbit, (uint32_t)d) == 1) {
-                hle_fail_owned(c, si);
+                hle_fail_owned(c, si, status);
                 hle_drop_ref(c, si, dbit, (uint32_t)d);
             }
         }
@@ -103,18 +103,18 @@ void hle_recover_queue(hle_ctx *c, uint32_t idx, uint64_t ctl, int d, uint32_t d
  * to use).  Idempotent: a recoverer that dies releases the lock and the next
  * one repeats everything.  Returns 1 when d's slot is FREE again, 0 when
  * something must be retried later (the slot stays RECOVERING). */
-static int hle_recover_participant_(hle_ctx *c, int d, uint64_t pctl);
-int hle_recover_participant(hle_ctx *c, int d, uint64_t pctl) {
+static int hle_recover_participant_(hle_ctx *c, int d, uint64_t pctl, uint32_t status);
+int hle_recover_participant(hle_ctx *c, int d, uint64_t pctl, uint32_t status) {
     hle_tls_rec = d;
     hle_tls_deferred = 0;
     tls_waited = 0;
     hle_tls_rec_inc = HL_PCTL_INC(pctl) & 0xffffffu;
-    int r = hle_recover_participant_(c, d, pctl);
+    int r = hle_recover_participant_(c, d, pctl, status);
     hle_tls_rec = -1;
     return r;
 }
 
-static int hle_recover_participant_(hle_ctx *c, int d, uint64_t pctl) {
+static int hle_recover_participant_(hle_ctx *c, int d, uint64_t pctl, uint32_t status) {
     uint64_t dbit = 1ull << d;
     uint32_t dinc = HL_PCTL_INC(pctl) & 0xffffffu;
     uint32_t actor = (uint32_t)d; /* the dead participant's releases are finished in its name */
@@ -172,8 +172,8 @@ static int hle_recover_participant_(hle_ctx *c, int d, uint64_t pctl) {
             if (r <= 0) continue; /* another object now, or retry later */
             /* pinned: owner and queue now belong to this object for sure */
             o = __atomic_load_n(&f->owner, __ATOMIC_SEQ_CST);
-            if (owned && o && HL_OWNER_INDEX(o) == d && HL_OWNER_INC(o) == dinc) hle_fail_owned(c, i);
-            if (k == HL_KIND_QUEUE) hle_recover_queue(c, i, ctl, d, dinc);
+            if (owned && o && HL_OWNER_INDEX(o) == d && HL_OWNER_INC(o) == dinc) hle_fail_owned(c, i, status);
+            if (k == HL_KIND_QUEUE) hle_recover_queue(c, i, ctl, d, dinc, status);
             hle_drop_ref(c, i, dbit, actor); /* our pin, and d's own reference if it had one */
         } else if (ld(&f->refs) & dbit) {
             hle_drop_ref(c, i, dbit, actor);
@@ -244,7 +244,7 @@ static int hle_reap_all_locked(hle_ctx *c, uint64_t *out, int outcap) {
             /* recoverer field: who recovers (255: a process that has not joined yet) */
             uint64_t claimed = HL_PCTL(HL_PCTL_INC(pc), (uint32_t)(c->me >= 0 ? c->me : 255), HL_PART_RECOVERING);
             uint64_t e = pc;
-            if ((pc == claimed || cas(&c->parts[i].ctl, &e, claimed)) && hle_recover_participant(c, i, claimed)) {
+            if ((pc == claimed || cas(&c->parts[i].ctl, &e, claimed)) && hle_recover_participant(c, i, claimed, HL_STATUS_OWNER_DIED)) {
                 /* counted here, not in recover_participant: a clean leave is no recovery */
                 __atomic_add_fetch(&c->h->epoch, 1, __ATOMIC_SEQ_CST);
                 __atomic_add_fetch(&c->h->stats_recovered, 1, __ATOMIC_SEQ_CST);

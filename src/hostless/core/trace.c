@@ -18,7 +18,7 @@ void hle_trace_emit_at(hle_ctx *c, uint64_t ts, uint32_t type, uint64_t a, uint6
     __atomic_store_n(&ev->seq, 0, __ATOMIC_RELAXED);
     ev->ts_ns = ts;
     ev->type = type;
-    ev->participant = (uint32_t)c->me;
+    ev->participant = c->me >= 0 ? HL_OWNER(c->inc, (uint32_t)c->me) : 0; /* who: a track per participant (ABI 6) */
     ev->a = a;
     ev->b = b;
     ev->c = cc;

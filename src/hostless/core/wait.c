@@ -145,6 +145,7 @@ int hle_wait(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int64_t spin
     BUSY_LEAVE(c);
     hle_relock(c, tok);
     *out = x.w;
+    if (r == HL_OK && c->trace) hle_trace_emit(c, HL_EV_WAIT, h, thr, t0, x.w, 0); /* a wait that waited: a span */
     if (r == HL_E_CLOSED) return hle_closed_error(c, "the domain was closed during the wait");
     return r;
 }
@@ -164,10 +165,12 @@ int hle_wait_unlocked(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int
     }
     struct word_wait x = {c, f, HL_HANDLE_KIND(h) == HL_KIND_TIMELINE ? &f->wake : (uint32_t *)&f->word, thr, w,
                           HL_HANDLE_KIND(h) == HL_KIND_MERGED};
-    struct hle_waiter wt = {word_poll, word_sleep, NULL, &x, now_ns(), timeout, spin > 0 ? (uint64_t)spin : 0, 0,
+    uint64_t t0 = now_ns();
+    struct hle_waiter wt = {word_poll, word_sleep, NULL, &x, t0, timeout, spin > 0 ? (uint64_t)spin : 0, 0,
                             interruptible};
     int r = hle_wait_loop(c, &wt, tok);
     *out = x.w;
+    if (r == HL_OK && c->trace) hle_trace_emit(c, HL_EV_WAIT, h, thr, t0, x.w, 0);
     if (r == HL_E_CLOSED) return hle_closed_error(c, "the domain was closed during the wait");
     return r;
 }

@@ -1,5 +1,5 @@
 """The tools' commands of the ``hostless`` CLI, registered as entry points of the group
-``hostless.commands`` (tools/pyproject.toml): ``hostless bench fences|buffers|pipeline``,
+``hostless.commands`` (tools/pyproject.toml): ``hostless bench fences|buffers|channel|pipeline``,
 ``hostless chaos`` and ``hostless fuzz``.  Each ``add_*`` adds its parser to the CLI's
 subcommands; the modules behind it are imported when the command runs.
 """
@@ -64,6 +64,17 @@ def cmd_bench_buffers(args: argparse.Namespace) -> int:
     if args.no_pin:
         cfg.pin = False
     return _report(buffers, buffers.run(cfg), args)
+
+
+def cmd_bench_channel(args: argparse.Namespace) -> int:
+    from hostless_tools.bench import channel
+
+    cfg = channel.ChannelBenchConfig.quick_config() if args.quick else channel.ChannelBenchConfig()
+    if args.no_pin:
+        cfg.pin = False
+    if args.no_iceoryx2:
+        cfg.iceoryx2 = False
+    return _report(channel, channel.run(cfg, progress=print), args)
 
 
 def cmd_bench_pipeline(args: argparse.Namespace) -> int:
@@ -187,6 +198,16 @@ def add_bench(sub: Any) -> None:
         cmd_bench_buffers,
     )
     bb.add_argument("--max-size", default=None, metavar="SIZE", help="largest size (default 1G, --quick 64M)")
+    bc = _bench_parser(
+        bsub,
+        "channel",
+        "channels (one publisher, 1 and 4 subscriber processes; 64 B and 1080p) vs iceoryx2's "
+        "Python publish-subscribe: latency, throughput, CPU per frame",
+        "a smoke run (few frames, one round)",
+        "do not pin the publisher and subscribers to CPUs",
+        cmd_bench_channel,
+    )
+    bc.add_argument("--no-iceoryx2", action="store_true", help="skip iceoryx2 even when it is importable")
     bp = _bench_parser(
         bsub,
         "pipeline",

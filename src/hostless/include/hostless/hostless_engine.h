@@ -73,7 +73,8 @@ int hle_attach(hle_ctx *c, int fd, const struct hle_init *init, const char *labe
 
 /* Leave: wait for this process's threads to leave their GIL-free loops, stop
  * the watchdog, recover ourselves (every reference dropped, owned ACTIVE
- * fences become OWNER_DIED), free our slot, unlock, unmap, close the fd.
+ * fences become OWNER_LEFT and owned timelines fail with OWNER_LEFT: leaving
+ * is not dying, ABI 6), free our slot, unlock, unmap, close the fd.
  * Always HL_OK (a detached context is left as it is). */
 int hle_leave(hle_ctx *c);
 
@@ -114,6 +115,12 @@ int hle_timeline_signal(hle_ctx *c, uint64_t handle, uint64_t value);
  * HL_E_CLOSED (the domain was closed during the wait); HL_E_CORRUPT (the file
  * was truncated); HL_E_HANDLE; HL_E_INTR (the interrupt hook said stop). */
 int hle_wait(hle_ctx *c, uint64_t handle, uint64_t threshold, int64_t timeout_ns, int64_t spin_ns, uint64_t *word);
+
+/* The status a wait for point `value` of a timeline we hold ends with, given
+ * the word it returned (hl_point_status): SUCCESS when the value was reached,
+ * also before a failure (a point reached stays reached, ABI 6), else the
+ * failure's status.  Returns HL_OK with *status; HL_E_CLOSED; HL_E_HANDLE. */
+int hle_point_status(hle_ctx *c, uint64_t handle, uint64_t value, uint64_t word, uint32_t *status);
 
 /* Check every other participant; recover the dead ones (their fences and
  * timelines fail with OWNER_DIED, their references are dropped, their queue
@@ -310,8 +317,9 @@ void hle_agent_default_table(const struct hle_agent_cfg *cfg, uint32_t *present,
  * What a host does per frame of a prepared pipeline (hostless.graph), as a
  * list of ops run in order in one call, with one unlock of the caller's lock:
  *   STORE  handle = a buffer, arg = a byte offset in it (8-aligned): the u64
- *          there becomes the frame number (a follow-up packet's value inside
- *          an argument block);
+ *          there becomes the frame number, a release store (a follow-up
+ *          packet's value inside an argument block; the word an armed GPU
+ *          segment waits on, after the inputs the frame wrote);
  *   PUSH   handle = a queue, packet = a prepared packet whose u64 words
  *          selected by mask (only signal_value, wait_value[0], wait_value[1])
  *          become the frame number; pushed as hle_queue_push (timeout_ns);

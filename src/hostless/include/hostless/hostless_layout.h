@@ -16,7 +16,7 @@
  * ------------------------------------------------------------------------
  * Layout (all offsets from the start of the mapping, all little-endian):
  *
- *   [0, 4096)            struct hl_header
+ *   [0, 16384)           struct hl_header (the name table in [1024, 16384))
  *   participants_offset  participant_capacity x struct hl_participant (128 B)
  *   fences_offset        fence_capacity x struct hl_fence (64 B, one cache line)
  *   queues_offset        queues_size bytes (reserved for command queues)
@@ -43,7 +43,11 @@
  *                  timeline holds HL_TIMELINE_FAILED | status: larger than
  *                  every legal value, so every ">= v" waiter wakes, also with
  *                  CUDA's cyclic GEQ ((int64)(word - v) >= 0) since the
- *                  distance stays below 2^63.
+ *                  distance stays below 2^63.  A point reached stays reached
+ *                  (ABI 6): every failer first raises aux to the value it
+ *                  fails from (a max-CAS: aux only grows), so a waiter that
+ *                  sees the failure reads aux and reports SUCCESS for a point
+ *                  <= aux (hl_point_status, hostless_ops.h).
  *
  * Memory ordering: a signal is a release store (or CAS) of the word; a wait
  * is an acquire load of it.  Data written before a signal is visible to a
@@ -132,8 +136,10 @@ typedef uint8_t hl_u8;
 #define HL_MAGIC 0x3153534c54534f48ULL /* "HOSTLSS1" little-endian */
 #define HL_ABI_VERSION 6u /* 2: timeline wake sequence, write rule (see above); 3: the name table; 4: device heaps;
                              5: watch nodes (timeline points and shared children in merges);
-                             6: watch lists (a watched object's nodes, linked from it) */
-#define HL_HEADER_SIZE 4096u
+                             6: reached points (a failed timeline's aux only grows and answers
+                             for the points below it), OWNER_LEFT, a 16 KiB header (239 names);
+                             watch lists (a watched object's nodes, linked from it) */
+#define HL_HEADER_SIZE 16384u /* the header region: struct hl_header, the name table at its end */
 #define HL_PAGE 4096u
 #define HL_CACHELINE 64u
 #define HL_MAX_PARTICIPANTS 64u
@@ -146,7 +152,8 @@ typedef uint8_t hl_u8;
 #define HL_STATUS_SUCCESS 2u
 #define HL_STATUS_ERROR 3u
 #define HL_STATUS_CANCEL 4u
-#define HL_STATUS_OWNER_DIED 6u
+#define HL_STATUS_OWNER_DIED 6u  /* the owner died (recovery of a dead participant) */
+#define HL_STATUS_OWNER_LEFT 7u  /* the owner left cleanly (hle_leave) without signalling it (ABI 6) */
 #define HL_STATUS_CUSTOM_MIN 64u /* custom codes: 64 .. 2^32-1 */
 
 #define HL_POLL_MIN_NS 1000ULL          /* bounds of hl_header.poll_ns, checked at attach */
@@ -220,7 +227,7 @@ typedef uint8_t hl_u8;
  * every marked node it meets (a marked node cannot be unlinked through a
  * marked predecessor).  No link, merged err, timeline word or block field has
  * bit 63 (TAG): a CAS that expects a head or a next never matches another
- * kind's value in a slot reused meanwhile (tests/protocol_model.py,
+ * kind's value in a slot reused meanwhile (tests/model/protocol_model.py,
  * watch-target-reuse).  The list is a hint: a walker that meets a slot that is
  * not a node of that object (reused while linked: a creator or finalizer died
  * mid-way) scans the table instead, and the sweeps (host waiters of merged
@@ -261,7 +268,8 @@ typedef uint8_t hl_u8;
 #define HL_LOCK_BASE (1ULL << 40)
 
 /* ---- the name table: independent processes find objects by name ----
- * In the header page at HL_NAMES_OFFSET.  An entry maps a name (1..47 bytes
+ * In the header region at HL_NAMES_OFFSET, up to HL_MAX_NAMES (239) live
+ * names (ABI 6; 47 before).  An entry maps a name (1..47 bytes
  * of UTF-8, NUL-terminated in its cell) to an object's handle; it is valid
  * while that object is live with that generation ("an entry dies with its
  * object": readers check the handle, the next publish frees the cell).
@@ -272,7 +280,7 @@ typedef uint8_t hl_u8;
  * the table is checked on use: it is shared memory. */
 #define HL_NAMES_OFFSET 1024u
 #define HL_NAME_MAX 48u          /* bytes of a cell's name, NUL included */
-#define HL_MAX_NAMES 47u
+#define HL_MAX_NAMES ((HL_HEADER_SIZE - HL_NAMES_OFFSET - 64u) / 64u) /* 239: the header region's tail */
 #define HL_NAME_FREE 0u
 #define HL_NAME_WRITING 1u
 #define HL_NAME_LIVE 2u
@@ -291,7 +299,7 @@ struct hl_names {
     struct hl_name entry[HL_MAX_NAMES]; /* 64 */
 };
 
-/* ---- the header: page 0 of the domain ---- */
+/* ---- the header: the first HL_HEADER_SIZE bytes of the domain ---- */
 struct hl_header {
     hl_u64 magic;                 /*   0 HL_MAGIC */
     hl_u32 abi_version;           /*   8 HL_ABI_VERSION */
@@ -606,14 +614,15 @@ struct hl_trace_event {
     hl_u64 seq;              /* index + 1, stored last */
     hl_u64 ts_ns;            /* CLOCK_MONOTONIC */
     hl_u32 type;             /* HL_EV_* */
-    hl_u32 participant;      /* participant index */
+    hl_u32 participant;      /* the writer: HL_OWNER(incarnation, index) (ABI 6; its index before), 0 = none */
     hl_u64 a, b, c, d, e;    /* event arguments */
 };
 #define HL_EV_ENQUEUE 1u     /* a=queue, b=packet index, c=signal handle, d=kernel */
 #define HL_EV_START 2u       /* a=queue, b=packet index, c=signal handle, d=kernel */
 #define HL_EV_END 3u         /* a=queue, b=packet index, c=signal handle, d=status */
 #define HL_EV_SIGNAL 4u      /* a=handle, b=status or value */
-#define HL_EV_WAIT 5u        /* a=handle, b=threshold, c=start ns */
+#define HL_EV_WAIT 5u        /* a wait that did not find its word ready, at its end: a=handle, b=threshold,
+                                c=start ns, d=the word it returned with */
 #define HL_EV_USER 6u        /* free use */
 
 #if defined(__cplusplus) && __cplusplus >= 201103L

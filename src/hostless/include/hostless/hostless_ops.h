@@ -232,7 +232,8 @@ HL_INLINE int hl_attach(struct hl_dom *d, void *base, hl_u64 size) {
  *
  * hl_status_valid(s)
  *   1 when s is a status a fence can complete with: SUCCESS, ERROR, CANCEL,
- *   OWNER_DIED or a custom code 64..2^32-1 (never 0 = ACTIVE, 1, 5, 7..63).
+ *   OWNER_DIED, OWNER_LEFT (ABI 6) or a custom code 64..2^32-1 (never 0 =
+ *   ACTIVE, 1, 5, 8..63).
  *   The one definition of the rule: the C core, the CUDA kernels and the
  *   Python checker all use it. */
 
@@ -258,6 +259,7 @@ HL_INLINE hl_u64 *hl_word(const struct hl_dom *d, hl_u64 handle) {
 
 HL_INLINE int hl_status_valid(hl_u64 s) {
     return s == HL_STATUS_SUCCESS || s == HL_STATUS_ERROR || s == HL_STATUS_CANCEL || s == HL_STATUS_OWNER_DIED ||
+           s == HL_STATUS_OWNER_LEFT ||
            (s >= HL_STATUS_CUSTOM_MIN && s <= 0xffffffffULL);
 }
 
@@ -376,11 +378,14 @@ HL_INLINE int hl_fence_poll(const struct hl_dom *d, hl_u64 handle, hl_u32 *statu
  *   read when value > HL_TIMELINE_MAX).
  *
  * hl_timeline_fail(f, status, *cur_out)
- *   Fails timeline slot f with `status`: stores the current value in aux,
- *   then CASes the word to HL_TIMELINE_FAILED | status, so that every
- *   ">= v" waiter wakes; then hl_wake_timeline.  No handle check: the caller
- *   holds the slot (write rule).  Ordering: seq_cst store of aux before the
- *   seq_cst CAS of the word (a reader that sees the failure sees aux).
+ *   Fails timeline slot f with `status`: raises aux to the current value
+ *   (hl_timeline_raise_aux: aux only grows, so a concurrent failer that read
+ *   an older value cannot lower it), then CASes the word to
+ *   HL_TIMELINE_FAILED | status, so that every ">= v" waiter wakes; then
+ *   hl_wake_timeline.  No handle check: the caller holds the slot (write
+ *   rule).  Ordering: seq_cst CAS of aux before the seq_cst CAS of the word
+ *   (a reader that sees the failure sees aux >= the value failed from:
+ *   tests/model/protocol_model.py, timeline-reached-point).
  *   Returns:
  *     HL_OK        the timeline failed with status
  *     HL_E_VALUE   status is not hl_status_valid, or is SUCCESS (nothing is
@@ -399,6 +404,20 @@ HL_INLINE int hl_fence_poll(const struct hl_dom *d, hl_u64 handle, hl_u32 *statu
  *     HL_E_FAILED  the timeline has failed
  *   The caller must hold the timeline (or use a handle a joined participant
  *   keeps alive), as for hl_fence_signal.
+ *
+ * hl_timeline_raise_aux(f, value)
+ *   aux = max(aux, value), by a seq_cst CAS loop.  Only values the word held
+ *   are ever stored, so aux never exceeds the value a timeline failed from.
+ *
+ * hl_point_status(f, w, value)
+ *   The status a wait for `value` on timeline slot f ends with, given the word
+ *   w it read (w >= value, or failed): SUCCESS when w is a value; when w is a
+ *   failure, SUCCESS if the point was reached before it (aux >= value: a
+ *   point reached stays reached, ABI 6), else the failure's status (ERROR
+ *   when that is no valid status).  Reads aux (acquire) after the caller's
+ *   read of w.  A timeline failed by a participant that could not write aux
+ *   (a GPU command processor without a reference) reports the failure for
+ *   points it reached: conservative, never a SUCCESS not reached.
  *
  * hl_timeline_poll(d, handle, *word)
  *   Reads the timeline's word: its value, or HL_TIMELINE_FAILED | status.
@@ -420,6 +439,21 @@ HL_INLINE int hl_timeline_advance(struct hl_fence *f, hl_u64 value, hl_u64 *cur_
     return r;
 }
 
+HL_INLINE void hl_timeline_raise_aux(struct hl_fence *f, hl_u64 value) {
+    hl_u64 a = hl_load64(&f->aux);
+    while (a < value && !hl_cas64(&f->aux, &a, value)) {
+    }
+}
+
+HL_INLINE hl_u32 hl_point_status(struct hl_fence *f, hl_u64 w, hl_u64 value) {
+    hl_u64 s;
+    if (!(w & HL_TIMELINE_FAILED)) return HL_STATUS_SUCCESS;
+    s = hl_load64(&f->aux);
+    if (s >= value && s <= HL_TIMELINE_MAX) return HL_STATUS_SUCCESS;
+    s = w & ~HL_TIMELINE_FAILED;
+    return hl_status_valid(s) && s != HL_STATUS_SUCCESS ? (hl_u32)s : HL_STATUS_ERROR;
+}
+
 HL_INLINE int hl_timeline_fail(struct hl_fence *f, hl_u32 status, hl_u64 *cur_out) {
     hl_u64 cur = hl_load64(&f->word);
     int r = HL_OK;
@@ -429,7 +463,7 @@ HL_INLINE int hl_timeline_fail(struct hl_fence *f, hl_u32 status, hl_u64 *cur_ou
             r = HL_E_FAILED;
             break;
         }
-        hl_store64(&f->aux, cur);
+        hl_timeline_raise_aux(f, cur);
         if (hl_cas64(&f->word, &cur, HL_TIMELINE_FAILED | (hl_u64)status)) break;
     }
     if (cur_out) *cur_out = cur;

@@ -105,7 +105,7 @@ HL_INLINE int hl_queue_open(const struct hl_dom *d, hl_u64 handle, struct hl_qvi
  *   the cell) and costs one round, after which the usual rounds run.  A hint
  *   AHEAD of write_index is outside this contract: it could reserve a cell
  *   past unreserved ones, which breaks the caller's order or strands its
- *   packet (tests/queue_model.py shows it).  hl_queue_publish cannot fail.
+ *   packet (tests/model/queue_model.py shows it).  hl_queue_publish cannot fail.
  *
  * hl_queue_skip_reserved(v, k, cl, producer)
  *   Recovery's half: cell k holds cl = RESERVED(s, p) of a producer that

@@ -63,7 +63,7 @@ status it published in advance, or never; a published timeline only advances;
 the owner may also drop its own reference while the driver still holds one.
 The driver either waits on the object or holds it a moment and drops it
 (which may free it, maybe while its dead owner is being recovered).  When the
-owner is SIGKILLed or leaves, every wait must return (OWNER_DIED, or the
+owner is SIGKILLed or leaves, every wait must return (OWNER_DIED, OWNER_LEFT, or the
 fence's published status): a wait still pending ``hung_after`` seconds after
 its owner died is a *hung waiter*.
 

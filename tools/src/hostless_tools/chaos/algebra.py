@@ -61,9 +61,9 @@ class AlgebraOps(WorkerOperations):
             fin = o.final
             return None if fin is None else int(fin[0])
         t: _Tl = o
-        if t.failed is not None and (id(t) in c.failed_at_birth or t.value < v):
-            return t.failed
-        return SUCCESS if t.value >= v else None
+        if t.value >= v:  # reached: also when it failed afterwards (ABI 6: a point reached stays reached)
+            return SUCCESS
+        return t.failed
 
     def alg_poll(self) -> None:
         """One model step: children completed since the last step get this step's number; a
@@ -239,10 +239,10 @@ class AlgebraOps(WorkerOperations):
         for t in self._tls()[:3]:
             v = self.rnd.randint(0, t.value + 1)
             objs.append(t.obj.point(v))
-            if t.failed is not None:
-                finals.append({t.failed})
+            if t.value >= v:  # reached, also before a failure (ABI 6)
+                finals.append({SUCCESS})
             else:
-                finals.append({SUCCESS} if t.value >= v else None)
+                finals.append(None if t.failed is None else {t.failed})
         if not objs:
             return
         done = [i for i, fin in enumerate(finals) if fin is not None]

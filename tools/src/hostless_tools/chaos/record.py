@@ -16,6 +16,7 @@ SUCCESS = int(Status.SUCCESS)
 ERROR = int(Status.ERROR)
 CANCEL = int(Status.CANCEL)
 OWNER_DIED = int(Status.OWNER_DIED)
+OWNER_LEFT = int(Status.OWNER_LEFT)  # its owner left with close() (ABI 6: leaving is not dying)
 _FAILED = int(C.TIMELINE_FAILED)
 _SLOT_FREE = int(C.SLOT_FREE)
 

@@ -14,7 +14,7 @@ from hostless.errors import InvalidHandle
 from hostless.fence import Fence
 from hostless.timeline import Timeline
 
-from .record import OWNER_DIED, _sname
+from .record import OWNER_DIED, OWNER_LEFT, _sname
 
 
 class _Waiters:
@@ -96,7 +96,7 @@ class _Waiters:
                             "after its owner ended"
                         )
                     return
-        ok = {OWNER_DIED} if kind == "T" else {plan, OWNER_DIED}
+        ok = {OWNER_DIED, OWNER_LEFT} if kind == "T" else {plan, OWNER_DIED, OWNER_LEFT}
         with self.lock:
             self.statuses[_sname(st)] += 1
             if st not in ok:

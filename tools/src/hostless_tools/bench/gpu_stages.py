@@ -1,0 +1,638 @@
+"""GPU stages from user functions against what a GPU user writes without hostless (issue 23).
+
+``python -m hostless_tools.bench.gpu_stages -o DIR`` on a machine with a GPU, PyTorch and CuPy.
+One run, one frame at a time (latency: a host frame in, its output back as a NumPy array,
+as :meth:`hostless.graph.CompiledGraph.run` returns it):
+
+* **anchors**, in the same run: PyTorch eager and a whole-chain CUDA graph replay with pinned
+  host I/O (and device-resident), plain CuPy with pinned I/O (and pageable, labelled as
+  such), two resident blocks ping-ponging a flag in device memory, and a host process
+  orchestrating the cross-engine chain with the best host code (CUDA graph replays, the
+  npu leg pushed and waited on through a hostless graph).
+  Each anchor copies the frame into its pinned input and the result out of its pinned
+  output, as ``run()`` does (``run()`` returns a copy); the graph replay without that last
+  copy is recorded too (``cuda_graph_nocopy``).
+* **hostless**: the same functions (``hostless_tools.bench.gpu_stage_ops``) as stages of a
+  :class:`~hostless.graph.Graph` on one cuda agent, fused into one segment and captured
+  as a CUDA graph (``plan()`` recorded).
+
+Goals are the issue's, each in one mode chosen before the run (direct+shared), reported met
+or not with the anchor's p10-p90 spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import hostless as hl
+from hostless import agents
+from hostless.graph import Graph
+from hostless_tools.bench import gpu_stage_ops as ops
+from hostless_tools.bench.gpu import _stats, save
+
+# a chain: (function, weights it takes, scalars)
+Chain = list[tuple[Callable[..., Any], int, tuple[float, ...]]]
+GEMM: Chain = [(ops.gemm, 1, ()), (ops.gemm, 1, ()), (ops.gemm, 1, ()), (ops.relu, 0, ())]
+SMALL: Chain = [
+    (ops.normalize, 0, (0.5, 2.0)),
+    (ops.gemm, 1, ()),
+    (ops.relu, 0, ()),
+    (ops.gemm, 1, ()),
+    (ops.relu, 0, ()),
+    (ops.softmax, 0, ()),
+]
+DATA_CUPY: Chain = [
+    (ops.c_normalize, 0, (0.5, 2.0)),
+    (ops.c_relu, 0, ()),
+    (ops.c_scale, 0, (0.5,)),
+    (ops.c_relu, 0, ()),
+]
+
+
+def _weights(chain: Chain, n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
+        for _f, nw, _s in chain
+        for _ in range(nw)
+    ]
+
+
+def _apply(chain: Chain, x: Any, ws: list[Any]) -> Any:
+    wi = 0
+    for f, nw, sc in chain:
+        x = f(x, *ws[wi : wi + nw], *sc)
+        wi += nw
+    return x
+
+
+def _time(step: Callable[[], Any], frames: int, warm: int = 3) -> tuple[dict[str, float], Any]:
+    out = None
+    for _ in range(warm):
+        out = step()
+    ts = []
+    for _ in range(frames):
+        t0 = time.perf_counter()
+        out = step()
+        ts.append(time.perf_counter() - t0)
+    return _stats(ts), out
+
+
+# ---------------------------------------------------------------- anchors
+def torch_anchor(
+    chain: Chain, shape: tuple[int, ...], n: int, frames: int, graph: bool, copy_out: bool = True
+) -> tuple[dict[str, float], np.ndarray]:
+    """PyTorch with pinned host I/O: the frame copied into a pinned tensor, uploaded, the chain
+    (eager, or one CUDA graph replay), downloaded into a pinned tensor, then copied out."""
+    import torch
+
+    dev = torch.device("cuda:0")
+    ws = [torch.from_numpy(w).to(dev) for w in _weights(chain, n)]
+    frame = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    hin = torch.empty(shape, dtype=torch.float32).pin_memory()
+    x = torch.empty(shape, dtype=torch.float32, device=dev)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            y = _apply(chain, x, ws)
+    s.synchronize()
+    hout = torch.empty(tuple(y.shape), dtype=y.dtype).pin_memory()
+    g = None
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = _apply(chain, x, ws)
+    hin_np, hout_np = hin.numpy(), hout.numpy()
+    cur = torch.cuda.current_stream()
+
+    def step() -> Any:
+        nonlocal y
+        hin_np[...] = frame
+        x.copy_(hin, non_blocking=True)
+        if g is not None:
+            g.replay()
+        else:
+            y = _apply(chain, x, ws)
+        hout.copy_(y, non_blocking=True)
+        cur.synchronize()
+        return hout_np.copy() if copy_out else hout_np
+
+    st, out = _time(step, frames)
+    return st, np.array(out)
+
+
+def torch_device_anchor(n: int, frames: int) -> tuple[dict[str, float], np.ndarray]:
+    """The device-resident GEMM chain as one CUDA graph replay: a one-element seed in, the
+    frame made on the GPU, three GEMMs and a relu, row sums out (pinned, copied out)."""
+    import torch
+
+    dev = torch.device("cuda:0")
+    ws = [torch.from_numpy(w).to(dev) for w in _weights(GEMM, n)]
+    hin = torch.ones((1,), dtype=torch.float32).pin_memory()
+    seed = torch.empty((1,), dtype=torch.float32, device=dev)
+
+    def body() -> Any:
+        return ops.row_sums(_apply(GEMM, ops.frame_from_seed(seed, n), ws))
+
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            body()
+    s.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = body()
+    hout = torch.empty((n,), dtype=torch.float32).pin_memory()
+    cur = torch.cuda.current_stream()
+
+    def step() -> Any:
+        hin.numpy()[0] = 0.25
+        seed.copy_(hin, non_blocking=True)
+        g.replay()
+        hout.copy_(y, non_blocking=True)
+        cur.synchronize()
+        return hout.numpy().copy()
+
+    return _time(step, frames)
+
+
+def cupy_anchor(chain: Chain, n: int, frames: int, pinned: bool) -> tuple[dict[str, float], np.ndarray]:
+    """Plain CuPy: pinned host I/O (``cupyx.empty_pinned``, async copies on one stream), or
+    pageable (``cp.asarray`` / ``cp.asnumpy``: labelled as such)."""
+    import cupy as cp
+    import cupyx
+
+    ws = [cp.asarray(w) for w in _weights(chain, n)]
+    frame = np.random.default_rng(1).standard_normal((n, n)).astype(np.float32)
+    s = cp.cuda.Stream(non_blocking=True)
+    if not pinned:
+
+        def step() -> Any:
+            with s:
+                r = cp.asnumpy(_apply(chain, cp.asarray(frame), ws), stream=s)
+            s.synchronize()
+            return r
+
+        return _time(step, frames)
+    hin = cupyx.empty_pinned((n, n), np.float32)
+    hout = cupyx.empty_pinned((n, n), np.float32)
+    x = cp.empty((n, n), np.float32)
+
+    def step_p() -> Any:
+        hin[...] = frame
+        with s:
+            x.set(hin, stream=s)
+            _apply(chain, x, ws).get(out=hout, stream=s)
+        s.synchronize()
+        return hout.copy()
+
+    return _time(step_p, frames)
+
+
+_FLAG = r"""
+extern "C" __global__ void flag_pingpong(volatile unsigned long long *w, int n) {
+    /* block 0 and block 1 hand a flag in device memory back and forth n times */
+    if (threadIdx.x) return;
+    unsigned long long me = blockIdx.x;
+    for (int i = 0; i < n; i++) {
+        unsigned long long want = 2ull * i + me;
+        while (w[0] != want) { }
+        w[0] = want + 1;
+    }
+}
+"""
+
+
+def flag_pingpong(n: int = 200_000) -> dict[str, float]:
+    """One GPU-to-GPU hand-off: two resident blocks alternating on a device-memory flag
+    (n hand-offs each way, timed by events; 5 runs)."""
+    import cupy as cp
+
+    k = cp.RawKernel(_FLAG, "flag_pingpong")
+    w = cp.zeros(1, dtype=cp.uint64)
+    per = []
+    for _ in range(6):
+        w[...] = 0
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        k((2,), (32,), (w, np.int32(n)))
+        b.record()
+        b.synchronize()
+        per.append(cp.cuda.get_elapsed_time(a, b) * 1e-3 / (2 * n))
+    return _stats(per[1:])
+
+
+# ---------------------------------------------------------------- hostless
+def _graph(dom: hl.Domain, gpu: Any, chain: Chain, shape: tuple[int, ...], n: int, arrays: str) -> Graph:
+    g = Graph(dom).input("x0", shape, "f4")
+    for i, w in enumerate(_weights(chain, n)):
+        g.constant(f"W{i}", w)
+    prev, wi = "x0", 0
+    for k, (f, nw, sc) in enumerate(chain):
+        ins = [prev] + [f"W{wi + j}" for j in range(nw)]
+        wi += nw
+        g.stage(
+            f"s{k}_{f.__name__}", gpu, f, ins, (f"x{k + 1}", shape, "f4"), scalars=list(sc), arrays=arrays
+        )
+        prev = f"x{k + 1}"
+    return g
+
+
+def hostless_rows(
+    g: Graph, feed: dict[str, np.ndarray], out: str, frames: int, modes: tuple[tuple[str, str], ...]
+) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    for dispatch, data in modes:
+        with g.compile(dispatch=dispatch, data=data) as cg:
+
+            def step(cg: Any = cg) -> Any:
+                return cg.run(feed, timeout=300)[out]
+
+            st, o = _time(step, frames)
+            res[f"{dispatch}+{data}"] = {**st, "plan": cg.plan(), "out": o}
+    return res
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) used so far by this process and ``pids``."""
+    t = time.process_time()
+    tick = os.sysconf("SC_CLK_TCK")
+    for p in pids:
+        with open(f"/proc/{p}/stat") as f:
+            parts = f.read().rsplit(")", 1)[1].split()
+        t += (int(parts[11]) + int(parts[12])) / tick
+    return t
+
+
+def cross_engine(dom: hl.Domain, gpu: Any, npu: Any, n: int, frames: int) -> dict[str, Any]:
+    """PyTorch GEMM -> npu relu -> PyTorch softmax: hostless direct+shared, against a host
+    process orchestrating it (CUDA graph replays, a synchronize for the GPU's completion, the
+    npu leg through a hostless graph run: push and wait); latency and CPU per frame of every
+    process involved."""
+    import torch
+
+    w = _weights([(ops.gemm, 1, ())], n)[0]
+    frame = np.random.default_rng(1).standard_normal((n, n)).astype(np.float32)
+    g = Graph(dom).input("x", (n, n), "f4").constant("w", w)
+    g.stage("gemm", gpu, ops.gemm, ["x", "w"], ("a", (n, n), "f4"), arrays="torch")
+    g.stage("relu", npu, "relu", ["a"], ("r", (n, n), "f4"))
+    g.stage("softmax", gpu, ops.softmax, ["r"], ("y", (n, n), "f4"), arrays="torch")
+    res: dict[str, Any] = {}
+    with g.compile(dispatch="direct", data="shared") as cg:
+        cg.run({"x": frame})
+        c0 = _cpu_s([gpu.proc.pid, npu.proc.pid])
+        st, o = _time(lambda: cg.run({"x": frame}, timeout=60)["y"], frames, warm=0)
+        c1 = _cpu_s([gpu.proc.pid, npu.proc.pid])
+        res["hostless"] = {**st, "cpu_us_per_frame": (c1 - c0) / frames * 1e6, "plan": cg.plan(), "out": o}
+    # the host-orchestrated anchor
+    dev = torch.device("cuda:0")
+    wt = torch.from_numpy(w).to(dev)
+    x = torch.empty((n, n), device=dev)
+    r = torch.empty((n, n), device=dev)
+    hin = torch.empty((n, n)).pin_memory()
+    ha = torch.empty((n, n)).pin_memory()
+    hr = torch.empty((n, n)).pin_memory()
+    hy = torch.empty((n, n)).pin_memory()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        ops.gemm(x, wt)
+        ops.softmax(r)
+    s.synchronize()
+    g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g1):
+        a = ops.gemm(x, wt)
+    with torch.cuda.graph(g2):
+        y = ops.softmax(r)
+    ng = Graph(dom).input("a", (n, n), "f4")
+    ng.stage("relu", npu, "relu", ["a"], ("r", (n, n), "f4"))
+    cur = torch.cuda.current_stream()
+    with ng.compile(dispatch="direct", data="shared") as ncg:
+
+        def step() -> Any:
+            hin.numpy()[...] = frame
+            x.copy_(hin, non_blocking=True)
+            g1.replay()
+            ha.copy_(a, non_blocking=True)
+            cur.synchronize()
+            hr.numpy()[...] = ncg.run({"a": ha.numpy()}, timeout=60)["r"]
+            r.copy_(hr, non_blocking=True)
+            g2.replay()
+            hy.copy_(y, non_blocking=True)
+            cur.synchronize()
+            return hy.numpy().copy()
+
+        step()
+        c0 = _cpu_s([npu.proc.pid])
+        st, o2 = _time(step, frames, warm=0)
+        c1 = _cpu_s([npu.proc.pid])
+        res["host_orchestrated"] = {**st, "cpu_us_per_frame": (c1 - c0) / frames * 1e6, "out": o2}
+    return res
+
+
+# ---------------------------------------------------------------- the run
+def run(
+    frames: int,
+    n_gemm: int,
+    n_small: int,
+    n_data: int,
+    quick: bool = False,
+    agent_spin: float = 50e-6,
+    host_spin: float = 500e-6,
+) -> dict[str, Any]:
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    direct = (("direct", "shared"),)
+    modes = (
+        direct if quick else (("host", "copy"), ("host", "shared"), ("direct", "copy"), ("direct", "shared"))
+    )
+    res: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": platform.node(),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "frames": frames,
+        "agent_spin_s": agent_spin,
+        "host_spin_s": host_spin,
+    }
+    fg = max(10, frames // 10)  # the 4096 GEMM chain: ~10 ms a frame
+    print("anchors ...", flush=True)
+    shp = (n_gemm, n_gemm)
+    res["gemm"] = {
+        "n": n_gemm,
+        "torch_eager": torch_anchor(GEMM, shp, n_gemm, fg, graph=False)[0],
+        "cuda_graph": torch_anchor(GEMM, shp, n_gemm, fg, graph=True)[0],
+        "cuda_graph_nocopy": torch_anchor(GEMM, shp, n_gemm, fg, graph=True, copy_out=False)[0],
+        "cupy_pinned": cupy_anchor(
+            [(ops.gemm, 1, ()), (ops.gemm, 1, ()), (ops.gemm, 1, ()), (ops.c_relu, 0, ())],
+            n_gemm,
+            fg,
+            pinned=True,
+        )[0],
+    }
+    res["gemm_device"] = {"n": n_gemm, "cuda_graph": torch_device_anchor(n_gemm, fg)[0]}
+    res["small"] = {
+        "n": n_small,
+        "cuda_graph": torch_anchor(SMALL, (n_small, n_small), n_small, frames, True)[0],
+    }
+    res["small"]["torch_eager"] = torch_anchor(SMALL, (n_small, n_small), n_small, frames, False)[0]
+    res["data"] = {
+        "n": n_data,
+        "cupy_pinned": cupy_anchor(DATA_CUPY, n_data, frames, pinned=True)[0],
+        "cupy_pageable": cupy_anchor(DATA_CUPY, n_data, frames, pinned=False)[0],
+    }
+    res["flag_pingpong"] = flag_pingpong()
+    name = f"hlgs-bench-{os.getpid()}"
+    dom = hl.Domain.create(name, heap="1G", device_heaps={"cuda:0": 1 << 30}, spin=host_spin)
+    try:
+        gpu = agents.spawn(dom, "cuda", device=0, timeout=120, spin=agent_spin)
+        npu = agents.spawn(dom, "npu", spin=agent_spin)
+        cpu = agents.spawn(dom, "cpu", spin=agent_spin)
+        try:
+            print("hostless ...", flush=True)
+            frame = np.random.default_rng(1).standard_normal(shp).astype(np.float32)
+            res["gemm"]["hostless"] = hostless_rows(
+                _graph(dom, gpu, GEMM, shp, n_gemm, "torch"), {"x0": frame}, f"x{len(GEMM)}", fg, modes
+            )
+            gd = Graph(dom).input("seed", (1,), "f4")
+            for i, w in enumerate(_weights(GEMM, n_gemm)):
+                gd.constant(f"W{i}", w)
+            gd.stage(
+                "camera",
+                gpu,
+                ops.frame_from_seed,
+                ["seed"],
+                ("f", shp, "f4"),
+                scalars=[n_gemm],
+                arrays="torch",
+            )
+            prev = "f"
+            for k in range(3):
+                gd.stage(f"gemm{k}", gpu, ops.gemm, [prev, f"W{k}"], (f"g{k}", shp, "f4"), arrays="torch")
+                prev = f"g{k}"
+            gd.stage("relu", gpu, ops.relu, [prev], ("r", shp, "f4"), arrays="torch")
+            gd.stage("sums", gpu, ops.row_sums, ["r"], ("y", (n_gemm,), "f4"), arrays="torch")
+            res["gemm_device"]["hostless"] = hostless_rows(
+                gd, {"seed": np.full(1, 0.25, np.float32)}, "y", fg, direct
+            )
+            sf = np.random.default_rng(1).standard_normal((n_small, n_small)).astype(np.float32)
+            res["small"]["hostless"] = hostless_rows(
+                _graph(dom, gpu, SMALL, (n_small, n_small), n_small, "torch"),
+                {"x0": sf},
+                f"x{len(SMALL)}",
+                frames,
+                modes,
+            )
+            df = np.random.default_rng(1).standard_normal((n_data, n_data)).astype(np.float32)
+            res["data"]["hostless"] = hostless_rows(
+                _graph(dom, gpu, DATA_CUPY, (n_data, n_data), n_data, "cupy"),
+                {"x0": df},
+                f"x{len(DATA_CUPY)}",
+                frames,
+                direct,
+            )
+            # hand-offs: the slope between a chain of 2 and of 34 tiny stages (one segment)
+            ho: dict[str, Any] = {}
+            x16 = np.arange(16, dtype=np.float32)
+            for k in (2, 34):
+                gk = Graph(dom).input("x0", (16,), "f4")
+                for j in range(k):
+                    gk.stage(f"a{j}", gpu, ops.add1, [f"x{j}"], (f"x{j + 1}", (16,), "f4"), arrays="torch")
+                ho[f"chain{k}"] = hostless_rows(gk, {"x0": x16}, f"x{k}", frames, direct)["direct+shared"]
+                assert np.array_equal(ho[f"chain{k}"]["out"], x16 + k)
+            ho["per_stage_us"] = (ho["chain34"]["p50_us"] - ho["chain2"]["p50_us"]) / 32
+            # between two segments (PyTorch -> CuPy: two packets on the agent, a device-memory edge)
+            g2 = Graph(dom).input("x0", (16,), "f4")
+            g2.stage("t", gpu, ops.add1, ["x0"], ("x1", (16,), "f4"), arrays="torch")
+            g2.stage("c", gpu, ops.c_scale, ["x1"], ("x2", (16,), "f4"), scalars=[1.0], arrays="cupy")
+            ho["two_segments"] = hostless_rows(g2, {"x0": x16}, "x2", frames, direct)["direct+shared"]
+            g1 = Graph(dom).input("x0", (16,), "f4")
+            g1.stage("t", gpu, ops.add1, ["x0"], ("x1", (16,), "f4"), arrays="torch")
+            ho["one_segment"] = hostless_rows(g1, {"x0": x16}, "x1", frames, direct)["direct+shared"]
+            ho["between_segments_us"] = ho["two_segments"]["p50_us"] - ho["one_segment"]["p50_us"]
+            res["handoff"] = ho
+            # cpu agent -> GPU stage -> cpu agent, against cpu -> cpu
+            cg_: dict[str, Any] = {}
+            for nm, kinds in (("cpu-gpu-cpu", ["c", "g", "c"]), ("cpu-cpu", ["c", "c"])):
+                gc = Graph(dom).input("x0", (16,), "f4")
+                for j, kd in enumerate(kinds):
+                    if kd == "c":
+                        gc.stage(f"s{j}", cpu, "copy", [f"x{j}"], (f"x{j + 1}", (16,), "f4"))
+                    else:
+                        gc.stage(
+                            f"s{j}", gpu, ops.add1, [f"x{j}"], (f"x{j + 1}", (16,), "f4"), arrays="torch"
+                        )
+                cg_[nm] = hostless_rows(gc, {"x0": x16}, f"x{len(kinds)}", frames, direct)["direct+shared"]
+            cg_["gpu_leg_us"] = cg_["cpu-gpu-cpu"]["p50_us"] - cg_["cpu-cpu"]["p50_us"]
+            res["cpu_gpu_cpu"] = cg_
+            print("cross-engine ...", flush=True)
+            res["cross_engine"] = cross_engine(dom, gpu, npu, 256, frames)
+        finally:
+            for a in (gpu, npu, cpu):
+                a.stop()
+    finally:
+        dom.close()
+        hl.Domain.unlink(name)
+    res["goals"] = goals(res)
+    return res
+
+
+def _ratio(res: dict[str, Any], chain: str, anchor: str, mode: str = "direct+shared") -> tuple[float, str]:
+    a, h = res[chain][anchor], res[chain]["hostless"][mode]
+    return h["p50_us"] / a["p50_us"], (
+        f"{h['p50_us']:.1f} us vs {a['p50_us']:.1f} us ({anchor} p10-p90 {a['p10_us']:.1f}-{a['p90_us']:.1f})"
+    )
+
+
+def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+
+    def goal(name: str, value: float, limit: float, detail: str, below: bool = True) -> None:
+        out.append(
+            {
+                "goal": name,
+                "value": value,
+                "limit": limit,
+                # a difference of two frame times below zero is inside their noise: not resolved
+                "met": None if (below and value < 0) else (value <= limit if below else value >= limit),
+                "detail": detail,
+            }
+        )
+
+    r, d = _ratio(res, "gemm", "cuda_graph")
+    goal("GEMM chain, host frames: direct+shared <= 1.1x whole-chain graph replay (pinned I/O)", r, 1.1, d)
+    r, d = _ratio(res, "gemm_device", "cuda_graph")
+    goal("device-resident GEMM chain <= 1.05x graph replay", r, 1.05, d)
+    r, d = _ratio(res, "small", "cuda_graph")
+    goal("small 6-stage chain <= 1.2x graph replay (same host I/O)", r, 1.2, d)
+    r, d = _ratio(res, "data", "cupy_pinned")
+    goal("data-bound chain at least as fast as plain CuPy with pinned I/O (ratio <= 1)", r, 1.0, d)
+    ho = res["handoff"]
+    goal(
+        "GPU-to-GPU hand-off inside a segment <= 1 us",
+        ho["per_stage_us"],
+        1.0,
+        f"slope of 34 vs 2 stages; flag ping-pong anchor {res['flag_pingpong']['p50_us']:.2f} us",
+    )
+    goal(
+        "GPU-to-GPU hand-off between two segments <= 1 us",
+        ho["between_segments_us"],
+        1.0,
+        "PyTorch -> CuPy segment, a device-memory edge, two packets on the agent",
+    )
+    goal(
+        "cpu agent -> GPU stage -> cpu agent <= 5 us",
+        res["cpu_gpu_cpu"]["gpu_leg_us"],
+        5.0,
+        "p50 of cpu-gpu-cpu minus cpu-cpu",
+    )
+    ce = res["cross_engine"]
+    lat = ce["host_orchestrated"]["p50_us"] / ce["hostless"]["p50_us"]
+    cpu = ce["host_orchestrated"]["cpu_us_per_frame"] / max(ce["hostless"]["cpu_us_per_frame"], 1e-9)
+    goal(
+        "cross-engine chain: >= 2x lower latency than host-orchestrated",
+        lat,
+        2.0,
+        f"{ce['hostless']['p50_us']:.1f} us vs {ce['host_orchestrated']['p50_us']:.1f} us",
+        below=False,
+    )
+    goal(
+        "cross-engine chain: >= 10x less host CPU per frame",
+        cpu,
+        10.0,
+        f"{ce['hostless']['cpu_us_per_frame']:.1f} us vs "
+        f"{ce['host_orchestrated']['cpu_us_per_frame']:.1f} us CPU/frame",
+        below=False,
+    )
+    return out
+
+
+def report(res: dict[str, Any]) -> str:
+    lines = [f"# GPU stages from user functions ({res['gpu']}, torch {res['torch']}, {res['when']})", ""]
+    lines.append(
+        f"Agents poll {res['agent_spin_s'] * 1e6:.0f} us before they park; the host's waits poll "
+        f"{res.get('host_spin_s', 0) * 1e6:.0f} us before they sleep (a CUDA synchronize spins)."
+    )
+    lines.append("p50 latency per frame, host frame in and out (us; p10-p90 in brackets).")
+    lines.append("")
+    for chain in ("gemm", "gemm_device", "small", "data"):
+        lines.append(f"## {chain} (n={res[chain]['n']})")
+        for k, v in res[chain].items():
+            if k == "hostless":
+                for m, r in v.items():
+                    lines.append(f"- hostless {m}: {r['p50_us']:.1f} [{r['p10_us']:.1f}-{r['p90_us']:.1f}]")
+            elif isinstance(v, dict):
+                lines.append(f"- {k}: {v['p50_us']:.1f} [{v['p10_us']:.1f}-{v['p90_us']:.1f}]")
+        lines.append("")
+    ho = res["handoff"]
+    lines += [
+        "## hand-offs",
+        f"- flag ping-pong in device memory (anchor): {res['flag_pingpong']['p50_us']:.3f} us",
+        f"- per stage inside one segment (slope 2 -> 34 stages): {ho['per_stage_us']:.3f} us",
+        f"- between two segments (PyTorch -> CuPy): {ho['between_segments_us']:.1f} us",
+        f"- cpu -> GPU -> cpu, the GPU leg: {res['cpu_gpu_cpu']['gpu_leg_us']:.1f} us",
+        "",
+        "## cross-engine (PyTorch GEMM -> npu relu -> PyTorch softmax, 256x256)",
+    ]
+    for k, v in res["cross_engine"].items():
+        lines.append(
+            f"- {k}: {v['p50_us']:.1f} us [{v['p10_us']:.1f}-{v['p90_us']:.1f}], "
+            f"{v['cpu_us_per_frame']:.1f} us CPU per frame"
+        )
+    lines += ["", "## goals"]
+    for g in res["goals"]:
+        verdict = "UNRESOLVED (inside the noise)" if g["met"] is None else "MET" if g["met"] else "NOT MET"
+        lines.append(f"- {verdict}: {g['goal']}: {g['value']:.3f} (limit {g['limit']}); {g['detail']}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    ap.add_argument("-o", "--out", default="benchmarks/results")
+    ap.add_argument("--frames", type=int, default=300)
+    ap.add_argument("--n-gemm", type=int, default=4096)
+    ap.add_argument("--n-small", type=int, default=64)
+    ap.add_argument("--n-data", type=int, default=2048)
+    ap.add_argument("--quick", action="store_true", help="direct+shared only")
+    ap.add_argument("--tag", default="h200")
+    ap.add_argument(
+        "--agent-spin",
+        type=float,
+        default=50e-6,
+        help="seconds an idle agent polls before it parks (default 50 us)",
+    )
+    ap.add_argument(
+        "--host-spin",
+        type=float,
+        default=500e-6,
+        help="seconds the host's waits poll before they sleep (default 500 us: as a CUDA synchronize spins)",
+    )
+    a = ap.parse_args(argv)
+    res = run(a.frames, a.n_gemm, a.n_small, a.n_data, a.quick, a.agent_spin, a.host_spin)
+    for c in ("gemm", "gemm_device", "small", "data"):
+        for r in res[c].get("hostless", {}).values():
+            r.pop("out", None)
+    for r in res["cross_engine"].values():
+        r.pop("out", None)
+    for r in res["handoff"].values():
+        if isinstance(r, dict):
+            r.pop("out", None)
+    for r in res["cpu_gpu_cpu"].values():
+        if isinstance(r, dict):
+            r.pop("out", None)
+    path = save(res, a.out, f"gpu-stages-{a.tag}", report)
+    print(report(res))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
