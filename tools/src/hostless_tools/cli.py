@@ -39,6 +39,7 @@ def cmd_bench_algebra(args: argparse.Namespace) -> int:
     if args.n is not None:
         cfg.n = max(100, args.n)
     cfg.old_rev, cfg.old_site, cfg.new_site = args.old, args.old_site, args.new_site
+    cfg.pin = not args.no_pin
     return _report(algebra, algebra.run(cfg), args)
 
 
@@ -232,7 +233,7 @@ def add_bench(sub: Any) -> None:
         "fence algebra, old build vs new in one run: create+signal+release, round trips with a "
         "single wait and with wait_any over 8, a watched timeline's signal",
         "2 rounds of 1000 (about a minute after the old build)",
-        "(nothing is pinned: accepted for symmetry)",
+        "do not pin the round trips' two processes to CPUs",
         cmd_bench_algebra,
     )
     ba.add_argument("--old", default="d7c7636", metavar="REV", help="old build's git revision (%(default)s)")

@@ -78,6 +78,7 @@ class AlgebraBenchConfig:
     old_site: str | None = None
     new_site: str | None = None
     quick: bool = False
+    pin: bool = True  # the round trips' two processes on two CPUs
 
     @classmethod
     def quick_config(cls) -> AlgebraBenchConfig:
@@ -115,12 +116,12 @@ d.close()
 """
 
 
-def _round_trips(hl: Any, n: int, use_any: bool) -> float:
+def _round_trips(hl: Any, n: int, use_any: bool, pinned: bool = True) -> float:
     """p50 of n two-process round trips (ns); this process and the peer on two CPUs when there
     are two (as ``hostless bench fences``)."""
     from .harness import pin, pin_cpus
 
-    mine, peer_cpu = pin_cpus()
+    mine, peer_cpu = pin_cpus() if pinned else (None, None)
     pin(mine)
     dom = hl.Domain.create(f"hl_bench_alg_{os.getpid()}_{time.monotonic_ns() % 10**9}", unlink_on_close=True)
     try:
@@ -147,7 +148,7 @@ def _round_trips(hl: Any, n: int, use_any: bool) -> float:
         dom.close()
 
 
-def measure(n: int) -> dict[str, float]:
+def measure(n: int, pinned: bool = True) -> dict[str, float]:
     """Every figure this build has, in ns (see the module's docstring)."""
     import hostless as hl
 
@@ -195,9 +196,9 @@ def measure(n: int) -> dict[str, float]:
             out["ready_wait_any_8"] = _best_per_op(ready_any, n)
     finally:
         dom.close()
-    out["rt_timeline_wait"] = _round_trips(hl, n, False)
+    out["rt_timeline_wait"] = _round_trips(hl, n, False, pinned)
     if hasattr(hl, "wait_any"):
-        out["rt_wait_any_8"] = _round_trips(hl, n, True)
+        out["rt_wait_any_8"] = _round_trips(hl, n, True, pinned)
     return out
 
 
@@ -232,10 +233,11 @@ def site_of_this_build() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(hostless.__file__)))
 
 
-def _measure_in(site: str, n: int) -> dict[str, float]:
+def _measure_in(site: str, n: int, pinned: bool) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=site + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run(
-        [sys.executable, "-m", "hostless_tools.bench.algebra", "--measure", "-n", str(n)],
+        [sys.executable, "-m", "hostless_tools.bench.algebra", "--measure", "-n", str(n)]
+        + ([] if pinned else ["--no-pin"]),
         env=env,
         check=True,
         capture_output=True,
@@ -264,7 +266,7 @@ def run(cfg: AlgebraBenchConfig, progress: Any = print) -> dict[str, Any]:
         runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
         for r in range(cfg.rounds):
             for which in ("old", "new") if r % 2 == 0 else ("new", "old"):
-                runs[which].append(_measure_in(sites[which], cfg.n))
+                runs[which].append(_measure_in(sites[which], cfg.n, cfg.pin))
                 progress(f"round {r + 1}/{cfg.rounds}: {which} measured")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -359,8 +361,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="the measuring half of hostless bench algebra (one build)")
     ap.add_argument("--measure", action="store_true", required=True)
     ap.add_argument("-n", type=int, default=5000)
+    ap.add_argument("--no-pin", action="store_true")
     a = ap.parse_args()
-    print(json.dumps(measure(a.n)))
+    print(json.dumps(measure(a.n, not a.no_pin)))
     return 0
 
 
