@@ -98,7 +98,12 @@ class CudaLoop(AgentLoop):
 
     def service(self) -> None:
         for key, a in list(self.armed.items()):
-            if not a.pump():
+            try:
+                ok = a.pump()
+            except Exception as e:  # a CUDA error queuing a frame: the slot stops, the agent goes on
+                _debug(f"agent cuda: armed segment {key} disarmed: {e!r}")
+                ok = False
+            if not ok:
                 self._disarm(key)
         while True:
             try:
