@@ -118,11 +118,18 @@ d.close()
 
 def _round_trips(hl: Any, n: int, use_any: bool, pinned: bool = True) -> float:
     """p50 of n two-process round trips (ns); this process and the peer on two CPUs when there
-    are two (as ``hostless bench fences``)."""
-    from .harness import pin, pin_cpus
+    are two (as ``hostless bench fences``).  This process is pinned for the run only: a second
+    run must see every CPU again (pinned left over from the first, the second found one CPU,
+    left its peer unpinned, and the two could share a CPU: 130 us round trips)."""
+    from .harness import pin_cpus
+    from .harness import pinned as pinned_to
 
     mine, peer_cpu = pin_cpus() if pinned else (None, None)
-    pin(mine)
+    with pinned_to(mine):
+        return _round_trips_pinned(hl, n, use_any, peer_cpu)
+
+
+def _round_trips_pinned(hl: Any, n: int, use_any: bool, peer_cpu: int | None) -> float:
     dom = hl.Domain.create(f"hl_bench_alg_{os.getpid()}_{time.monotonic_ns() % 10**9}", unlink_on_close=True)
     try:
         ping, pong = dom.timeline(), dom.timeline()
