@@ -132,24 +132,14 @@ class Agent:
         desc = describe(fn, scalars)
         key = json.dumps(desc, sort_keys=True)
         what = f"{desc['module']}:{desc['qualname']}"
-        deadline = time.monotonic() + timeout
-        if not self._control_lock.acquire(timeout=max(0.0, timeout)):
-            raise TimeoutError(f"{self.kind} agent {self.id}: another load held the channel for {timeout} s")
-        try:
+        with self._channel(timeout) as deadline:
             if key in self._functions:
                 return self._functions[key]
             kid = self._next_kid
             self._next_kid += 1
-            reply = self._request({**desc, "id": kid}, deadline, what, timeout)
-            if not reply.get("ok"):
-                why = str(reply.get("error", "no reason given"))
-                raise HostlessError(f"{self.kind} agent {self.id} could not load {what}: {why}")
-            if reply.get("id") != kid:
-                raise HostlessError(f"{self.kind} agent {self.id} answered id {reply.get('id')!r}, not {kid}")
+            self._checked_reply({**desc, "id": kid}, deadline, what, timeout)
             self._functions[key] = kid
             return kid
-        finally:
-            self._control_lock.release()
 
     def load_segment(self, desc: dict[str, Any], timeout: float = 120.0) -> tuple[int, str, str]:
         """Make a cuda agent load a segment of GPU stage functions (``desc``: what

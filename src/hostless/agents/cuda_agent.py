@@ -154,7 +154,7 @@ class CudaLoop(AgentLoop):
             r = self._runner(kid, seg, tuple(hs), True)
             if r.mode != "graph":
                 raise ValueError(f"segment {kid} runs eagerly over these buffers ({r.why}): not armed")
-            armed = Armed(self, kid, req, r)
+            armed = Armed(self, req, r)
             if (kid, slot) in self.armed:
                 self._disarm((kid, slot), restore=True)
             self.armed[(kid, slot)] = armed
@@ -219,7 +219,7 @@ class CudaLoop(AgentLoop):
                     raise BadPacket(f"handle {h:#x}: {e}") from None
             self.peer.stream.synchronize()
             try:
-                r = seg.runner(self.dom, self.peer, bufs, gated)
+                r = seg.runner(self.peer, bufs, gated)
             except ValueError as e:
                 raise BadPacket(str(e)) from None
         except BaseException:
@@ -438,11 +438,11 @@ class Armed:
     operations, and a stream holds a bounded number before a launch blocks."""
     PAST = 2**63 - 1
 
-    def __init__(self, loop: CudaLoop, kid: int, req: dict[str, Any], runner: Runner) -> None:
+    def __init__(self, loop: CudaLoop, req: dict[str, Any], runner: Runner) -> None:
         import cupyx
 
         cp, dom, peer = loop.cp, loop.dom, loop.peer
-        self.loop, self.kid, self.runner = loop, kid, runner
+        self.loop, self.runner = loop, runner
         held: list[Any] = []
         try:
             start, step = req.get("start"), req.get("step")

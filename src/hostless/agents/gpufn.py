@@ -43,7 +43,6 @@ from typing import Any
 import numpy as np
 
 from .. import stagefn
-from ..domain import Domain
 
 __all__ = ["ARRAYS", "Segment", "Runner", "MAX_STAGES", "MAX_RUNNERS"]
 
@@ -320,22 +319,29 @@ class Segment:
         for _ in range(2):
             self.compute(ins, outs)
         _sync()
-        try:
-            lib.capture(lambda _s: self.compute(ins, outs))
-        except Exception as e:  # what a capture refuses: run eagerly, and say why
-            self.mode, self.why = "eager", f"{type(e).__name__}: {e}"[:300]
-            _clear_capture_error()
+        replay, self.why = _capture(lib, lambda _s: self.compute(ins, outs))
+        self.mode = "graph" if replay is not None else "eager"
         _sync()
 
-    def runner(self, dom: Domain, peer: Any, buffers: Sequence[Any], gated: bool = False) -> Runner:
+    def runner(self, peer: Any, buffers: Sequence[Any], gated: bool = False) -> Runner:
         """A runner over ``buffers`` (inputs then the output; imported by the caller)."""
-        return Runner(self, dom, peer, buffers, gated)
+        return Runner(self, peer, buffers, gated)
 
 
 def _sync() -> None:
     import cupy as cp
 
     cp.cuda.runtime.deviceSynchronize()
+
+
+def _capture(lib: _Torch | _Cupy, body: Callable[[int], None]) -> tuple[Callable[[int], None] | None, str]:
+    """``body`` captured by ``lib``: (the replay, ""), or (None, why) for what a capture refuses
+    (the error cleared: the segment then runs eagerly)."""
+    try:
+        return lib.capture(body), ""
+    except Exception as e:
+        _clear_capture_error()
+        return None, f"{type(e).__name__}: {e}"[:300]
 
 
 def _clear_capture_error() -> None:
@@ -358,9 +364,7 @@ class Runner:
     into the output buffer only when the frame's gate is open (an armed segment's frames,
     :class:`hostless.agents.cuda_agent.Armed`); otherwise straight into the output buffer."""
 
-    def __init__(
-        self, seg: Segment, dom: Domain, peer: Any, buffers: Sequence[Any], gated: bool = False
-    ) -> None:
+    def __init__(self, seg: Segment, peer: Any, buffers: Sequence[Any], gated: bool = False) -> None:
         lib = seg.lib
         if len(buffers) != len(seg.inputs) + 1:
             raise ValueError(
@@ -398,11 +402,11 @@ class Runner:
         self.mode, self.why = seg.mode, seg.why
         self.launch: Callable[[int], None] = self._eager
         if seg.mode == "graph":
-            try:
-                self.launch = lib.capture(self._body)
-            except Exception as e:
-                self.mode, self.why = "eager", f"{type(e).__name__}: {e}"[:300]
-                _clear_capture_error()
+            replay, self.why = _capture(lib, self._body)
+            if replay is not None:
+                self.launch = replay
+            else:
+                self.mode = "eager"
         _sync()
 
     def _body(self, stream: int) -> None:
