@@ -14,9 +14,16 @@ the host pointer), after which:
   ``cuLaunchHostFunc`` with a C function of the core that makes one
   ``FUTEX_WAKE`` (no Python, one syscall in CUDA's callback thread); without
   it they still see the store within the domain's poll interval;
-* a device-side enqueue kernel, compiled with NVRTC from ``hostless.h``
-  itself, pushes a prepared packet into any queue and rings its doorbell:
-  the GPU dispatches the next engine's work when its own stage completes.
+* a prepared packet is pushed into any queue when the stream's work before
+  it is done, by a C function of the core that CUDA's callback thread runs
+  (``cuLaunchHostFunc``: no Python, the header's ``hl_queue_push`` with the
+  host's atomics), which rings the queue's doorbell: the next engine's work
+  is dispatched when the stage completes, with no thread of this process
+  involved.  Not a device-side push: on a GPU without host-native atomics
+  (``cudaDevAttrHostNativeAtomicSupported`` = 0, every PCIe-attached one
+  measured here) the GPU's atomics on host memory are not atomic against the
+  host's (``hostless_tools.bench.gpu_atomics``: 46% of updates lost), and
+  queues are shared with host producers.
 
 A failed input must not produce output: the stage computes into device
 scratch memory, a gate kernel reads its inputs' words, and a commit kernel
@@ -51,28 +58,6 @@ _FAILED = int(C.TIMELINE_FAILED)
 
 _KERNELS = r"""
 #include "hostless.h"
-
-/* Push the prepared packet *p into the queue (one thread).  The host
- * validated the queue once (hl_queue_open) and hands over its view: the
- * device reads none of the queue's layout words (each read would cross the
- * bus, and a rewritten one must not move the device's stores). */
-extern "C" __global__ void hl_enqueue(struct hl_queue *q, hl_u64 *cells, struct hl_packet *packets,
-                                      unsigned long long capacity, const struct hl_packet *p, const int *gate,
-                                      int *result, unsigned int producer) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    if (gate && *(volatile const int *)gate != 0) { *result = 1; return; } /* an input failed */
-    struct hl_qview v;
-    v.q = q;
-    v.cells = cells;
-    v.packets = packets;
-    v.capacity = capacity;
-    struct hl_packet local = *p; /* one burst of reads */
-    hl_u64 idx = 0;
-    int r = HL_E_FULL;
-    for (long spins = 0; spins < (1L << 24) && r == HL_E_FULL; spins++)
-        r = hl_queue_push(&v, &local, producer, &idx); /* a full queue: wait for room */
-    *result = r;
-}
 
 /* gate[0] = first failure among n completion words (0 when all succeeded).
  * kinds[i]: 1 binary fence (word is the status), 2 timeline (FAILED bit). */
@@ -143,23 +128,6 @@ extern "C" __global__ void hl_wait_points(const unsigned long long *const *words
     *gate = st;
 }
 
-/* *old = the word, which becomes v (one atomic step): an armed segment's host word is set past
- * every frame to release its queued waits (the agent's quiesce) ... */
-extern "C" __global__ void hl_xchg64(unsigned long long *word, unsigned long long v,
-                                     unsigned long long *old) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    *old = atomicExch_system(word, v);
-    __threadfence_system();
-}
-
-/* ... and back to *old unless the host stored a newer frame number meanwhile. */
-extern "C" __global__ void hl_cas64(unsigned long long *word, unsigned long long expect,
-                                    const unsigned long long *old) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    atomicCAS_system(word, expect, *old);
-    __threadfence_system();
-}
-
 /* out[i] = src[i] when the gate is open (every input succeeded): 16-byte stores when both
  * are 16-byte aligned (the writes may cross the bus to host memory: wide stores, many in
  * flight), else 8-byte ones. */
@@ -215,6 +183,30 @@ class _DeviceView:
         )
 
 
+class HostPush:
+    """One follow-up push a stream makes on the host (:meth:`CudaPeer.enqueue`): its record
+    lives in pinned memory until :meth:`release`, which the owner calls once the stream
+    passed the push (an event recorded after it has completed)."""
+
+    __slots__ = ("mem", "rec", "ptr")
+
+    SIZE = 128
+
+    def __init__(self, cp: Any) -> None:
+        self.mem = cp.cuda.alloc_pinned_memory(self.SIZE)
+        self.rec = np.frombuffer(self.mem, np.uint8, self.SIZE)
+        self.ptr = int(self.mem.ptr)
+
+    def state(self) -> tuple[bool, int]:
+        """(ran, result): result 0 pushed, 1 not pushed (an input failed), else the push's
+        error code (``HL_E_FULL``: the queue stayed full for the whole timeout)."""
+        done, result = lowlevel.host_push_state(self.rec)
+        return bool(done), int(result)
+
+    def release(self) -> None:
+        """Nothing to do: the pinned record goes back to CuPy's pool with the last reference."""
+
+
 class CudaPeer:
     """The GPU ``device`` as a peer of ``dom``, in this process (for users who own a CUDA context)."""
 
@@ -249,14 +241,12 @@ class CudaPeer:
         self.stream = cp.cuda.Stream(non_blocking=True)
         inc = os.path.dirname(abi_header_path())
         self.module = cp.RawModule(code=_KERNELS, options=(f"-I{inc}", "--std=c++14"))
-        self._k_enqueue = self.module.get_function("hl_enqueue")
         self._k_gate = self.module.get_function("hl_gate")
         self._k_signal = self.module.get_function("hl_signal")
         self._k_commit = self.module.get_function("hl_commit")
         self.k_wait_points = self.module.get_function("hl_wait_points")
-        self.k_xchg64 = self.module.get_function("hl_xchg64")
-        self.k_cas64 = self.module.get_function("hl_cas64")
         self._wake_fn = cu.CUhostFn(lowlevel.host_wake_fn())
+        self._push_fn = cu.CUhostFn(lowlevel.host_push_fn())
         self._closed = False
         # device arrays of the completion-word addresses of input sets seen recently (graphs
         # reuse the same sets every frame): no host-to-device copy per packet
@@ -409,41 +399,44 @@ class CudaPeer:
         packet_buf: Buffer,
         gate: Any = None,
         stream: Any = None,
-        wake: bool = True,
-        result: Any = None,
         offset: int = 0,
-    ) -> Any:
+        timeout: float = 10.0,
+    ) -> HostPush:
         """After the work on ``stream``, push the packet that lies at byte ``offset`` of the
         heap buffer ``packet_buf`` (a packet buffer, or the follow-up record of an argument
-        block) into ``queue`` from the GPU and ring its doorbell.  The GPU reads the packet
-        when the push runs: the buffer must stay allocated and unchanged until then.
-        Returns a device int with the push's result (0 = pushed, 1 = skipped by the gate).
-        ValueError when the packet does not lie 8-byte aligned inside the buffer."""
+        block) into ``queue`` and ring its doorbell, unless the device int ``gate`` (from
+        :meth:`gate`) says an input failed.  The push is made on the host, by CUDA's callback
+        thread, with the host's atomics (see the module's docstring); a full queue is waited
+        for up to ``timeout`` seconds.  The packet is read when the push runs: the buffer must
+        stay allocated and unchanged until then.  Returns the push's :class:`HostPush`
+        (its result once the stream passed it).  ValueError when the packet does not lie
+        8-byte aligned inside a host buffer."""
         cp = self.cp
+        if getattr(packet_buf, "device", "cpu") != "cpu":
+            raise ValueError("a packet to push must lie in a host buffer")
         if offset < 0 or offset % 8 or offset + int(C.PACKET_SIZE) > packet_buf.nbytes:
             raise ValueError(f"no packet at offset {offset} of a {packet_buf.nbytes}-byte buffer")
-        res = cp.zeros(1, dtype=cp.int32) if result is None else result
-        gp = np.uint64(0) if gate is None else gate
+        if not timeout >= 0 or timeout > 3600:
+            raise ValueError(f"timeout must be in [0, 3600] seconds, not {timeout!r}")
         st = stream or self.stream
         qaddr, cells, packets, cap = lowlevel.queue_view(self.dom, queue)  # validated on the host
-        self._k_enqueue(
-            (1,),
-            (1,),
-            (
-                np.uint64(self.dptr(qaddr - self.base)),
-                np.uint64(self.dptr(cells - self.base)),
-                np.uint64(self.dptr(packets - self.base)),
-                np.uint64(cap),
-                np.uint64(self.dptr(packet_buf.offset + offset)),
-                gp,
-                res,
-                np.uint32(int(C.PRODUCER_DEVICE_BASE) + (self.dom.participant_id & 0xFF)),
-            ),
-            stream=st,
+        push = HostPush(cp)
+        gate_at = lowlevel.host_push_fill(
+            push.rec,
+            qaddr,
+            cells,
+            packets,
+            cap,
+            self.base + packet_buf.offset + offset,
+            lowlevel.doorbell_address(self.dom, queue),
+            int(C.PRODUCER_DEVICE_BASE) + (self.dom.participant_id & 0xFF),
+            int(timeout * 1e9),
         )
-        if wake:
-            self.host_wake(lowlevel.doorbell_address(self.dom, queue), st)
-        return res
+        if gate is not None:  # the stream copies the gate in before the push runs
+            cp.cuda.runtime.memcpyAsync(push.ptr + gate_at, int(gate.data.ptr), 4, 2, int(st.ptr))
+        err = self.cu.cuLaunchHostFunc(self._cu_stream(st), self._push_fn, push.ptr)
+        self._check(err[0] if isinstance(err, tuple) else err, "cuLaunchHostFunc")
+        return push
 
     def close(self) -> None:
         """Unregister the domain (after synchronizing the stream)."""

@@ -38,6 +38,9 @@ __all__ = [
     "doorbell_address",
     "handle_index",
     "handle_kind",
+    "host_push_fill",
+    "host_push_fn",
+    "host_push_state",
     "host_wake_fn",
     "is_held",
     "layout",
@@ -46,6 +49,8 @@ __all__ = [
     "queue_view",
     "trace_emit",
     "tracer",
+    "word_exchange",
+    "word_compare_exchange",
 ]
 
 
@@ -204,3 +209,39 @@ def host_wake_fn() -> int:
     a completion word (``addr`` = the word) or a queue doorbell, it wakes the host threads
     asleep on it with one FUTEX_WAKE (no Python: usable as a ``cuLaunchHostFunc`` callback)."""
     return int(_core.host_wake_fn())
+
+
+def host_push_fn() -> int:
+    """Address of the C function ``void hle_host_push(void *rec)`` (a ``cuLaunchHostFunc``
+    callback): pushes the packet its record names into a queue with the host's atomics when
+    the record's gate is 0, then rings the queue's doorbell (no Python)."""
+    return int(_core.host_push_fn())
+
+
+def host_push_fill(
+    rec: Any, q: int, cells: int, packets: int, capacity: int, packet: int, doorbell: int, producer: int,
+    timeout_ns: int,
+) -> int:
+    """Write a push record into the writable buffer ``rec`` (host addresses from
+    :func:`queue_view` and :func:`doorbell_address`); returns the byte offset of its int32
+    gate, which the stream sets before the push runs (0 = push)."""
+    return int(_core.host_push_fill(rec, q, cells, packets, capacity, packet, doorbell, producer, timeout_ns))
+
+
+def host_push_state(rec: Any) -> tuple[int, int]:
+    """(done, result) of a push record: done is 1 once the push ran."""
+    d, r = _core.host_push_state(rec)
+    return int(d), int(r)
+
+
+def word_exchange(buf: Any, value: int) -> int:
+    """Atomically store ``value`` in the first 8 bytes of writable buffer ``buf`` (a NumPy
+    view of a heap word); returns the word it replaced.  The host's atomics: a GPU's on
+    host memory are not atomic against them where it lacks host-native atomics."""
+    return int(_core.word_op(buf, 0, value, 0))
+
+
+def word_compare_exchange(buf: Any, expected: int, value: int) -> int:
+    """Atomically: if the first 8 bytes of ``buf`` hold ``expected``, store ``value``;
+    returns the word seen (``expected`` when the store was made)."""
+    return int(_core.word_op(buf, 1, expected, value))

@@ -116,11 +116,62 @@ def test_gpu_enqueues_ert_command_for_npu(dom, peer):
         pb.numpy()[:] = np.frombuffer(pkt.encode(), np.uint8)
         res = peer.enqueue(npu.queue, pb)
         assert done.wait(10) == hl.Status.SUCCESS
-        assert int(res.get()[0]) == 0
+        peer.stream.synchronize()
+        assert res.state() == (True, 0)
         assert ert.parse_header(int(cb.numpy().view("<u4")[0]))[0] == ert.State.COMPLETED
         assert np.allclose(y.numpy(), np.maximum(x.numpy(), 0))
     finally:
         npu.stop()
+
+
+def test_stream_pushes_and_host_pushes_share_a_queue(dom, peer):
+    """The GPU's atomics on host memory are not atomic against the host's on a PCIe GPU
+    (hostless_tools.bench.gpu_atomics): a stream's pushes racing a host producer on one queue
+    lost pushes or corrupted the queue when the GPU made them.  Pushed by the host function,
+    every packet of both producers arrives exactly once."""
+    import threading
+
+    n = 1500
+    q = dom.queue(4096)
+    q.bind()
+    gate = peer.cp.zeros(1, dtype=peer.cp.int32)
+    bufs, pushes = [], []
+    for i in range(n):
+        pb = dom.buffer(64)
+        pb.numpy()[:] = np.frombuffer(hl.Packet(kernel=1, signal_value=i + 1).encode(), np.uint8)
+        bufs.append(pb)
+
+    def host() -> None:
+        for i in range(n):
+            q.push(hl.Packet(kernel=2, signal_value=i + 1))
+
+    t = threading.Thread(target=host)
+    t.start()
+    for pb in bufs:
+        pushes.append(peer.enqueue(q, pb, gate))
+    t.join()
+    peer.stream.synchronize()
+    assert all(p.state() == (True, 0) for p in pushes)
+    seen: dict[int, list[int]] = {1: [], 2: []}
+    for _ in range(2 * n):
+        r = q.pop(timeout=5)
+        assert r is not None, f"a push was lost: {len(seen[1])} + {len(seen[2])} of {2 * n} arrived"
+        seen[r[1].kernel].append(r[1].signal_value)
+        q.completed()
+    assert seen[1] == list(range(1, n + 1)) and seen[2] == list(range(1, n + 1))
+    assert q.pop(timeout=0.05) is None
+
+
+def test_gated_stream_push_is_not_made(dom, peer):
+    q = dom.queue(8)
+    q.bind()
+    pb = dom.buffer(64)
+    pb.numpy()[:] = np.frombuffer(hl.Packet(kernel=3).encode(), np.uint8)
+    gate = peer.cp.full(1, int(hl.Status.ERROR), dtype=peer.cp.int32)
+    p = peer.enqueue(q, pb, gate)
+    peer.stream.synchronize()
+    assert p.state() == (True, 1)
+    assert q.pop(timeout=0.05) is None
 
 
 def _graph(dom, gpu, npu, cpu):

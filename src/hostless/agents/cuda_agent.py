@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import stagefn
+from .. import lowlevel, stagefn
 from .._abi import C
 from ..domain import Domain
 from ..kernels import Kernel
@@ -44,8 +44,11 @@ class CudaLoop(AgentLoop):
     Waits are ``cuStreamWaitValue64`` on the GPU, the kernel runs on CuPy arrays
     (zero-copy views of the heap, or device copies in copy mode), the output is
     committed and the signal stored by the GPU only when every input succeeded,
-    and follow-up packets are pushed into their queues by a device-side enqueue
-    kernel.  This process never synchronizes the stream in the loop.
+    and follow-up packets are pushed into their queues when the stream reaches them, by
+    CUDA's callback thread with the host's atomics (:meth:`CudaPeer.enqueue`); a push that
+    fails (its queue full for ``follow_timeout``) fails the follow-up's signal and those
+    nested in it, as on the host path.  This process never synchronizes the stream in the
+    loop.
     """
 
     def __init__(
@@ -256,7 +259,13 @@ class CudaLoop(AgentLoop):
             nb = len(hs)
             for q, j in targets:
                 at = follow_offset(nb, 0, j) + FO_PACKET
-                keep.append(_Keep([peer.enqueue(q, block, gate, offset=at)]))
+                keep.append(
+                    _Pushed(
+                        self,
+                        peer.enqueue(q, block, gate, offset=at, timeout=self.follow_timeout),
+                        follow[j][1],
+                    )
+                )
         finally:
             self.inflight.append((st.record(), keep))
 
@@ -366,7 +375,8 @@ class CudaLoop(AgentLoop):
             if pkt.signal:
                 peer.signal(self.cache.get(pkt.signal, _SIGNALABLE), pkt.signal_value, gate)
             for q, j in targets:
-                keep.append(peer.enqueue(q, block, gate, offset=at[j]))
+                push = peer.enqueue(q, block, gate, offset=at[j], timeout=self.follow_timeout)
+                packets.append(_Pushed(self, push, follow[j][1]))  # checked once the stream passed it
             keep.append(gate)
         except Exception as e:
             _debug(f"agent cuda: packet {idx} failed: {e!r}")
@@ -393,6 +403,26 @@ def _device_copy(cp: Any, peer: Any, b: Any, stream: Any = None) -> Any:
     else:
         d.set(b.numpy(), stream=stream)
     return d
+
+
+class _Pushed:
+    """A follow-up push queued on the stream: once the stream passed it (released by
+    :meth:`CudaLoop._recycle`), a push that failed fails the follow-up's signal and those
+    nested in it with ERROR."""
+
+    __slots__ = ("loop", "push", "raw")
+
+    def __init__(self, loop: CudaLoop, push: Any, raw: bytes) -> None:
+        self.loop, self.push, self.raw = loop, push, raw
+
+    def release(self) -> None:
+        ran, result = self.push.state()
+        if ran and result in (0, 1):  # pushed, or not pushed because an input failed
+            return
+        _debug(f"agent cuda: follow-up push failed (ran={ran}, result={result})")
+        fp = Packet.decode(self.raw)
+        self.loop.fail_signal(fp.signal, fp.signal_value, Status.ERROR)
+        self.loop.fail_downstream(fp, Status.ERROR, [FAIL_BUDGET])
 
 
 class _Keep:
@@ -466,6 +496,7 @@ class Armed:
             if word.device != "cpu" or word.nbytes < 8:
                 raise ValueError("arm: the host word is a host buffer of at least 8 bytes")
             self.word = peer.buffer_dptr(word)
+            self.hostword = word.numpy().view(np.uint64)[:1]  # the host's atomics on it (pass_frames)
         except BaseException:
             for o in held:
                 o.release()
@@ -473,10 +504,8 @@ class Armed:
         self.held = held
         self.start, self.step, self.next = start, step, start
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.side = cp.cuda.Stream(non_blocking=True)
         self.cancel = cupyx.zeros_pinned((1,), np.int32)  # mapped: its host address is its device one
         self.gates = cp.zeros(self.WINDOW, dtype=cp.int32)
-        self.old = cp.zeros(1, dtype=cp.uint64)
         self.addrs = cp.asarray(np.array([peer.word_addr(t) for t in self.waits] or [0], dtype=np.uint64))
         self.kinds = cp.asarray(np.full(max(1, len(self.waits)), 2, dtype=np.int32))
 
@@ -542,18 +571,19 @@ def pass_frames(group: list[Armed], restore: bool) -> None:
     frame, their streams drained (each frame's gate is -1: nothing committed or signalled);
     then (``restore``) the host word put back unless the host stored a newer frame meanwhile,
     and the flags cleared.  All of a graph's slots at once: a frame passing the host word
-    while its flag is clear could run before the host wrote it."""
+    while its flag is clear could run before the host wrote it.  The exchange and the
+    compare-exchange are the host's atomics, in this process: the host's frame program
+    stores the word, and a GPU atomic on host memory is not atomic against a host store
+    where the GPU lacks host-native atomics."""
     if not group:
         return
-    peer, a0 = group[0].loop.peer, group[0]
+    a0 = group[0]
     for a in group:
         a.cancel[0] = 1
-    peer.k_xchg64((1,), (1,), (np.uint64(a0.word), np.uint64(Armed.PAST), a0.old), stream=a0.side)
-    a0.side.synchronize()
+    old = lowlevel.word_exchange(a0.hostword, Armed.PAST)
     for a in group:
         a.stream.synchronize()
     if restore:
-        peer.k_cas64((1,), (1,), (np.uint64(a0.word), np.uint64(Armed.PAST), a0.old), stream=a0.side)
-        a0.side.synchronize()
+        lowlevel.word_compare_exchange(a0.hostword, Armed.PAST, old)
         for a in group:
             a.cancel[0] = 0

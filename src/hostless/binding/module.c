@@ -61,6 +61,80 @@ static PyObject *py_host_wake_fn(PyObject *m, PyObject *noargs) {
     return PyLong_FromVoidPtr((void *)(uintptr_t)&hle_host_wake);
 }
 
+static PyObject *py_host_push_fn(PyObject *m, PyObject *noargs) {
+    return PyLong_FromVoidPtr((void *)(uintptr_t)&hle_host_push);
+}
+
+/* A writable buffer of at least `need` bytes, 8-byte aligned (released by the caller). */
+static int words_view(PyObject *obj, Py_buffer *view, Py_ssize_t need) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (view->len < need || ((uintptr_t)view->buf & 7)) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "need a writable, 8-byte aligned buffer of %zd bytes or more", need);
+        return -1;
+    }
+    return 0;
+}
+
+/* host_push_fill(rec, q, cells, packets, capacity, packet, doorbell, producer, timeout_ns) -> gate offset:
+ * writes struct hle_push_rec into the buffer rec (pinned memory the stream's copy of the gate
+ * reaches); the caller copies the gate (an int32) to the returned offset before the function runs. */
+static PyObject *py_host_push_fill(PyObject *m, PyObject *args) {
+    PyObject *obj;
+    unsigned long long q, cells, packets, cap, packet, doorbell, timeout_ns;
+    unsigned int producer;
+    Py_buffer v;
+    if (!PyArg_ParseTuple(args, "OKKKKKKIK", &obj, &q, &cells, &packets, &cap, &packet, &doorbell, &producer,
+                          &timeout_ns))
+        return NULL;
+    if (words_view(obj, &v, (Py_ssize_t)sizeof(struct hle_push_rec)) < 0) return NULL;
+    struct hle_push_rec *r = (struct hle_push_rec *)v.buf;
+    memset(r, 0, sizeof *r);
+    r->q = q;
+    r->cells = cells;
+    r->packets = packets;
+    r->capacity = cap;
+    r->packet = packet;
+    r->doorbell = doorbell;
+    r->producer = producer;
+    r->timeout_ns = timeout_ns;
+    PyBuffer_Release(&v);
+    return PyLong_FromSize_t(offsetof(struct hle_push_rec, gate));
+}
+
+/* host_push_state(rec) -> (done, result) */
+static PyObject *py_host_push_state(PyObject *m, PyObject *obj) {
+    Py_buffer v;
+    if (words_view(obj, &v, (Py_ssize_t)sizeof(struct hle_push_rec)) < 0) return NULL;
+    struct hle_push_rec *r = (struct hle_push_rec *)v.buf;
+    int done = __atomic_load_n(&r->done, __ATOMIC_ACQUIRE);
+    int result = r->result;
+    PyBuffer_Release(&v);
+    return Py_BuildValue("(ii)", done, result);
+}
+
+/* word_op(buf, op, a, b) -> old: an atomic step on the first 8 bytes of a writable buffer
+ * (a heap word the GPU also reads): op 0 exchanges it for a, op 1 compares it with a and,
+ * if equal, stores b.  Host atomics: the GPU's on host memory are not atomic against them. */
+static PyObject *py_word_op(PyObject *m, PyObject *args) {
+    PyObject *obj;
+    int op;
+    unsigned long long a, b;
+    Py_buffer v;
+    if (!PyArg_ParseTuple(args, "OiKK", &obj, &op, &a, &b)) return NULL;
+    if (op != 0 && op != 1) return PyErr_Format(PyExc_ValueError, "word_op: op must be 0 or 1, not %d", op);
+    if (words_view(obj, &v, 8) < 0) return NULL;
+    uint64_t *w = (uint64_t *)v.buf, old;
+    if (op == 0) {
+        old = __atomic_exchange_n(w, (uint64_t)a, __ATOMIC_SEQ_CST);
+    } else {
+        old = (uint64_t)a;
+        __atomic_compare_exchange_n(w, &old, (uint64_t)b, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    }
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLongLong(old);
+}
+
 /* status_valid(s) -> bool: hl_status_valid, for the Python checker */
 static PyObject *py_status_valid(PyObject *m, PyObject *arg) {
     unsigned long long s = PyLong_AsUnsignedLongLong(arg);
@@ -80,6 +154,11 @@ static PyObject *py_set_status(PyObject *m, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"host_wake_fn", py_host_wake_fn, METH_NOARGS, "address of void hl_host_wake(void *futex_word)"},
+    {"host_push_fn", py_host_push_fn, METH_NOARGS, "address of void hle_host_push(void *rec)"},
+    {"host_push_fill", py_host_push_fill, METH_VARARGS,
+     "host_push_fill(rec, q, cells, packets, capacity, packet, doorbell, producer, timeout_ns) -> gate offset"},
+    {"host_push_state", py_host_push_state, METH_O, "host_push_state(rec) -> (done, result)"},
+    {"word_op", py_word_op, METH_VARARGS, "word_op(buf, op, a, b) -> old: atomic exchange (0) or CAS (1)"},
     {"set_status", py_set_status, METH_VARARGS, NULL},
     {"status_valid", py_status_valid, METH_O, "hl_status_valid(s): a status a fence can complete with"},
     {"layout", py_layout, METH_VARARGS, "layout(fences, participants, queues, trace, heap) -> offsets"},

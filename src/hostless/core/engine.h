@@ -486,8 +486,25 @@ int hle_queue_reserve_stuck(hle_ctx *c, uint64_t h, uint64_t sig, uint64_t *w);
 void hle_trace_emit_at(hle_ctx *c, uint64_t ts, uint32_t type, uint64_t a, uint64_t b, uint64_t cc, uint64_t d,
                        uint64_t e);
 void hle_trace_emit(hle_ctx *c, uint32_t type, uint64_t a, uint64_t b, uint64_t cc, uint64_t d, uint64_t e);
-/* Host function for cuLaunchHostFunc: wakes the sleepers of the slot at addr. */
+/* ---- host functions a CUDA stream runs (hostfn.c) ---- */
+/* Wakes the sleepers of the slot at addr. */
 void hle_host_wake(void *addr);
+/* A follow-up push made on the host for a stream (cuLaunchHostFunc): the GPU's atomics on
+ * host memory are not atomic against the host's where the device lacks host-native atomics
+ * (PCIe: 46% of updates lost, benchmarks/results/gpu-atomics-*), so a queue that host
+ * producers share is pushed into by the host only.  The stream copies the stage's gate into
+ * `gate` before the function runs. */
+struct hle_push_rec {
+    uint64_t q, cells, packets, capacity; /* the queue's view, validated by hl_queue_open */
+    uint64_t packet;                      /* host address of the prepared packet (a heap buffer) */
+    uint64_t doorbell;                    /* host address of the queue's doorbell word */
+    uint64_t timeout_ns;                  /* how long a full queue is waited for */
+    uint32_t producer;
+    int32_t gate;   /* 0: every input succeeded; else the packet is not pushed */
+    int32_t result; /* HL_OK pushed, 1 gated, else the push's error (HL_E_FULL after timeout_ns) */
+    int32_t done;   /* 1 once the function ran (release store) */
+};
+void hle_host_push(void *rec);
 
 
 /* ---- C kernels (kernels.c) ----

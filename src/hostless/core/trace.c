@@ -1,7 +1,6 @@
 /*
  * trace.c -- the domain's trace ring: events written lock-free by any
- * participant (a sequence number per event makes torn reads detectable), and
- * the host wake-up function a CUDA stream runs after a device store.
+ * participant (a sequence number per event makes torn reads detectable).
  */
 #include "engine.h"
 
@@ -29,15 +28,4 @@ void hle_trace_emit_at(hle_ctx *c, uint64_t ts, uint32_t type, uint64_t a, uint6
 
 void hle_trace_emit(hle_ctx *c, uint32_t type, uint64_t a, uint64_t b, uint64_t cc, uint64_t d, uint64_t e) {
     if (c->trace) hle_trace_emit_at(c, now_ns(), type, a, b, cc, d, e);
-}
-
-/* Host function a CUDA stream runs after a device store to a slot's word
- * (addr = the slot): wakes its host sleepers as a host signaler would. */
-/* Runs in CUDA's callback thread: no Python, one syscall. */
-void hle_host_wake(void *addr) {
-    struct hl_fence *f = (struct hl_fence *)addr;
-    if (HL_CTL_KIND(__atomic_load_n(&f->ctl, __ATOMIC_SEQ_CST)) == HL_KIND_TIMELINE)
-        hl_wake_timeline(f);
-    else
-        syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, 0x7fffffff, 0, 0, 0);
 }
