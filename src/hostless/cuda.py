@@ -59,21 +59,29 @@ _FAILED = int(C.TIMELINE_FAILED)
 _KERNELS = r"""
 #include "hostless.h"
 
-/* gate[0] = first failure among n completion words (0 when all succeeded).
- * kinds[i]: 1 binary fence (word is the status), 2 timeline (FAILED bit). */
-extern "C" __global__ void hl_gate(const unsigned long long *const *words, const int *kinds, int n,
-                                   int *gate) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    int st = 0;
-    for (int i = 0; i < n && !st; i++) {
+/* The status n completed inputs give a stage: 0 when every one succeeded, else the first
+ * failure.  kinds[i]: 1 binary fence (the word is its status), 2 timeline, waited to values[i]
+ * (or to `value` when values is 0): the header's rule, a point reached before a failure
+ * succeeded (ABI 6, hl_point_status). */
+__device__ static int hl_inputs_status(const unsigned long long *const *words, const int *kinds,
+                                       const unsigned long long *values, unsigned long long value, int n) {
+    for (int i = 0; i < n; i++) {
         unsigned long long w = *(volatile const unsigned long long *)words[i];
         if (kinds[i] == 2) {
-            if (w & HL_TIMELINE_FAILED) st = (int)(w & 0xffffffffull);
+            unsigned int ps = hl_point_status((struct hl_fence *)words[i], w, values ? values[i] : value);
+            if (ps != HL_STATUS_SUCCESS) return (int)ps;
         } else if (w != HL_STATUS_SUCCESS) {
-            st = (int)w;
+            return (int)w;
         }
     }
-    *gate = st;
+    return 0;
+}
+
+/* gate[0] = hl_inputs_status of a packet's inputs, after the stream's waits on them. */
+extern "C" __global__ void hl_gate(const unsigned long long *const *words, const int *kinds,
+                                   const unsigned long long *values, int n, int *gate) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    *gate = hl_inputs_status(words, kinds, values, 0, n);
 }
 
 /* Signal a fence (CAS 0 -> status) or advance a timeline (CAS loop up to
@@ -99,9 +107,9 @@ extern "C" __global__ void hl_signal(unsigned long long *word, int kind, unsigne
 
 /* The wait of an armed segment's frame on its predecessors' points, once its host word says
  * the frame was submitted (so each point is reached, or failed, in bounded time): spin, one
- * thread sleeping between looks, until every word has reached `value` (kinds as hl_gate) or
+ * thread sleeping between looks, until every word has reached `value` (kinds as hl_inputs_status) or
  * *cancel is set; then gate = -1 when cancelled (the agent's quiesce: nothing of the frame is
- * committed, signalled or pushed), else hl_gate's status. */
+ * committed, signalled or pushed), else hl_inputs_status. */
 extern "C" __global__ void hl_wait_points(const unsigned long long *const *words, const int *kinds, int n,
                                           unsigned long long value, const int *cancel, int *gate) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
@@ -116,16 +124,7 @@ extern "C" __global__ void hl_wait_points(const unsigned long long *const *words
     }
     if (*(const volatile int *)cancel) { *gate = -1; return; }
     __threadfence_system();
-    int st = 0;
-    for (int i = 0; i < n && !st; i++) {
-        unsigned long long w = *(volatile const unsigned long long *)words[i];
-        if (kinds[i] == 2) { /* the header's rule: a point reached before a failure succeeded (ABI 6) */
-            unsigned int ps = hl_point_status((struct hl_fence *)words[i], w, value);
-            if (ps != HL_STATUS_SUCCESS) st = (int)ps;
-        } else if (w != HL_STATUS_SUCCESS)
-            st = (int)w;
-    }
-    *gate = st;
+    *gate = hl_inputs_status(words, kinds, 0, value, n);
 }
 
 /* out[i] = src[i] when the gate is open (every input succeeded): 16-byte stores when both
@@ -250,7 +249,7 @@ class CudaPeer:
         self._closed = False
         # device arrays of the completion-word addresses of input sets seen recently (graphs
         # reuse the same sets every frame): no host-to-device copy per packet
-        self._gates: OrderedDict[Any, tuple[Any, Any]] = OrderedDict()
+        self._gates: OrderedDict[Any, tuple[Any, Any, Any]] = OrderedDict()
 
     # ------------------------------------------------------------ helpers
     @staticmethod
@@ -352,24 +351,30 @@ class CudaPeer:
         err = self.cu.cuLaunchHostFunc(self._cu_stream(stream), self._wake_fn, host_addr)
         self._check(err[0] if isinstance(err, tuple) else err, "cuLaunchHostFunc")
 
-    def gate(self, inputs: list[Any], stream: Any = None) -> Any:
-        """A device int: 0 when every input's word says success, else the first failure status."""
+    def gate(self, inputs: list[Any], values: list[int] | None = None, stream: Any = None) -> Any:
+        """A device int: 0 when every input succeeded, else the first failure status, computed
+        on ``stream`` after its waits on the inputs.  ``values[i]``: the point a timeline input
+        was waited to (a point reached before the timeline failed succeeded); default 1."""
         cp = self.cp
         st = stream or self.stream
         if not inputs:
             with st:
                 return cp.zeros(1, dtype=cp.int32)
+        vals = tuple(int(v) for v in values) if values is not None else (1,) * len(inputs)
+        if len(vals) != len(inputs):
+            raise ValueError(f"{len(vals)} values for {len(inputs)} inputs")
         addrs = tuple(self.word_addr(o) for o in inputs)
         kinds = tuple(
             2 if handle_kind(o.handle if hasattr(o, "handle") else o) == _KIND_TIMELINE else 1 for o in inputs
         )
-        key = (addrs, kinds, int(st.ptr))
+        key = (addrs, kinds, vals, int(st.ptr))
         ent = self._gates.get(key)
         with st:  # every allocation and copy on the stream: the pool reuses memory in stream order
             if ent is None:
                 ent = (
                     cp.asarray(np.array(addrs, dtype=np.uint64)),
                     cp.asarray(np.array(kinds, dtype=np.int32)),
+                    cp.asarray(np.array(vals, dtype=np.uint64)),
                 )
                 self._gates[key] = ent
                 if len(self._gates) > 512:
@@ -377,7 +382,7 @@ class CudaPeer:
             else:
                 self._gates.move_to_end(key)
             g = cp.empty(1, dtype=cp.int32)  # the gate kernel writes it
-        self._k_gate((1,), (1,), (ent[0], ent[1], np.int32(len(inputs)), g), stream=st)
+        self._k_gate((1,), (1,), (ent[0], ent[1], ent[2], np.int32(len(inputs)), g), stream=st)
         return g
 
     def commit(self, out: Buffer, scratch: Any, gate: Any, stream: Any = None) -> None:

@@ -174,6 +174,41 @@ def test_gated_stream_push_is_not_made(dom, peer):
     assert q.pop(timeout=0.05) is None
 
 
+def test_gpu_packet_on_a_point_reached_before_the_timeline_failed(dom):
+    """ABI 6: a point reached stays reached.  The gate of a cuda-agent packet follows the
+    header's hl_point_status: waiting on point 5 of a timeline that reached 5, then failed,
+    the stage runs and succeeds; waiting on point 6 of it, the stage fails untouched."""
+    gpu = agents.spawn(dom, "cuda")
+    try:
+        tl = dom.timeline()
+        tl.signal(5)
+        tl.fail(hl.Status.ERROR)
+        x = dom.buffer((16,), "f4")
+        x.numpy()[:] = np.arange(16, dtype="f4") - 8
+        outs = []
+        for point in (5, 6):
+            y = dom.buffer((16,), "f4")
+            y.numpy()[:] = -1
+            done = dom.fence(owner=gpu.id)
+            ka = hl.Kernargs(buffers=[x.handle, y.handle]).to_buffer(dom)
+            gpu.queue.push(
+                hl.Packet(
+                    kernel=kernels.kernel_id("relu"),
+                    args=ka.handle,
+                    signal=done.handle,
+                    wait=(tl.handle, 0),
+                    wait_value=(point, 0),
+                )
+            )
+            outs.append((done.wait(30), y.numpy().copy()))
+        assert outs[0][0] == hl.Status.SUCCESS
+        assert np.array_equal(outs[0][1], np.maximum(x.numpy(), 0))
+        assert outs[1][0] == hl.Status.ERROR
+        assert (outs[1][1] == -1).all()
+    finally:
+        gpu.stop()
+
+
 def _graph(dom, gpu, npu, cpu):
     rng = np.random.default_rng(0)
     w1 = rng.standard_normal((64, 64)).astype("f4")

@@ -283,13 +283,15 @@ class CudaLoop(AgentLoop):
     def _wait_inputs_on_gpu(self, pkt: Packet) -> Any:
         """Stream waits on the packet's inputs, then the gate over their words
         (handles and values were checked by :meth:`check`)."""
-        waits = []
+        waits, values = [], []
         for h, v in zip(pkt.wait, pkt.wait_value, strict=True):
             if h:
                 o = self.cache.get(h, _WAITABLE)
-                self.peer.wait(o, v if _kind(h) == _KIND_TIMELINE else 1)
+                v = v if _kind(h) == _KIND_TIMELINE else 1
+                self.peer.wait(o, v)
                 waits.append(o)
-        return self.peer.gate(waits)
+                values.append(v)
+        return self.peer.gate(waits, values)
 
     def _resolve_follow(self, follow: list[tuple[int, bytes]]) -> list[tuple[Any, int]]:
         """(queue, index of the follow-up in the block) of each follow-up; one whose queue
