@@ -17,6 +17,7 @@ __all__ = [
     "QueueFull",
     "NameTaken",
     "HostlessWarning",
+    "DeviceAtomicsWarning",
     "WritableDomainWarning",
     "DeviceHeapUnavailable",
     "CudaUnavailable",
@@ -103,6 +104,16 @@ class WritableDomainWarning(HostlessWarning):
     their choice (never load new code: that goes only through the spawner's private
     channel).  Create the domain with ``mode=0o600`` (the default) to keep them out, or
     filter this warning if the sharing is intended."""
+
+
+class DeviceAtomicsWarning(HostlessWarning):
+    """A GPU command processor (``gpucp``) started on a GPU without host-native atomics
+    (``cudaDevAttrHostNativeAtomicSupported`` = 0: a PCIe-attached GPU here).  It pushes its
+    follow-ups with the GPU's atomics on host memory, which are not atomic against the host's
+    there: a push into a queue that host producers also push into at the same moment can be
+    lost, or make the queue's cells contradict its write index (``CorruptDomain``).  Safe when
+    only the command processor pushes into the queues it feeds (its own queue included), or
+    use a ``"cuda"`` agent, whose follow-ups the host pushes.  docs/gpu.md, "Known hazard"."""
 
 
 class DeviceHeapUnavailable(HostlessError):

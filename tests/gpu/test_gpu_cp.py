@@ -19,6 +19,7 @@ import signal
 import struct
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -95,6 +96,24 @@ def test_chain_runs_on_the_command_processor(dom, dispatch, data):
             assert st["inplace"] >= 15, st
         else:
             assert st["inplace"] == 0, st
+    finally:
+        cp.stop()
+
+
+def test_warns_without_host_native_atomics(dom):
+    """The processor pushes with device atomics on host memory: the spawner says whether the
+    GPU makes those atomic against the host's, and warns when it does not."""
+    cu = pytest.importorskip("cuda.bindings.driver")
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED
+    err, dev = cu.cuDeviceGet(0)
+    err, native = cu.cuDeviceGetAttribute(attr, dev)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        cp = agents.spawn(dom, "gpucp", device=0)
+    try:
+        assert cp.capabilities["host_native_atomics"] is bool(native)
+        warned = [w for w in got if issubclass(w.category, hl.errors.DeviceAtomicsWarning)]
+        assert len(warned) == (0 if native else 1), [str(w.message) for w in got]
     finally:
         cp.stop()
 

@@ -55,7 +55,7 @@ from typing import Any
 
 from .. import lowlevel
 from ..domain import Domain
-from ..errors import HostlessError, WritableDomainWarning
+from ..errors import DeviceAtomicsWarning, HostlessError, WritableDomainWarning
 from ..kernels import FUNCTION_KERNEL_BASE, USER_KERNEL_BASE
 from ..queue import Packet, PacketType, Queue
 from . import control as _control
@@ -514,6 +514,13 @@ def spawn(
             a.capabilities = dict(json.loads(lines[1]))
         except ValueError:
             pass
+    if a.capabilities.get("host_native_atomics") is False:
+        warnings.warn(
+            f"{kind} agent on a GPU without host-native atomics: its pushes into queues that host "
+            "producers share can be lost (hostless.errors.DeviceAtomicsWarning says when it is safe)",
+            DeviceAtomicsWarning,
+            stacklevel=2,
+        )
     return a
 
 

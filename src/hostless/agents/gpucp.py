@@ -239,6 +239,12 @@ class GpuCommandProcessor:
         self.cubin = compile_cubin(device)
         total = int(cp.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
         self.info: dict[str, Any] = {"sms_total": total, "ctl": self.ctl_buf.handle}
+        # whether the GPU's atomics on host memory are atomic against the host's (the spawner
+        # warns when not: errors.DeviceAtomicsWarning)
+        attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED
+        dev = _ok(cu.cuDeviceGet(device), "cuDeviceGet")
+        native = _ok(cu.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute")
+        self.info["host_native_atomics"] = bool(native)
         self.green: Any = None
         self.ctx: Any = None
         why_not = ""
