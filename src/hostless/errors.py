@@ -107,13 +107,13 @@ class WritableDomainWarning(HostlessWarning):
 
 
 class DeviceAtomicsWarning(HostlessWarning):
-    """A GPU command processor (``gpucp``) started on a GPU without host-native atomics
-    (``cudaDevAttrHostNativeAtomicSupported`` = 0: a PCIe-attached GPU here).  It pushes its
-    follow-ups with the GPU's atomics on host memory, which are not atomic against the host's
-    there: a push into a queue that host producers also push into at the same moment can be
-    lost, or make the queue's cells contradict its write index (``CorruptDomain``).  Safe when
-    only the command processor pushes into the queues it feeds (its own queue included), or
-    use a ``"cuda"`` agent, whose follow-ups the host pushes.  docs/gpu.md, "Known hazard"."""
+    """A GPU command processor (``gpucp``) told to push its follow-ups itself
+    (``HOSTLESS_GPUCP_PUSHES=device``) on a GPU without host-native atomics
+    (``cudaDevAttrHostNativeAtomicSupported`` = 0: a PCIe-attached GPU here).  The GPU's atomics
+    on host memory are not atomic against the host's there: a push into a queue that host
+    producers also push into at the same moment can be lost, or make the queue's cells
+    contradict its write index (``CorruptDomain``).  Leave the variable unset: on such a GPU
+    the processor hands its follow-ups to a host thread of its process, which pushes them."""
 
 
 class DeviceHeapUnavailable(HostlessError):

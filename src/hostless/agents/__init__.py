@@ -514,10 +514,10 @@ def spawn(
             a.capabilities = dict(json.loads(lines[1]))
         except ValueError:
             pass
-    if a.capabilities.get("host_native_atomics") is False:
+    if a.capabilities.get("host_native_atomics") is False and a.capabilities.get("pushes") == "device":
         warnings.warn(
-            f"{kind} agent on a GPU without host-native atomics: its pushes into queues that host "
-            "producers share can be lost (hostless.errors.DeviceAtomicsWarning says when it is safe)",
+            f"{kind} agent told to push with device atomics on a GPU without host-native atomics: its "
+            "pushes into queues that host producers share can be lost (hostless.errors.DeviceAtomicsWarning)",
             DeviceAtomicsWarning,
             stacklevel=2,
         )

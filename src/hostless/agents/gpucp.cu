@@ -112,8 +112,6 @@
 #define HL_CP_QCACHE 4       /* queues pushed into, kept validated */
 #define HL_FOLLOW_WORDS 9    /* sizeof(struct hl_follow) / 8 */
 #define HL_CP_ERT_WORDS 32   /* an ERT command of at most 256 bytes */
-#define HL_CP_HOPS 256       /* remembered hop counts of our pushes into our own queue */
-#define HL_CP_PUSH_NS 1000000000ull /* a packet's follow-ups wait for a full queue this long, in all */
 
 /* A slot's completion word is written by a 16-byte CAS over {word, ctl} (write rule (c): only while
  * the slot is still the object the caller matched) where the device and compiler have one (sm_90,

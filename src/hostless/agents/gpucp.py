@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import devmem, lowlevel
+from .. import _core, devmem, lowlevel
 from .._abi import C
 from ..domain import Domain
 from ..errors import HostlessError
@@ -245,6 +245,25 @@ class GpuCommandProcessor:
         dev = _ok(cu.cuDeviceGet(device), "cuDeviceGet")
         native = _ok(cu.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute")
         self.info["host_native_atomics"] = bool(native)
+        # who pushes the follow-ups: the GPU with its atomics where they are atomic against the
+        # host's, else the host forwarder (core/cpfwd.c) through the outbox; HOSTLESS_GPUCP_PUSHES
+        # = "host" or "device" overrides (tests, measurements)
+        pushes = os.environ.get("HOSTLESS_GPUCP_PUSHES", "") or ("device" if native else "host")
+        if pushes not in ("host", "device"):
+            raise ValueError(f"HOSTLESS_GPUCP_PUSHES must be 'host' or 'device', not {pushes!r}")
+        self.info["pushes"] = pushes
+        self.outbox_ptr = self.outbox_dptr = 0
+        self.outbox: Any = None
+        self.forwarder: Any = None
+        if pushes == "host":  # private pinned memory, mapped into every context (the green one too)
+            import ctypes
+
+            flags = 1 | 2  # CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
+            n = int(C.CP_OUTBOX_SIZE)
+            self.outbox_ptr = int(_ok(cu.cuMemHostAlloc(n, flags), "cuMemHostAlloc"))
+            self.outbox = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(self.outbox_ptr))
+            dptr = _ok(cu.cuMemHostGetDevicePointer(self.outbox_ptr, 0), "cuMemHostGetDevicePointer")
+            self.outbox_dptr = int(dptr)
         self.green: Any = None
         self.ctx: Any = None
         why_not = ""
@@ -322,9 +341,12 @@ class GpuCommandProcessor:
             self.peer.dptr(self.ctl_buf.offset),
             int(self.share.data.ptr),
             int(self.cache.data.ptr),
+            self.outbox_dptr if self.outbox_ptr else 0,
         )
         c = ctypes
-        types = (c.c_void_p, c.c_ulonglong, c.c_ulonglong, c.c_uint) + (c.c_void_p,) * 4
+        types = (c.c_void_p, c.c_ulonglong, c.c_ulonglong, c.c_uint) + (c.c_void_p,) * 5
+        if self.outbox_ptr:  # the forwarder first: the kernel may push at once
+            self.forwarder = _core.cpfwd_start(self.dom._core, self.outbox, int(self.queue.handle))
         args = (vals, types)
         grid = 1 + self.workers
         self._push()
@@ -370,7 +392,16 @@ class GpuCommandProcessor:
         return _described(self.ctl)
 
     def close(self) -> None:
-        """Release the control block, the green context (if any) and the domain's registration."""
+        """Stop the forwarder (after what the outbox holds), then release the outbox, the control
+        block, the green context (if any) and the domain's registration."""
+        if self.forwarder is not None:
+            pushed, failed = _core.cpfwd_stop(self.forwarder)
+            self.info["forwarded"], self.info["forward_failed"] = int(pushed), int(failed)
+            self.forwarder = None
+        if self.outbox_ptr and self.done:  # never free what a running kernel may still write
+            self.outbox = None
+            self.cu.cuMemFreeHost(self.outbox_ptr)
+            self.outbox_ptr = 0
         self.ctl_buf.release()
         if self.green is not None:
             self.cu.cuStreamDestroy(self.stream)

@@ -4,12 +4,13 @@
 __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh, unsigned int host_index,
                                  const hl_u64 *dh_va, struct hl_cp_ctl *ctl, struct cp_share *sh, struct cp_gent *gc,
                                  struct cp_job *ljob, float *As, float *Bs, float *red, struct cp_front &F,
-                                 struct cp_qcache &QC, struct cp_sideop &SO) {
+                                 struct cp_qcache &QC, struct cp_sideop &SO, struct hl_cp_outbox *ob) {
     __shared__ hl_u64 s_w, s_c;
     __shared__ int s_hit;
     __shared__ hl_u64 hop_idx[HL_CP_HOPS]; /* 1 + the index of a packet we pushed into our own queue */
     __shared__ hl_u8 hop_n[HL_CP_HOPS];    /* and its hop count */
     hl_u32 hops = 0;                        /* lane 0: the current packet's hops through our own queue */
+    struct cp_out_state OS = {0, HL_CP_OUTBOX, 0, 0}; /* lane 0: the outbox (ob: the host pushes) */
     const int lane = threadIdx.x;
     const unsigned int nworkers = gridDim.x - 1;
     unsigned int gen = 0;
@@ -86,11 +87,17 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
             }
             got = __shfl_sync(HL_CP_FULL, got, 0);
             if (got < 0) break; /* stop */
+            hl_u64 hw = 0; /* with the outbox: the host's record of its pushes into our queue */
             if (got == 1 && lane < 8) ((hl_u64 *)P)[lane] = rd((const hl_u64 *)&F.v.packets[r & mask] + lane);
+            if (got == 1 && ob && lane == 8) hw = rd(&ob->hop[r % HL_CP_HOPS]);
             __syncwarp(); /* the packet is in shared memory: its loads completed */
+            hw = __shfl_sync(HL_CP_FULL, hw, 8);
             if (lane == 0) { /* its hops, if we pushed it into our own queue (else 0) */
                 const hl_u32 hs = (hl_u32)(r % HL_CP_HOPS);
-                hops = hop_idx[hs] == r + 1 ? hop_n[hs] : 0;
+                if (ob)
+                    hops = (hw & HL_CP_HOP_INDEX_MASK) == r + 1 ? (hl_u32)(hw >> 56) : 0;
+                else
+                    hops = hop_idx[hs] == r + 1 ? hop_n[hs] : 0;
                 hop_idx[hs] = 0;
             }
             r++;
@@ -257,7 +264,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                 SO.expected = HL_HANDLE_KIND(P->signal) == HL_KIND_FENCE ? 0 : sig_w;
                 SO.desired = HL_HANDLE_KIND(P->signal) == HL_KIND_FENCE ? (hl_u64)HL_STATUS_SUCCESS : P->signal_value;
             }
-            SO.resv = E && E->q0 && q0_c;
+            SO.resv = !ob && E && E->q0 && q0_c; /* with the outbox the host pushes */
             SO.q0 = E ? E->q0 : 0;
             SO.q0_c = q0_c;
             SO.qi = -1;
@@ -318,6 +325,11 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
             }
             int reserved_used = 0, budget = HL_CP_FAIL_BUDGET;
             hl_u64 dl = 0; /* the follow-ups' shared deadline for full queues */
+            int no_inplace = 0; /* a follow-up of ours for our queue may be in the outbox still */
+            if (ob && OS.own_pending) {
+                no_inplace = 1; /* this time: our queue was looked at before the outbox */
+                if (rd(&ob->taken) > OS.own_pos) OS.own_pending = 0;
+            }
             for (hl_u32 i = 0; Ef && i < Ef->nfollow; i++) {
                 struct hl_follow f;
 #pragma unroll
@@ -330,7 +342,7 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                     continue;
                 }
                 const int own = f.queue == F.qh;
-                if (i + 1 == E->self && !leave && hops < HL_CP_HOP_LIMIT && s_w == r &&
+                if (i + 1 == E->self && !leave && hops < HL_CP_HOP_LIMIT && !no_inplace && s_w == r &&
                     s_c == HL_CELL(r, 0, HL_CELL_FREE)) {
                     /* in place: our queue is empty (nothing published or reserved at the read index) */
                     have = 1;
@@ -341,6 +353,14 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
                 hl_u64 w = 0;
                 if (own && hops >= HL_CP_HOP_LIMIT) {
                     pr = HL_E_HANDLE; /* a chain through our own queue: cut */
+                } else if (ob) { /* the host pushes it (no GPU atomic on host memory) */
+                    pr = cp_out_put(ob, &OS, f.queue, own ? hops + 1 : 0, &f.packet, &dl);
+                    if (pr == HL_OK && own) {
+                        OS.own_pos = OS.pos - 1;
+                        OS.own_pending = 1;
+                        no_inplace = 1;
+                    }
+                    if (pr == HL_OK) continue;
                 } else if (!reserved_used && f.queue == E->q0 && SO.qi >= 0) {
                     reserved_used = 1;
                     qi = SO.qi;
@@ -395,7 +415,8 @@ __device__ static void front_end(char *base, unsigned long long size, hl_u64 qh,
 
 extern "C" __global__ void __launch_bounds__(HL_CP_THREADS, 1)
 hl_cp_main(char *base, unsigned long long size, unsigned long long qhandle, unsigned int host_index,
-           const unsigned long long *dh_va, struct hl_cp_ctl *ctl, struct cp_share *sh, struct cp_gent *gc) {
+           const unsigned long long *dh_va, struct hl_cp_ctl *ctl, struct cp_share *sh, struct cp_gent *gc,
+           struct hl_cp_outbox *ob) {
     __shared__ struct cp_job job;
     __shared__ float As[HL_CP_TILE * HL_CP_KSTEP], Bs[HL_CP_TILE * HL_CP_KSTEP];
     __shared__ float red[HL_CP_THREADS / 32];
@@ -405,7 +426,8 @@ hl_cp_main(char *base, unsigned long long size, unsigned long long qhandle, unsi
     if (blockIdx.x > 0)
         worker_loop(sh, &job, As, Bs, red);
     else if (threadIdx.x < 32)
-        front_end(base, size, qhandle, host_index, (const hl_u64 *)dh_va, ctl, sh, gc, &job, As, Bs, red, F, QC, SO);
+        front_end(base, size, qhandle, host_index, (const hl_u64 *)dh_va, ctl, sh, gc, &job, As, Bs, red, F, QC, SO,
+                  ob);
     else
         helper_loop(&job, As, Bs, red, &F, &QC, &SO);
 }

@@ -192,6 +192,35 @@ __device__ static int cp_reserve(struct cp_qcache *qc, int i, hl_u64 *w, hl_u64 
     return pr;
 }
 
+/* The outbox (hostless_gpucp.h; lane 0's): the next position, and the first one not known free. */
+struct cp_out_state {
+    hl_u64 pos, free_below;
+    hl_u64 own_pos; /* the position of our last follow-up into our own queue */
+    int own_pending; /* it may not be in our queue yet: nothing runs in place meanwhile */
+};
+
+/* Hand follow-up p for queue q to the host forwarder (no atomic crosses the bus): waits while the
+ * outbox is full until %globaltimer reaches *dl (as cp_reserve), then HL_E_FULL. */
+__device__ static int cp_out_put(struct hl_cp_outbox *ob, struct cp_out_state *os, hl_u64 q, hl_u64 hops,
+                                 const struct hl_packet *p, hl_u64 *dl) {
+    while (os->pos >= os->free_below) {
+        os->free_below = rd(&ob->taken) + HL_CP_OUTBOX;
+        if (os->pos < os->free_below) break;
+        if (!*dl) *dl = gtimer() + HL_CP_PUSH_NS;
+        if (gtimer() >= *dl) return HL_E_FULL;
+        __nanosleep(256);
+    }
+    struct hl_cp_out *s = &ob->slot[os->pos % HL_CP_OUTBOX];
+    *vol(&s->queue) = q;
+    *vol(&s->hops) = hops;
+#pragma unroll
+    for (int k = 0; k < 8; k++) *vol((hl_u64 *)&s->packet + k) = ((const hl_u64 *)p)[k];
+    __threadfence_system(); /* the slot before its seq */
+    *vol(&s->seq) = os->pos + 1;
+    os->pos++;
+    return HL_OK;
+}
+
 /* Word k of follow-up i of entry e (from shared memory, or device memory past HL_CP_FW words):
  * 0 its queue, 1..8 its packet. */
 __device__ __forceinline__ static hl_u64 follow_word(const struct cp_front *F, const struct cp_gent *gc, int e,

@@ -51,6 +51,9 @@ typedef struct {
 extern PyTypeObject CoreType;
 extern PyTypeObject HandleType;
 extern PyTypeObject FrameProgramType; /* frame.c: hostless._core.FrameProgram */
+/* cpfwd.c: the GPU command processor's host forwarder */
+PyObject *hlpy_cpfwd_start(PyObject *m, PyObject *args);
+PyObject *hlpy_cpfwd_stop(PyObject *m, PyObject *cap);
 
 /* errors.c: raise the exception for engine code `code` (< 0) with the
  * thread's detail message; returns NULL.  HL_E_INTR: the exception the

@@ -158,6 +158,8 @@ static PyMethodDef module_methods[] = {
     {"host_push_fill", py_host_push_fill, METH_VARARGS,
      "host_push_fill(rec, q, cells, packets, capacity, packet, doorbell, producer, timeout_ns) -> gate offset"},
     {"host_push_state", py_host_push_state, METH_O, "host_push_state(rec) -> (done, result)"},
+    {"cpfwd_start", hlpy_cpfwd_start, METH_VARARGS, "cpfwd_start(core, outbox, own_queue) -> forwarder"},
+    {"cpfwd_stop", hlpy_cpfwd_stop, METH_O, "cpfwd_stop(forwarder) -> (pushed, failed)"},
     {"word_op", py_word_op, METH_VARARGS, "word_op(buf, op, a, b) -> old: atomic exchange (0) or CAS (1)"},
     {"set_status", py_set_status, METH_VARARGS, NULL},
     {"status_valid", py_status_valid, METH_O, "hl_status_valid(s): a status a fence can complete with"},

@@ -608,3 +608,19 @@ out_free:
     free(a);
     return r;
 }
+
+/* Contract in engine.h: a packet's signal and its follow-ups', failed as an agent fails those
+ * of a packet that will not run, for a caller that is no agent (cpfwd.c). */
+void hle_agent_fail_packet(hle_ctx *c, const struct hl_packet *p, uint64_t status) {
+    struct hle_agent_cfg cfg;
+    struct agent *a = calloc(1, sizeof *a);
+    if (!a) return;
+    memset(&cfg, 0, sizeof cfg);
+    a->c = c;
+    a->cfg = &cfg;
+    int budget = HLE_AGENT_FAIL_BUDGET;
+    finish_signal(a, p->signal, p->signal_value, status);
+    fail_downstream(a, p, status, &budget, 0);
+    release_all(a);
+    free(a);
+}

@@ -506,6 +506,22 @@ struct hle_push_rec {
 };
 void hle_host_push(void *rec);
 
+/* ---- the GPU command processor's host forwarder (cpfwd.c) ---- */
+struct hle_cpfwd;
+/* Start the thread that pushes the follow-ups a GPU command processor serving `own_queue`
+ * hands over in `outbox` (struct hl_cp_outbox, hostless_gpucp.h: 8-byte aligned memory the
+ * GPU reaches, which it initializes: every slot free, no hops).  The outbox must outlive
+ * hle_cpfwd_stop; the context's hle_leave waits for the thread (it leaves on `closing`).
+ * HL_OK with *out; HL_E_CLOSED; HL_E_VALUE (misaligned); HL_E_NOMEM; HL_E_OS. */
+int hle_cpfwd_start(hle_ctx *c, void *outbox, uint64_t own_queue, struct hle_cpfwd **out);
+/* Stop it (after forwarding what the outbox holds, unless the context is closing), join it,
+ * free it; *pushed and *failed (optional): its follow-ups pushed and failed. */
+void hle_cpfwd_stop(struct hle_cpfwd *f, uint64_t *pushed, uint64_t *failed);
+/* Fail packet p's signal, and those of its follow-ups nested in its argument block (bounded
+ * as an agent's: HLE_AGENT_FAIL_DEPTH, HLE_AGENT_FAIL_BUDGET), with `status`: a follow-up
+ * that could not be pushed on its producer's behalf (agent.c). */
+void hle_agent_fail_packet(hle_ctx *c, const struct hl_packet *p, uint64_t status);
+
 
 /* ---- C kernels (kernels.c) ----
  * A buffer as a kernel sees it: data, size, and the metadata checked against

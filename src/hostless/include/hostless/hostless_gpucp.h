@@ -17,6 +17,9 @@
 #define HL_CP_MAX_BUFS 4     /* buffers of one job */
 #define HL_CP_ARGS_WORDS 128 /* an argument block of at most 1 KiB */
 #define HL_CP_CACHE 128      /* decoded argument blocks kept (a power of two) */
+#define HL_CP_HOPS 256       /* remembered hop counts of pushes into the processor's own queue */
+#define HL_CP_PUSH_NS 1000000000ull /* a packet's follow-ups wait for a full queue this long, in all */
+#define HL_CP_OUTBOX 64      /* follow-ups handed to the host forwarder, in flight at most */
 
 /* hl_cp_ctl.state */
 #define HL_CP_STATE_RUNNING 1u
@@ -55,6 +58,32 @@ struct hl_cp_ctl {
     hl_u64 sm_khz;     /* the front end's SM clock (clock64 against %globaltimer) since the last write */
     hl_u64 pad[7];
 };
+
+/* The outbox: on a GPU whose atomics on host memory are not atomic against the host's
+ * (cudaDevAttrHostNativeAtomicSupported = 0: PCIe), the processor pushes no follow-up itself;
+ * it hands each to a host thread of its process (core/cpfwd.c) through this ring in private
+ * pinned memory, where every word has one writer at a time (no atomic read-modify-write
+ * crosses the bus).  Position p lies in slot p % HL_CP_OUTBOX; the GPU writes it when
+ * p < taken + HL_CP_OUTBOX (taken: the positions the host has forwarded, which only the host
+ * writes): queue, hops and the packet, a system fence, then seq = p + 1 (only the GPU writes
+ * seq); the host waits for that seq, pushes, then taken = p + 1.  hop[] is the host's record of its pushes into
+ * the processor's own queue, HL_CP_HOP_WORD(index, hops), which the front end reads with the
+ * packet at that index (the chain limit through its own queue). */
+struct hl_cp_out {
+    hl_u64 seq;
+    hl_u64 queue; /* the follow-up's queue handle (untrusted: the forwarder checks it) */
+    hl_u64 hops;  /* into the processor's own queue: the hop count the packet will carry */
+    hl_u64 pad;
+    struct hl_packet packet;
+};
+struct hl_cp_outbox {
+    hl_u64 taken; /* host: positions forwarded (pushed, or failed) */
+    hl_u64 pad[7];
+    struct hl_cp_out slot[HL_CP_OUTBOX];
+    hl_u64 hop[HL_CP_HOPS];
+};
+#define HL_CP_HOP_WORD(w, n) ((((hl_u64)(n)) << 56) | ((hl_u64)(w) + 1))
+#define HL_CP_HOP_INDEX_MASK ((((hl_u64)1) << 56) - 1)
 
 /* What the blocks that run a job need: plain values, no handles. */
 struct cp_job {
