@@ -136,8 +136,8 @@ def test_follow_ups_race_host_pushes_into_one_queue_without_loss(dom):
         native = cp.capabilities["host_native_atomics"]
         want = os.environ.get("HOSTLESS_GPUCP_PUSHES") or ("device" if native else "host")
         assert cp.capabilities["pushes"] == want
-        n = 400
-        q = dom.queue(2048)
+        n = 2000
+        q = dom.queue(8192)
         q.bind()
         x = dom.buffer((4,), "f4")
         y = dom.buffer((4,), "f4")
@@ -152,11 +152,16 @@ def test_follow_ups_race_host_pushes_into_one_queue_without_loss(dom):
             for i in range(n):
                 q.push(Packet(kernel=2, signal_value=i + 1))
 
-        t = threading.Thread(target=host)
+        def feed() -> None:
+            for b, f in zip(blocks, done, strict=True):
+                cp.queue.push(Packet(type=PacketType.KERNEL, kernel=4, args=b.handle, signal=f.handle))
+
+        t, t2 = threading.Thread(target=host), threading.Thread(target=feed)
+        t2.start()
+        time.sleep(0.002)  # the processor's pushes under way before the host's begin
         t.start()
-        for b, f in zip(blocks, done, strict=True):
-            cp.queue.push(Packet(type=PacketType.KERNEL, kernel=4, args=b.handle, signal=f.handle))
         t.join()
+        t2.join()
         assert all(f.wait(timeout=30) == Status.SUCCESS for f in done)
         seen = {1: [], 2: []}
         for _ in range(2 * n):
@@ -1027,7 +1032,12 @@ def _(e: GEnv) -> None:
     assert n == hostile.CAP
     gate.signal()
     assert f.wait(GPU_ANSWER) is S.SUCCESS
-    assert g.wait(GPU_ANSWER) is S.ERROR  # the follow-up could not be pushed: nobody else frees a cell
+    if a.capabilities.get("pushes") == "host":
+        # the host forwarder tries it once when it takes it from the outbox: the processor, which
+        # goes on meanwhile, may have freed a cell by then (pushed) or not (ERROR); never a hang
+        assert g.wait(GPU_ANSWER) in (S.SUCCESS, S.ERROR)
+    else:
+        assert g.wait(GPU_ANSWER) is S.ERROR  # the follow-up could not be pushed: nobody else frees a cell
 
 
 def gself_loop(e: GEnv, fanout: int) -> None:
