@@ -101,6 +101,18 @@ PyObject *Core_name_lookup(Core *c, PyObject *name);
 PyObject *Core_name_list(Core *c, PyObject *noargs);
 PyObject *Core_name_seq(Core *c, PyObject *noargs);
 
+/* core_queue.c: Core's queue and trace methods */
+PyObject *Core_queue_new(Core *c, PyObject *arg);
+PyObject *Core_queue_bind(Core *c, PyObject *arg);
+PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Core_queue_pop(Core *c, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Core_queue_info(Core *c, PyObject *arg);
+PyObject *Core_queue_view(Core *c, PyObject *arg);
+PyObject *Core_queue_doorbell_addr(Core *c, PyObject *arg);
+PyObject *Core_queue_completed(Core *c, PyObject *arg);
+PyObject *Core_trace(Core *c, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Core_trace_enabled(Core *c, PyObject *noargs);
+
 /* agent.c: Core.agent_run (the native agent loop) */
 PyObject *Core_agent_run(Core *c, PyObject *args);
 PyObject *hlpy_blas_probe(PyObject *self, PyObject *args);
