@@ -50,7 +50,7 @@ from .queue import Follow, Kernargs, Packet, PacketType, Queue
 from .status import Status
 from .subscriber import Subscriber
 from .timeline import Point, Timeline
-from .waits import Completed, packet_waits, wait_all, wait_all_async, wait_any, wait_any_async
+from .waits import Completed, WaitSet, packet_waits, wait_all, wait_all_async, wait_any, wait_any_async
 
 __version__ = "0.1.0"
 
@@ -64,6 +64,7 @@ __all__ = [
     "wait_any",
     "wait_all",
     "wait_any_async",
+    "WaitSet",
     "wait_all_async",
     "packet_waits",
     "Buffer",

@@ -97,7 +97,7 @@ DEVHEAP_DTYPE = _dtype(
     ],
     C.DEVHEAP_SIZE,
 )
-"""struct hl_devheap: one device heap's descriptor (hostless_layout.h, "Device heaps")."""
+"""struct hl_devheap: one device heap's descriptor (hostless_layout_regions.h, "Device heaps")."""
 
 PARTICIPANT_DTYPE = _dtype(
     [

@@ -60,7 +60,13 @@ class CompiledGraph(FrameRunner):
             for k, s in enumerate(g.stages)
             if callable(s.kernel)
         }
-        self.dag = Dag.build([s.output for s in g.stages], [s.inputs for s in g.stages])
+        # the pushers chosen by placement: no packet queued ahead of one it waits for (dag.py)
+        self.dag = Dag.build(
+            [s.output for s in g.stages],
+            [s.inputs for s in g.stages],
+            [s.agent.queue.handle for s in g.stages],
+            copies=data == "copy",
+        )
         # GPU segments: loaded into their agents (functions imported, run once, checked); which
         # are armed, which stages the host pushes (hostless.segments.load)
         self.segments: dict[int, tuple[str, str]] = {}
@@ -272,6 +278,12 @@ class CompiledGraph(FrameRunner):
             name = "host heap" if heap == "cpu" else f"{heap} heap"
             room = f"{sizes.fmt_bytes(hsize)} ({sizes.fmt_bytes(hfree)} free now)"
             lines.append(f"  {name}: this graph takes {self.needs.describe(heap)} of {room}")
+        if self.dispatch == "direct" and self.dag.stuck and not (self.armed or self.hostpushed):
+            names = ", ".join(g.stages[k].name for k in self.dag.unsafe) or "some stage"
+            lines.append(
+                f"  warning: no push order found for {names} that no interleaving of a frame can hang "
+                "(hostless.dag): dispatch='host' or another placement avoids it"
+            )
         return "\n".join(lines + segments.plan_lines(self))
 
     def _build_slot(self, sl: _Slot) -> _Slot:
@@ -439,13 +451,16 @@ class CompiledGraph(FrameRunner):
 
     def _join(self, sl: _Slot, k: int, p: Packet) -> Follow:
         """What stage k's pusher pushes for it: k's packet, waiting on up to two other
-        predecessors, behind relay packets on the pusher's agent for the rest (two each)."""
+        predecessors, behind relay packets on the pusher's agent for the rest (two each);
+        for a stage the plan relays (``dag.relayed``), every wait is in relays and k's packet
+        waits on nothing."""
         others = [self._waited(sl, j) for j in self.dag.others(k)]
         groups = [others[i : i + MAX_PACKET_WAITS] for i in range(0, len(others), MAX_PACKET_WAITS)]
         out = Follow(self.g.stages[k].agent.queue.handle, p)
         if not groups:
             return out
-        self._set_waits(p, groups.pop())
+        if k not in self.dag.relayed:
+            self._set_waits(p, groups.pop())
         pusher = self.g.stages[self.dag.pusher(k) or 0].agent
         if groups and not sl.scratch:
             for _ in range(2):

@@ -13,7 +13,7 @@ command processor (NEW -> RUNNING -> COMPLETED / ERROR).
 This module encodes.  The format and its one decoder live in the ABI header
 ``hostless_ert.h`` (``HL_ERT_*`` constants, ``hl_ert_check``,
 ``hl_ert_cu_args``, ``hl_ert_chain``, ...), which the native command
-processor (``core/agent.c``) and the GPU's (``agents/gpucp.cu``) use too;
+processor (``core/agent_ert.c``) and the GPU's (``agents/gpucp.cu``) use too;
 every decoding function here (:meth:`ErtCommand.decode`, :func:`parse_header`,
 :func:`parse_cu_args`, :func:`chain_handles`, :func:`set_state`) calls it
 through the extension, so a command decodes the same everywhere.

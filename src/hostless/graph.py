@@ -26,9 +26,13 @@ and a frame is done when every sink stage is.
 * Direct dispatch: the host pushes the packets of the root stages (no
   predecessor).  When a stage finishes, its agent pushes the packets of the
   successors whose *pusher* it is: a stage with several predecessors is pushed
-  by the last of them in topological order (so it is enqueued once per frame)
-  and its packet waits on the other predecessors' timeline points (the frame
-  number), so it runs only when all its inputs are done.  A packet waits on at
+  by one of them (so it is enqueued once per frame), chosen by placement so
+  that no packet is queued on an agent ahead of work it waits for (the last
+  predecessor where that is safe; ``hostless.dag`` states the plan and checks
+  it against every interleaving of a frame; ``plan()`` says when no plan
+  found is safe), and its packet waits on the other predecessors' timeline
+  points (the frame number), so it runs only when all its inputs are done.
+  A packet waits on at
   most two points (``wait[2]``); a stage with more than three predecessors gets
   *relay* packets in front of it: one-byte copy packets on the pusher's agent,
   each waiting on two more points, chained as follow-ups (one relay per two

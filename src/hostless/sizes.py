@@ -33,7 +33,7 @@ import numpy as np
 
 from . import ert
 from ._abi import C
-from .dag import MAX_PACKET_WAITS, Dag
+from .dag import Dag
 from .graphparts import GraphTooLarge
 from .wire import FOLLOW_SIZE, KERNARG_SIZE
 
@@ -175,10 +175,10 @@ def _slot_packets(stages: Sequence[Any], dag: Dag, dispatch: str, data: str) -> 
             if edges:  # carries the pushed successors, each other one the copy before it
                 total += _packet(s.agent, 2, 0, len(pushed)) + (edges - 1) * _packet(s.agent, 2, 0, 1)
         if direct and dag.preds[k]:  # relays on the pusher for the waits past the packet's own
-            groups = -(-len(dag.others(k)) // MAX_PACKET_WAITS)
-            if groups > 1:
+            groups = dag.relay_groups(k)
+            if groups:
                 pusher = stages[dag.pusher(k) or 0].agent
-                total += (groups - 1) * _packet(pusher, 2, 0, 1)
+                total += groups * _packet(pusher, 2, 0, 1)
                 relays = True
     if relays:  # the slot's two one-byte buffers relays copy between
         total += 2 * host_block_bytes(1)

@@ -90,6 +90,11 @@ class Timeline(_core.Handle):
         :func:`hostless.wait_all`, ``await``, a packet's wait list
         (:func:`hostless.packet_waits`), ``Domain.publish``.  It holds no reference
         of its own: the timeline object must stay held while it is used."""
+        if type(value) is int and 0 <= value <= _TIMELINE_MAX:  # made without Point's checks
+            p = _NEW(Point)
+            _SET_TIMELINE(p, self)
+            _SET_VALUE(p, value)
+            return p
         return Point(self, value)
 
     def fail(self, status: int = Status.ERROR) -> None:
@@ -160,14 +165,12 @@ class Point:
     value: int
 
     def __init__(self, timeline: Timeline, value: int) -> None:
-        if not isinstance(timeline, Timeline):
-            raise TypeError(f"a point is on a Timeline, got {type(timeline).__name__}")
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"a point's value is an int, got {type(value).__name__}")
-        if not 0 <= value <= int(C.TIMELINE_MAX):
-            raise ValueError(f"timeline values are in 0..2**62-1, got {value}")
-        object.__setattr__(self, "timeline", timeline)
-        object.__setattr__(self, "value", value)
+        # the common case checked by exact types first (a point per frame in a wait loop is
+        # on the hot path); anything else goes through the full checks
+        if type(value) is not int or type(timeline) is not Timeline or not 0 <= value <= _TIMELINE_MAX:
+            _check_point(timeline, value)
+        _SET_TIMELINE(self, timeline)
+        _SET_VALUE(self, value)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("a Point is immutable")
@@ -212,6 +215,23 @@ class Point:
 
     def __repr__(self) -> str:
         return f"<hostless.Point {self.timeline.handle:#x} >= {self.value}>"
+
+
+# the slots' own setters (Point refuses attribute assignment)
+_SET_TIMELINE = Point.__dict__["timeline"].__set__
+_SET_VALUE = Point.__dict__["value"].__set__
+_NEW = object.__new__
+_TIMELINE_MAX = int(C.TIMELINE_MAX)
+
+
+def _check_point(timeline: object, value: object) -> None:
+    """Raise what a Point of ``value`` on ``timeline`` breaks (TypeError, ValueError)."""
+    if not isinstance(timeline, Timeline):
+        raise TypeError(f"a point is on a Timeline, got {type(timeline).__name__}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"a point's value is an int, got {type(value).__name__}")
+    if not 0 <= value <= _TIMELINE_MAX:
+        raise ValueError(f"timeline values are in 0..2**62-1, got {value}")
 
 
 def _point_status(tl: Timeline, w: int, value: int) -> Status:

@@ -9,6 +9,11 @@ joined.  Objects of one domain are waited on with one blocking wait over all
 their words (``futex_waitv``: the GIL is released, Ctrl-C ends it within a few
 ms, a store by a device is seen within the domain's poll interval); objects of
 several domains are waited on in turns of 1 ms per domain.
+
+:class:`WaitSet` is the prepared form for a loop that waits on the same objects
+again and again: built once, each ``wait_any`` is one C call that returns an
+index (no object is read and no result is built per call), and a point's value
+moves with ``set_value``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _core
+from ._abi import C
 from .fence import Fence
 from .status import Status, fence_status
 from .timeline import Point, _point_status
@@ -28,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Completed",
+    "WaitSet",
     "Waitable",
     "packet_waits",
     "wait_all",
@@ -140,6 +147,82 @@ def wait_any(objs: Iterable[Waitable], timeout: float | None = None) -> Complete
         nap = left if len(batches) == 1 else (_SLICE_NS if left < 0 else min(left, _SLICE_NS))
         core = dom._core
         core.wait_any([(targets[j][1], targets[j][2]) for j in idx], nap, core.kick_value())
+
+
+class WaitSet(_core.WaitSet):
+    """A prepared wait over a fixed list of fences and timeline points of one
+    domain (any mix, 1..127 objects): :func:`wait_any` for a loop that waits on
+    the same objects again and again.
+
+    The objects are read and checked once, here; each :meth:`wait_any` is then
+    one C call (the engine's wait over every word, the GIL released while it
+    sleeps) that returns the index of the first complete object in the set's
+    order, an ``int``: no object is read, no list and no :class:`Completed` are
+    built per call.  :meth:`set_value` moves a point of the set to another
+    value of its timeline (a loop waiting for frame ``i``) without building a
+    :class:`~hostless.Point`.
+
+    Methods (in C, inherited):
+
+    * ``wait_any(timeout=None) -> int``: block until one object has completed
+      (a failure completes an object too); the index of the first complete
+      one.  TimeoutError after ``timeout`` seconds (None: no limit),
+      KeyboardInterrupt on Ctrl-C within a few ms, InvalidHandle when an
+      object was released since, DomainClosed.
+    * ``wait_all(timeout=None) -> None``: block until every object has
+      completed; TimeoutError says how many did.
+    * ``value(i) -> int`` and ``set_value(i, value)``: the value of point
+      ``i`` (0 for a fence); ValueError for a fence or a value outside
+      0..2**62-1.
+
+    The set keeps its objects' handles alive but does not own them: releasing
+    one of them makes the next wait raise InvalidHandle.  Objects of several
+    domains: use :func:`wait_any`.
+    """
+
+    __slots__ = ("_fences",)
+
+    def __init__(self, objs: Iterable[Waitable]) -> None:
+        items, targets = _items(objs)
+        doms = {id(dom) for dom, _h, _thr in targets}
+        if len(doms) > 1:
+            raise ValueError(
+                f"a WaitSet's objects are of one domain, got objects of {len(doms)}: "
+                "use hl.wait_any for objects of several domains"
+            )
+        if len(items) > int(C.WAIT_MANY_MAX):
+            raise ValueError(
+                f"a WaitSet holds at most {int(C.WAIT_MANY_MAX)} objects, got {len(items)}: "
+                "merge some first (Domain.merge) or use hl.wait_any"
+            )
+        super().__init__(items)
+        self._fences = [o if isinstance(o, Fence) else None for o in items]
+
+    def __len__(self) -> int:
+        return int(self._n)
+
+    @property
+    def objs(self) -> list[Waitable]:
+        """The set's objects, in its order (a point as it is now: ``set_value`` moves it)."""
+        out: list[Waitable] = []
+        for i, f in enumerate(self._fences):
+            out.append(f if f is not None else Point(self._holders[i], self.value(i)))
+        return out
+
+    def status(self, i: int) -> Status:
+        """ACTIVE until object ``i`` completes, then SUCCESS or its failure (a fence's
+        status, a timeline's failure; a point reached before the failure is SUCCESS), as
+        :attr:`Completed.status`.  IndexError, InvalidHandle, DomainClosed."""
+        s = self._status(i)
+        return Status.ACTIVE if s is None else s
+
+    def completed(self, i: int) -> Completed:
+        """Object ``i`` with its status now (what :func:`wait_any` returns, for the index
+        :meth:`wait_any` gave): ``Completed(i, obj, status)``."""
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"WaitSet index {i} out of range ({len(self)} objects)")
+        i %= len(self)
+        return Completed(i, self.objs[i], self.status(i))
 
 
 def wait_all(objs: Iterable[Waitable], timeout: float | None = None) -> list[Completed]:

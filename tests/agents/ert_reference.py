@@ -1,6 +1,6 @@
 """A reference ERT command processor in Python, for the tests of the C one.
 
-The emulated NPU's command processor is the engine's (``core/agent.c``); this
+The emulated NPU's command processor is the engine's (``core/agent_ert.c``); this
 is the one the Python npu agent loop ran before that loop was removed, kept as
 the tests' reference: the C processor must write back what it writes.  The
 byte layout of a command is :mod:`hostless.ert`'s; this module is the

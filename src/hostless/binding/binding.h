@@ -104,6 +104,18 @@ PyObject *Core_name_lookup(Core *c, PyObject *name);
 PyObject *Core_name_list(Core *c, PyObject *noargs);
 PyObject *Core_name_seq(Core *c, PyObject *noargs);
 
+/* core_queue.c: Core's queue and trace methods */
+PyObject *Core_queue_new(Core *c, PyObject *arg);
+PyObject *Core_queue_bind(Core *c, PyObject *arg);
+PyObject *Core_queue_push(Core *c, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Core_queue_pop(Core *c, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Core_queue_info(Core *c, PyObject *arg);
+PyObject *Core_queue_view(Core *c, PyObject *arg);
+PyObject *Core_queue_doorbell_addr(Core *c, PyObject *arg);
+PyObject *Core_queue_completed(Core *c, PyObject *arg);
+PyObject *Core_trace(Core *c, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Core_trace_enabled(Core *c, PyObject *noargs);
+
 /* agent.c: Core.agent_run (the native agent loop) */
 PyObject *Core_agent_run(Core *c, PyObject *args);
 PyObject *hlpy_blas_probe(PyObject *self, PyObject *args);
@@ -112,6 +124,14 @@ PyObject *hlpy_agent_table(PyObject *self, PyObject *args);
 /* waits.c: Core.wait_many, and the module's wait_any / set_completed (hl.wait_any's one-call path) */
 PyObject *Core_wait_many(Core *c, PyObject *const *args, Py_ssize_t nargs);
 extern PyMethodDef hlpy_wait_methods[];
+/* One (handle, value) from a held Fence / merged fence (value 0) or a Point of
+ * core *c (NULL: set from the object): 1; 0 when it is none of those; -1 with
+ * an exception. */
+int hlpy_object_pair(Core **c, PyObject *o, uint64_t *h, uint64_t *v);
+/* A wait's timeout argument in ns: None -> -1 (forever); ValueError / TypeError. */
+int hlpy_timeout_ns(PyObject *t, int64_t *out);
+/* waitset.c: hostless._core.WaitSet (a prepared wait_any / wait_all) */
+extern PyTypeObject WaitSetType;
 
 /* codecs.c: ERT decoding, failure and trace records (module functions) */
 extern PyMethodDef hlpy_codec_methods[];

@@ -276,6 +276,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (PyType_Ready(&CoreType) < 0) return NULL;
     if (PyType_Ready(&HandleType) < 0) return NULL;
     if (PyType_Ready(&FrameProgramType) < 0) return NULL;
+    if (PyType_Ready(&WaitSetType) < 0) return NULL;
     PyObject *m = PyModule_Create(&coremodule);
     if (!m) return NULL;
     Py_INCREF(&CoreType);
@@ -284,6 +285,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     PyModule_AddObject(m, "Handle", (PyObject *)&HandleType);
     Py_INCREF(&FrameProgramType);
     PyModule_AddObject(m, "FrameProgram", (PyObject *)&FrameProgramType);
+    Py_INCREF(&WaitSetType);
+    PyModule_AddObject(m, "WaitSet", (PyObject *)&WaitSetType);
     PyModule_AddIntConstant(m, "FOP_STORE", HLE_FOP_STORE);
     PyModule_AddIntConstant(m, "FOP_PUSH", HLE_FOP_PUSH);
     PyModule_AddIntConstant(m, "FOP_COPY", HLE_FOP_COPY);

@@ -14,7 +14,7 @@ static PyObject *g_s_timeline, *g_s_value, *g_completed;
  * (its timeline's handle, its value) of core *c (NULL: the first item's core,
  * stored there): 1; 0 when it is none of those (another domain, released, a
  * bare Timeline, another type); -1 with an exception. */
-static int object_pair(Core **c, PyObject *o, uint64_t *h, uint64_t *v) {
+int hlpy_object_pair(Core **c, PyObject *o, uint64_t *h, uint64_t *v) {
     if (PyObject_TypeCheck(o, &HandleType)) {
         Handle *x = (Handle *)o;
         uint32_t k = HL_HANDLE_KIND(x->handle);
@@ -81,7 +81,7 @@ static Py_ssize_t wait_items(Core **c, PyObject *seq, int objects, uint64_t *hs,
     }
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
-        int r = objects ? object_pair(c, items[i], &hs[i], &vs[i]) : tuple_pair(items[i], &hs[i], &vs[i]);
+        int r = objects ? hlpy_object_pair(c, items[i], &hs[i], &vs[i]) : tuple_pair(items[i], &hs[i], &vs[i]);
         if (r <= 0) return r;
     }
     return n;
@@ -133,7 +133,7 @@ static PyObject *py_set_completed(PyObject *m, PyObject *cls) {
 
 /* The timeout argument of hl.wait_any in ns: None -> -1 (forever); a
  * negative or NaN number is ValueError, another type TypeError. */
-static int timeout_ns(PyObject *t, int64_t *out) {
+int hlpy_timeout_ns(PyObject *t, int64_t *out) {
     if (t == Py_None) {
         *out = -1;
         return 0;
@@ -166,7 +166,7 @@ static PyObject *py_wait_any(PyObject *m, PyObject *const *args, Py_ssize_t narg
     if (n < 0) return NULL;
     if (n == 0) Py_RETURN_NONE;
     int64_t timeout;
-    if (timeout_ns(args[1], &timeout) < 0) return NULL;
+    if (hlpy_timeout_ns(args[1], &timeout) < 0) return NULL;
     /* the list may change while the GIL is released: the objects waited for
      * are kept */
     PyObject *objs[HLE_WAIT_MANY_MAX];

@@ -11,54 +11,17 @@
  * handle a packet names is imported (kind and generation checked by
  * hle_import) for the packet's duration and released after it; every count
  * of an argument block is checked against the block's size by subtraction
- * and read once into a local.
+ * and read once into a local.  ERT packets are run by agent_ert.c (the
+ * emulated NPU's command processor); agent_loop.h holds what both share.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-
-#define AGENT_IDLE_NS 50000000ll   /* one bounded doorbell sleep: should_stop is asked between them */
-#define AGENT_WAIT_SLICE 50000000ll /* one slice of an input wait */
-#define AGENT_MAX_HELD 64            /* handles one packet may hold */
-#define AGENT_HOPS 1024              /* remembered hop counts of own-queue follow-ups */
-#define AGENT_MAX_KBUFS 16           /* buffers a C kernel takes (more: the Python kernel) */
-#define AGENT_MAX_KSCALARS 8         /* scalars a C kernel takes (more: the Python kernel) */
-#define AGENT_SPIN_FLOOR_NS 20000ll  /* the least adaptive spin once packets come often */
-#define AGENT_BUSY_NS 1000000ull     /* recent waits shorter than this on average: packets come often */
-#define ERT_RECORDED 2               /* an ERT command failed in the Python CU (already recorded) */
-
-struct agent {
-    hle_ctx *c;
-    uint64_t q;
-    struct hle_agent_cfg *cfg;
-    int stop;
-    uint64_t held[AGENT_MAX_HELD];
-    int nheld;
-    uint64_t hop_idx[AGENT_HOPS];
-    uint8_t hop_n[AGENT_HOPS];
-    uint64_t stale_below;           /* packets below it were queued for the consumer we replaced */
-    uint8_t map[HLE_AGENT_MAX_CUS]; /* id / CU -> HL_K_* (0: none in C) */
-    uint32_t present;               /* bit i: id / CU i exists */
-    struct hle_kenv kenv;
-    uint64_t py_status;             /* the failure status of the last Python CU */
-    uint64_t wait_avg;              /* recent doorbell wait (ns, a running average); UINT64_MAX: idle */
-};
-
-/* A decoded argument block (pointers into the held block; counts local). */
-struct kargs {
-    const char *base;
-    uint32_t nbuffers, nscalars, nfollow;
-    uint64_t buf_off, sc_off, fo_off;
-};
-
-static void record(struct agent *a, uint64_t sig, const char *why) {
-    if (a->cfg->record && sig) a->cfg->record(a->cfg->ud, sig, why);
-}
+#include "agent_loop.h"
 
 /* Import h as one of `kind` (0: fence, merged or timeline) for this packet. */
-static int hold(struct agent *a, uint64_t h, uint32_t kind) {
+int agent_hold(struct agent *a, uint64_t h, uint32_t kind) {
     uint32_t k = HL_HANDLE_KIND(h);
     if (kind == HL_KIND_SYNC) {
         if (!hl_wait_kind_ok(h))
@@ -81,7 +44,7 @@ static void release_all(struct agent *a) {
 
 /* Decode the argument block `h` (held on success). */
 static int decode_args(struct agent *a, uint64_t h, struct kargs *k) {
-    int r = hold(a, h, HL_KIND_BUFFER);
+    int r = agent_hold(a, h, HL_KIND_BUFFER);
     if (r) return r;
     uint64_t n = 0;
     const char *p = hl_buffer_data(&a->c->dv, h, &n);
@@ -108,19 +71,13 @@ static int decode_args(struct agent *a, uint64_t h, struct kargs *k) {
     return HL_OK;
 }
 
-static uint64_t karg_u64(const struct kargs *k, uint64_t off, uint32_t i) {
-    uint64_t v;
-    memcpy(&v, k->base + off + (uint64_t)i * 8, 8);
-    return v;
-}
-
 static void karg_follow(const struct kargs *k, uint32_t i, struct hl_follow *f) {
     memcpy(f, k->base + k->fo_off + (uint64_t)i * sizeof *f, sizeof *f);
 }
 
 /* A buffer with its metadata checked against its size. */
-static int kbuf(struct agent *a, uint64_t h, struct hle_kbuf *b) {
-    int r = hold(a, h, HL_KIND_BUFFER);
+int agent_kbuf(struct agent *a, uint64_t h, struct hle_kbuf *b) {
+    int r = agent_hold(a, h, HL_KIND_BUFFER);
     if (r) return r;
     uint64_t n = 0;
     char *p = hl_buffer_data(&a->c->dv, h, &n);
@@ -197,14 +154,14 @@ static int check(struct agent *a, const struct hl_packet *p) {
     if (p->signal) {
         if (!hl_signal_kind_ok(p->signal))
             return hle_fail(HL_E_HANDLE, "signal 0x%llx is not a fence or timeline", (unsigned long long)p->signal);
-        if ((r = hold(a, p->signal, HL_HANDLE_KIND(p->signal)))) return r;
+        if ((r = agent_hold(a, p->signal, HL_HANDLE_KIND(p->signal)))) return r;
         if (!hl_point_ok(p->signal, p->signal_value))
             return hle_fail(HL_E_VALUE, "timeline signal value 0x%llx is not below 2**62",
                             (unsigned long long)p->signal_value);
     }
     for (int i = 0; i < 2; i++) {
         if (!p->wait[i]) continue;
-        if ((r = hold(a, p->wait[i], HL_KIND_SYNC))) return r;
+        if ((r = agent_hold(a, p->wait[i], HL_KIND_SYNC))) return r;
         if (!hl_point_ok(p->wait[i], p->wait_value[i]))
             return hle_fail(HL_E_VALUE, "timeline wait value 0x%llx is not below 2**62",
                             (unsigned long long)p->wait_value[i]);
@@ -259,7 +216,7 @@ static uint64_t run_kernel(struct agent *a, uint64_t idx, const struct hl_packet
         uint64_t sc[AGENT_MAX_KSCALARS];
         for (uint32_t i = 0; i < k->nscalars; i++) sc[i] = karg_u64(k, k->sc_off, i);
         int r = HL_OK;
-        for (uint32_t i = 0; i < k->nbuffers && r == HL_OK; i++) r = kbuf(a, karg_u64(k, k->buf_off, i), &b[i]);
+        for (uint32_t i = 0; i < k->nbuffers && r == HL_OK; i++) r = agent_kbuf(a, karg_u64(k, k->buf_off, i), &b[i]);
         if (r == HL_OK) r = hle_kernel_run(&a->kenv, ck, b, (int)k->nbuffers, sc, (int)k->nscalars);
         if (r == HL_OK) return HL_STATUS_SUCCESS;
         if (r < 0) {
@@ -280,126 +237,6 @@ static uint64_t run_kernel(struct agent *a, uint64_t idx, const struct hl_packet
         return HL_STATUS_ERROR;
     }
     return a->cfg->python_kernel(a->cfg->ud, idx, p);
-}
-
-/* ---- ERT command buffers (the emulated NPU's command processor) ---- */
-
-static uint32_t ld32(const char *p, uint64_t w) {
-    uint32_t v;
-    memcpy(&v, p + 4 * w, 4);
-    return v;
-}
-
-static void st32(char *p, uint64_t w, uint32_t v) { memcpy(p + 4 * w, &v, 4); }
-
-static void ert_state(char *p, uint32_t state) { st32(p, 0, hl_ert_with_state(ld32(p, 0), state)); }
-
-/* START_CU / START_NPU: pl[0..count) is the payload (pl[0] the cu_mask), decoded by hostless_ert.h.
- * HL_OK; < 0 with a message; ERT_RECORDED (the Python CU failed, recorded). */
-static int ert_cu(struct agent *a, const uint32_t *pl, uint32_t count, uint32_t opcode, uint64_t sig) {
-    uint32_t cu = 0;
-    if (hl_ert_cu_index(pl[0], &cu))
-        return hle_fail(HL_E_VALUE, "BadPacket: cu_mask 0x%x must name exactly one CU", pl[0]);
-    if (!(a->present >> cu & 1)) return hle_fail(HL_E_VALUE, "BadPacket: no CU %u in the loaded xclbin", cu);
-    struct hl_ert_args ea;
-    int e = hl_ert_cu_args(pl, count, opcode, &ea); /* count >= 1: checked by the caller */
-    if (e) return hle_fail(HL_E_VALUE, "ValueError: %s", hl_ert_why(e));
-    uint32_t nbuf = ea.nbuf, ns = ea.ns;
-    uint64_t hs[HL_ERT_COUNT_MASK / 2], sc[HL_ERT_COUNT_MASK / 2];
-    for (uint32_t i = 0; i < nbuf; i++) hs[i] = hl_ert_u64(ea.bufs + 2 * i);
-    for (uint32_t i = 0; i < ns; i++) sc[i] = hl_ert_u64(ea.scalars + 2 * i);
-    uint32_t ck = a->map[cu];
-    if (ck && nbuf <= AGENT_MAX_KBUFS && ns <= AGENT_MAX_KSCALARS) {
-        struct hle_kbuf b[AGENT_MAX_KBUFS];
-        int r = HL_OK;
-        for (uint32_t i = 0; i < nbuf && r == HL_OK; i++) r = kbuf(a, hs[i], &b[i]);
-        if (r == HL_OK) r = hle_kernel_run(&a->kenv, ck, b, (int)nbuf, sc, (int)ns);
-        if (r <= 0) return r;
-        /* 1: the Python CU */
-    }
-    if (!a->cfg->python_cu)
-        return hle_fail(HL_E_VALUE, "BadPacket: CU %u needs the Python kernel for these arguments and this agent has none",
-                        cu);
-    uint64_t st = a->cfg->python_cu(a->cfg->ud, cu, hs, nbuf, sc, ns, sig);
-    if (st == HL_STATUS_SUCCESS) return HL_OK;
-    a->py_status = st;
-    return ERT_RECORDED;
-}
-
-static int ert_run(struct agent *a, uint64_t h, int chained, uint64_t sig);
-
-/* CMD_CHAIN: pl[0..count) its payload, p its buffer (at least 4 * (1 + count) bytes). */
-static int ert_chain(struct agent *a, char *p, const uint32_t *pl, uint32_t count, uint64_t sig) {
-    uint32_t n = 0;
-    const uint32_t *hw = NULL;
-    int e = hl_ert_chain(pl, count, &n, &hw);
-    if (e) return hle_fail(HL_E_VALUE, "ValueError: %s", hl_ert_why(e));
-    for (uint32_t i = 0; i < n; i++) {
-        st32(p, HL_ERT_CHAIN_SUBMIT_WORD, i);
-        int r = ert_run(a, hl_ert_u64(hw + 2 * i), 1, sig);
-        if (r) {
-            st32(p, HL_ERT_CHAIN_ERROR_WORD, i);
-            return r;
-        }
-    }
-    return HL_OK;
-}
-
-/* Run the ERT command in buffer h (held for the call).  HL_OK; < 0 with a
- * message; ERT_RECORDED. */
-static int ert_run(struct agent *a, uint64_t h, int chained, uint64_t sig) {
-    int mark = a->nheld;
-    int r = hold(a, h, HL_KIND_BUFFER);
-    if (r) return r;
-    uint64_t n = 0;
-    char *p = hl_buffer_data(&a->c->dv, h, &n);
-    if (!p) {
-        r = hle_fail(HL_E_HANDLE, "BadPacket: command buffer 0x%llx is not a live buffer", (unsigned long long)h);
-        goto out;
-    }
-    uint32_t hdr = n < 4 ? 0 : ld32(p, 0);
-    uint32_t count = hl_ert_count(hdr), opcode = hl_ert_opcode(hdr);
-    int e = hl_ert_check(hdr, n);
-    if (e == HL_ERT_E_SHORT) {
-        r = hle_fail(HL_E_VALUE, "ValueError: %s", hl_ert_why(e));
-        goto out;
-    }
-    if (e) {
-        ert_state(p, HL_ERT_STATE_ERROR);
-        r = hle_fail(HL_E_VALUE, "ValueError: ERT command count %u does not fit a %llu-byte buffer", count,
-                     (unsigned long long)(n < HL_ERT_MAX_BYTES ? n : HL_ERT_MAX_BYTES));
-        goto out;
-    }
-    uint32_t pl[HL_ERT_COUNT_MASK];
-    memcpy(pl, p + 4, 4 * (size_t)count);
-    ert_state(p, HL_ERT_STATE_RUNNING);
-    if (opcode == HL_ERT_CMD_CHAIN) {
-        if (chained)
-            r = hle_fail(HL_E_VALUE, "BadPacket: a chained command cannot be a CMD_CHAIN");
-        else
-            r = ert_chain(a, p, pl, count, sig);
-    } else if (opcode == HL_ERT_START_CU || opcode == HL_ERT_START_NPU) {
-        r = ert_cu(a, pl, count, opcode, sig);
-    } else {
-        r = hle_fail(HL_E_VALUE, "BadPacket: unsupported ERT opcode %u", opcode);
-    }
-    ert_state(p, r == HL_OK ? HL_ERT_STATE_COMPLETED : HL_ERT_STATE_ERROR);
-out:
-    while (a->nheld > mark) hle_release(a->c, a->held[--a->nheld]);
-    return r;
-}
-
-/* An ERT packet whose block is decoded: its first buffer is the command. */
-static uint64_t run_ert(struct agent *a, const struct hl_packet *p, const struct kargs *k) {
-    if (k->nbuffers == 0) {
-        record(a, p->signal, "BadPacket: ERT packet without a command buffer");
-        return HL_STATUS_ERROR;
-    }
-    int r = ert_run(a, karg_u64(k, k->buf_off, 0), 0, p->signal);
-    if (r == HL_OK) return HL_STATUS_SUCCESS;
-    if (r == ERT_RECORDED) return a->py_status;
-    record(a, p->signal, hle_errmsg());
-    return HL_STATUS_ERROR;
 }
 
 static uint8_t hops_take(struct agent *a, uint64_t idx) {
@@ -464,7 +301,7 @@ static void execute(struct agent *a, uint64_t idx, const struct hl_packet *p, ui
             if (p->type == HL_PKT_KERNEL)
                 status = run_kernel(a, idx, p, &k);
             else
-                status = run_ert(a, p, &k);
+                status = agent_run_ert(a, p, &k);
         }
     }
     finish(a, p, status, idx);

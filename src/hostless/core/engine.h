@@ -428,7 +428,8 @@ int hle_interruptible(hle_ctx *c);
  * of this domain that we hold, in one call: handles[i] with values[i] (a
  * timeline's point; ignored for fences, whose threshold is 1).  Handles are
  * validated once; already complete: the first such index at once (no clock,
- * no unlock).  Else spins for spin ns, then sleeps with futex_waitv on all
+ * no unlock).  Else spins for spin ns (the first 2 us of it locked, as
+ * hle_wait), then sleeps with futex_waitv on all
  * words and the private kick word (a kick wakes it to look again), the
  * hooks' unlock / interrupt as hle_wait.  HL_OK with *index (the first ready
  * in list order) and *word; HL_E_TIMEOUT; HL_E_INTR; HL_E_CLOSED;

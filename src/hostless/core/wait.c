@@ -286,6 +286,24 @@ int hle_wait_many(hle_ctx *c, const uint64_t *handles, const uint64_t *values, i
         }
     }
     uint64_t t0 = now_ns();
+    /* short spin while locked (with the GIL), as hle_wait's: a word that
+     * completes within it is seen without giving the lock away and taking it
+     * back (the cross-process round trip) */
+    uint64_t locked = timeout == 0 ? 0 : spin > 2000 ? 2000 : (spin > 0 ? (uint64_t)spin : 0);
+    if (locked) {
+        for (unsigned it = 0;; it++) {
+            for (int i = 0; i < n; i++) {
+                uint64_t w = __atomic_load_n(&fs[i]->word, __ATOMIC_ACQUIRE);
+                if (w >= thr[i]) {
+                    *index = i;
+                    *word = w;
+                    return HL_OK;
+                }
+            }
+            cpu_relax();
+            if ((it & 63) == 63 && now_ns() - t0 >= locked) break;
+        }
+    }
     BUSY_ENTER(c);
     void *tok = hle_unlock(c);
     int r;

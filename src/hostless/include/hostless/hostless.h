@@ -11,6 +11,8 @@
  *                       HL_MAGIC, HL_ABI_VERSION, HL_STATUS_*, HL_CTL,
  *                       HL_HANDLE, struct hl_header / hl_participant /
  *                       hl_fence / hl_heap / hl_queue / hl_packet / hl_trace
+ *                       (the regions after the fence table in its part
+ *                       hostless_layout_regions.h, which it includes)
  *   hostless_atomic.h   atomics (host builtins / CUDA intrinsics), the
  *                       16-byte {word, ctl} CAS, futex wake-ups:
  *                       hl_load64, hl_store64, hl_cas64, hl_cas_word_ctl,

@@ -1,6 +1,6 @@
 /*
  * hostless_ert.h -- XRT ERT command buffers: the format and its one decoder,
- * used by every command processor (the native loop core/agent.c, the GPU's
+ * used by every command processor (the native loop's core/agent_ert.c, the GPU's
  * agents/gpucp.cu) and by Python through the extension (hostless.ert encodes
  * commands; its decoding calls these functions: _core.ert_decode, ...).
  * Header-only inline functions over plain words: no memory is read past the

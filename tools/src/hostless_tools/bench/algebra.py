@@ -23,9 +23,13 @@ Figures (each subprocess measures every figure its build has):
   peer waiting with ``hl.wait_any`` over 7 idle fences and ``ping.point(i)``;
   ``rt_wait_any_8 / rt_timeline_wait`` is the issue's "wait_any over 8 objects
   costs <= 1.5x a single wait's round trip";
+* ``rt_waitset_8`` (builds with ``hl.WaitSet``): the same, the peer waiting
+  with a ``WaitSet`` over the same 8 objects, built once, its point moved with
+  ``set_value(7, i)`` each round (the prepared form of the goal's wait_any);
 * ``ready_point_wait`` / ``ready_wait_any_8`` (the same builds): in one
   process, signal then wait on the point alone or with ``wait_any`` over 8
-  (the calls' own cost: nothing sleeps);
+  (the calls' own cost: nothing sleeps); ``ready_waitset_8`` with a
+  ``WaitSet`` (builds with it);
 * ``signal_unwatched`` / ``signal_watched_4`` (builds with ``Timeline.point``):
   ``Timeline.signal`` in a 65,536-slot table, the timeline in no merge, then
   with 4 composites over points it has not reached (the signal's search for
@@ -56,14 +60,18 @@ FIGURES = {
     "create_signal_release": "create + signal + release (one process)",
     "rt_timeline_wait": "round trip, peer waits with Timeline.wait",
     "rt_wait_any_8": "round trip, peer waits with wait_any over 8",
+    "rt_waitset_8": "round trip, peer waits with a WaitSet over 8",
     "ready_point_wait": "signal, then point wait (one process)",
     "ready_wait_any_8": "signal, then wait_any over 8 (one process)",
+    "ready_waitset_8": "signal, then a WaitSet over 8 (one process)",
     "signal_unwatched": "Timeline.signal, in no merge (65,536 slots)",
     "signal_watched_4": "Timeline.signal, 4 composites watching (65,536 slots)",
 }
 RATIOS = {
     "rt_wait_any_8 / rt_timeline_wait": ("rt_wait_any_8", "rt_timeline_wait", 1.5),
+    "rt_waitset_8 / rt_timeline_wait": ("rt_waitset_8", "rt_timeline_wait", 1.5),
     "ready_wait_any_8 / ready_point_wait": ("ready_wait_any_8", "ready_point_wait", 1.5),
+    "ready_waitset_8 / ready_point_wait": ("ready_waitset_8", "ready_point_wait", 1.5),
     "signal_watched_4 / signal_unwatched": ("signal_watched_4", "signal_unwatched", None),
 }
 
@@ -104,19 +112,28 @@ if int(sys.argv[5]) >= 0:
     os.sched_setaffinity(0, {int(sys.argv[5])})
 d = hl.Domain.open(sys.argv[1], watchdog_interval=0)
 ping, pong = d.import_timeline(int(sys.argv[2])), d.import_timeline(int(sys.argv[3]))
-idle = [d.import_fence(int(h)) for h in sys.argv[6:]]
-n, use_any = int(sys.argv[4]), bool(idle)
-for i in range(1, n + 1):
-    if use_any:
+mode = sys.argv[6]
+idle = [d.import_fence(int(h)) for h in sys.argv[7:]]
+n = int(sys.argv[4])
+if mode == "set":
+    ws = hl.WaitSet([*idle, ping.point(1)])
+    for i in range(1, n + 1):
+        ws.set_value(7, i)
+        ws.wait_any(30)
+        pong.signal(i)
+elif mode == "any":
+    for i in range(1, n + 1):
         hl.wait_any([*idle, ping.point(i)], timeout=30)
-    else:
+        pong.signal(i)
+else:
+    for i in range(1, n + 1):
         ping.wait(i, 30)
-    pong.signal(i)
+        pong.signal(i)
 d.close()
 """
 
 
-def _round_trips(hl: Any, n: int, use_any: bool, pinned: bool = True) -> float:
+def _round_trips(hl: Any, n: int, mode: str, pinned: bool = True) -> float:
     """p50 of n two-process round trips (ns); this process and the peer on two CPUs when there
     are two (as ``hostless bench fences``).  This process is pinned for the run only: a second
     run must see every CPU again (pinned left over from the first, the second found one CPU,
@@ -126,16 +143,19 @@ def _round_trips(hl: Any, n: int, use_any: bool, pinned: bool = True) -> float:
 
     mine, peer_cpu = pin_cpus() if pinned else (None, None)
     with pinned_to(mine):
-        return _round_trips_pinned(hl, n, use_any, peer_cpu)
+        return _round_trips_pinned(hl, n, mode, peer_cpu)
 
 
-def _round_trips_pinned(hl: Any, n: int, use_any: bool, peer_cpu: int | None) -> float:
+def _round_trips_pinned(hl: Any, n: int, mode: str, peer_cpu: int | None) -> float:
+    """The peer waits with Timeline.wait (mode "wait"), hl.wait_any over 8 ("any") or a
+    WaitSet over the same 8 ("set")."""
     dom = hl.Domain.create(f"hl_bench_alg_{os.getpid()}_{time.monotonic_ns() % 10**9}", unlink_on_close=True)
     try:
         ping, pong = dom.timeline(), dom.timeline()
-        idle = [dom.fence() for _ in range(7)] if use_any else []
+        idle = [dom.fence() for _ in range(7)] if mode != "wait" else []
         cpu = str(-1 if peer_cpu is None else peer_cpu)
-        args = [dom.name, str(ping.handle), str(pong.handle), str(n), cpu, *(str(f.handle) for f in idle)]
+        args = [dom.name, str(ping.handle), str(pong.handle), str(n), cpu, mode]
+        args += [str(f.handle) for f in idle]
         peer = subprocess.Popen([sys.executable, "-c", _PEER, *args])
         try:
             samples = []
@@ -201,11 +221,24 @@ def measure(n: int, pinned: bool = True) -> dict[str, float]:
 
             out["ready_point_wait"] = _best_per_op(ready_point, n)
             out["ready_wait_any_8"] = _best_per_op(ready_any, n)
+            if hasattr(hl, "WaitSet"):
+                ws = hl.WaitSet([*idle, t.point(1)])
+
+                def ready_set(k: int) -> None:
+                    for _ in range(k):
+                        v[0] += 1
+                        t.signal(v[0])
+                        ws.set_value(7, v[0])
+                        ws.wait_any(1)
+
+                out["ready_waitset_8"] = _best_per_op(ready_set, n)
     finally:
         dom.close()
-    out["rt_timeline_wait"] = _round_trips(hl, n, False, pinned)
+    out["rt_timeline_wait"] = _round_trips(hl, n, "wait", pinned)
     if hasattr(hl, "wait_any"):
-        out["rt_wait_any_8"] = _round_trips(hl, n, True, pinned)
+        out["rt_wait_any_8"] = _round_trips(hl, n, "any", pinned)
+    if hasattr(hl, "WaitSet"):
+        out["rt_waitset_8"] = _round_trips(hl, n, "set", pinned)
     return out
 
 
