@@ -46,6 +46,7 @@ from .errors import (
 )
 from .fence import Fence
 from .interop import ExternalBuffer, dma_heap_buffer, export_buffer, memfd_buffer, recv_fds, send_fds
+from .poller import Poller, Ready
 from .queue import Follow, Kernargs, Packet, PacketType, Queue
 from .status import Status
 from .subscriber import Subscriber
@@ -66,6 +67,8 @@ __all__ = [
     "wait_any_async",
     "wait_all_async",
     "packet_waits",
+    "Poller",
+    "Ready",
     "Buffer",
     "Channel",
     "Subscriber",

@@ -44,7 +44,16 @@ struct agent {
     struct hle_kenv kenv;
     uint64_t py_status;             /* the failure status of the last Python CU */
     uint64_t wait_avg;              /* recent doorbell wait (ns, a running average); UINT64_MAX: idle */
+    struct hl_queue *qs;            /* the queue's header: its statistics (failed, busy_ns, last_failed) */
 };
+
+/* A packet (or follow-up) with signal `sig` failed: cfg's count and the queue's statistics. */
+static void count_failure(struct agent *a, uint64_t sig) {
+    a->cfg->failures++;
+    if (!a->qs) return;
+    __atomic_add_fetch(&a->qs->failed, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&a->qs->last_failed, sig, __ATOMIC_RELAXED);
+}
 
 /* A decoded argument block (pointers into the held block; counts local). */
 struct kargs {
@@ -433,7 +442,7 @@ static void push_follow(struct agent *a, const struct kargs *k, uint8_t hops) {
             hle_release(a->c, f.queue);
         }
         if (r != HL_OK) {
-            a->cfg->failures++;
+            count_failure(a, f.packet.signal);
             finish_signal(a, f.packet.signal, f.packet.signal_value, HL_STATUS_ERROR);
             fail_downstream(a, &f.packet, HL_STATUS_ERROR, &budget, 0);
         }
@@ -469,7 +478,7 @@ static void execute(struct agent *a, uint64_t idx, const struct hl_packet *p, ui
     }
     finish(a, p, status, idx);
     if (status != HL_STATUS_SUCCESS) {
-        a->cfg->failures++;
+        count_failure(a, p->signal);
         int budget = HLE_AGENT_FAIL_BUDGET;
         fail_downstream(a, p, status, &budget, 0);
     } else if (have_args && k.nfollow) {
@@ -485,7 +494,7 @@ static void discard_stale(struct agent *a, uint64_t idx, const struct hl_packet 
     finish(a, p, HL_STATUS_OWNER_DIED, idx);
     int budget = HLE_AGENT_FAIL_BUDGET;
     fail_downstream(a, p, HL_STATUS_OWNER_DIED, &budget, 0);
-    a->cfg->failures++;
+    count_failure(a, p->signal);
     release_all(a);
 }
 
@@ -559,6 +568,7 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
     a->stale_below = hle_queue_stale_below(c, queue);
     struct hl_qview v;
     if ((r = hle_queue_view(c, queue, &v))) goto out;
+    a->qs = v.q;
     uint64_t last_packet = now_ns();
     int device_seen = 0;
     while (!a->stop) {
@@ -597,6 +607,7 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
             break;
         }
         execute(a, idx, &p, hops);
+        __atomic_add_fetch(&v.q->busy_ns, now_ns() - last_packet, __ATOMIC_RELAXED);
         cfg->packets++;
         if ((cfg->packets & 63) == 0 && cfg->should_stop && cfg->should_stop(cfg->ud)) break;
         __atomic_add_fetch(&v.q->completed, 1, __ATOMIC_SEQ_CST);

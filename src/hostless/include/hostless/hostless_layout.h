@@ -341,7 +341,13 @@ struct hl_participant {
     hl_u64 joined_ns;             /*  24 CLOCK_REALTIME when it joined */
     char label[32];               /*  32 NUL-terminated label */
     char kind[16];                /*  64 "cpu", "npu", "cuda", ... */
-    hl_u8 reserved[HL_PARTICIPANT_SIZE - 80];
+    /* The last recovery of this slot's occupant, for monitors (`hostless top`), in what was
+     * padding: written by its recoverer once the recovery succeeded (the slot may already
+     * hold a new participant then), never cleared, never read for control. */
+    hl_u32 recovered_pid;         /*  80 the pid of the participant recovered (0: none yet) */
+    hl_u32 recovered_by;          /*  84 the recoverer's participant index + 1 (256: a process not joined) */
+    hl_u64 recovered_ns;          /*  88 CLOCK_REALTIME when its recovery finished */
+    hl_u8 reserved[HL_PARTICIPANT_SIZE - 96];
 };
 
 struct hl_fence {
@@ -558,7 +564,13 @@ struct hl_queue {
     hl_u32 space_waiters;    /* 136 producers asleep on read_index (full queue) */
     hl_u32 pad2;
     hl_u64 completed;        /* 144 packets the consumer finished (statistics) */
-    hl_u8 pad3[192 - 152];
+    /* Statistics for monitors (`hostless top`), in what was padding: zero from a
+     * consumer that does not keep them (the Python and GPU loops); written by the
+     * consumer only, read by anyone without a lock, never trusted for control. */
+    hl_u64 failed;           /* 152 packets (and follow-ups) the consumer failed */
+    hl_u64 busy_ns;          /* 160 ns the consumer spent running packets (pop to done) */
+    hl_u64 last_failed;      /* 168 signal handle of the last packet that failed, 0 = none */
+    hl_u8 pad3[192 - 176];
     hl_u64 doorbell;         /* 192 last write index + 1 published; futex on its low 32 bits */
     hl_u32 doorbell_waiters; /* 200 consumers asleep on the doorbell */
     hl_u32 pad4;
