@@ -201,8 +201,13 @@ def snapshot(view: DomainView, now: float | None = None) -> Snapshot:
     names = view.names()
     rev = {hh: n for n, hh in names.items()}
     snap.names = {safe(n): hh for n, hh in names.items() if not n.startswith("!")}  # "!": records
-    for kname, k in (("fences", C.KIND_FENCE), ("timelines", C.KIND_TIMELINE), ("merged", C.KIND_MERGED),
-                     ("buffers", C.KIND_BUFFER), ("queues", C.KIND_QUEUE)):
+    for kname, k in (
+        ("fences", C.KIND_FENCE),
+        ("timelines", C.KIND_TIMELINE),
+        ("merged", C.KIND_MERGED),
+        ("buffers", C.KIND_BUFFER),
+        ("queues", C.KIND_QUEUE),
+    ):
         snap.objects[kname] = int((live & (kinds == int(k))).sum())
     for idx in map(int, (live & (kinds == int(C.KIND_QUEUE))).nonzero()[0]):
         f = fences[idx]
@@ -374,7 +379,8 @@ def render(cur: Snapshot, prev: Snapshot | None = None, *, sort: str = "p", widt
     rows.sort(key=sorters.get(sort, sorters["p"]))
     lines.append(f"agents ({len(rows)})")
     lines += _table(
-        ["label", "kind", "pid", "state", "pkt/s", "busy", "failed", "depth", "last failure"], [r[3] for r in rows]
+        ["label", "kind", "pid", "state", "pkt/s", "busy", "failed", "depth", "last failure"],
+        [r[3] for r in rows],
     )
     lines.append("")
     prow = [
@@ -457,7 +463,9 @@ class Monitor:
             return snapshot(self._view, now)
         except Exception as e:  # shared memory written by anyone: never a crash of the view
             self._drop()
-            return Snapshot(t=now, name=label, error=f"the domain could not be read ({type(e).__name__}: {e})")
+            return Snapshot(
+                t=now, name=label, error=f"the domain could not be read ({type(e).__name__}: {e})"
+            )
 
 
 def main(name: str, interval: float = 0.25, iterations: int | None = None) -> int:

@@ -250,7 +250,22 @@ def test_top_in_tmux(pipeline: Pipeline) -> None:
     cmd = f"{sys.executable} -m hostless.cli top {p.dom.name} --interval 0.1; echo TOP-EXIT=$?; sleep 60"
     env = {**os.environ, "TERM": "xterm-256color"}
     subprocess.run(
-        ["tmux", "-L", sock, "-f", "/dev/null", "new-session", "-d", "-s", "top", "-x", "160", "-y", "50", cmd],
+        [
+            "tmux",
+            "-L",
+            sock,
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-s",
+            "top",
+            "-x",
+            "160",
+            "-y",
+            "50",
+            cmd,
+        ],
         check=True,
         env=env,
         timeout=10,
