@@ -18,12 +18,12 @@ busy % and failures read 0 and are shown as ``-``).
 Everything read is untrusted: labels, kinds, names and failure records go through
 :func:`hostless.termtext.safe` (control characters shown escaped, never markup);
 counters that go backwards or exceed the elapsed time are shown as ``?``.  The domain
-may be corrupted, removed or replaced under the view: each refresh checks that the file
-is still the one mapped and still as large (a truncated file would fault the mapping:
-it is not read then), and shows what happened instead of the tables, reopening the
-name when a domain appears there again.  A truncation that lands between that check
-and the reads of the same refresh can still fault (SIGBUS): a window of microseconds
-that only a deliberate ``truncate`` of a live domain opens.
+may be corrupted, removed, truncated or replaced under the view: each refresh checks
+that the file is still the one mapped and still as large, and shows what happened
+instead of the tables, reopening the name when a domain appears there again.  A
+truncation that lands during a refresh's reads does not kill the process: the view's
+mapping is under the engine's SIGBUS guard (a page past the new end reads zeros, and
+:attr:`DomainView.truncated` says so: that refresh is discarded).
 
 :func:`snapshot` (what was read) and :func:`render` (the lines shown) are pure
 functions of a view and of two snapshots, for tests and other front ends.
@@ -460,12 +460,16 @@ class Monitor:
                 return Snapshot(t=now, name=label, error=f"cannot read the domain: {e}")
             self._ident = (st.st_dev, st.st_ino)
         try:
-            return snapshot(self._view, now)
+            snap = snapshot(self._view, now)
         except Exception as e:  # shared memory written by anyone: never a crash of the view
             self._drop()
             return Snapshot(
                 t=now, name=label, error=f"the domain could not be read ({type(e).__name__}: {e})"
             )
+        if self._view.truncated:  # read zeros past the file's new end: not the domain
+            self._drop()
+            return Snapshot(t=now, name=label, error=f"{path} was truncated under the view")
+        return snap
 
 
 def main(name: str, interval: float = 0.25, iterations: int | None = None) -> int:

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 import hostless as hl
+from conftest import run_child
 from hostless import agents, top
 from hostless.kernels import kernel_id
 from hostless.view import open_view
@@ -180,6 +181,30 @@ def test_monitor_survives_removal_junk_and_recreation(make_name: object, tmp_pat
         mon.close()
         if os.path.exists(path):
             os.unlink(path)
+
+
+def test_a_view_survives_truncation_during_its_reads(domain_name: str) -> None:
+    """The file truncated under a view's mapping while it reads (what a refresh of `top` or
+    `hostless info` meets when a hostile peer truncates the domain): the reads see zeros,
+    the view says it was truncated, the process lives (before, SIGBUS killed it)."""
+    r = run_child(
+        """
+        from hostless import top
+        from hostless.view import open_view
+        d = hl.Domain.create(sys.argv[1], heap="4M")
+        v = open_view(sys.argv[1])
+        assert not v.truncated
+        os.truncate(v.path, 4096)  # under the mapping: the participant table, heap... are gone
+        snap = top.snapshot(v)  # reads every table past the new end
+        print("truncated", v.truncated, len(snap.participants), flush=True)
+        v.close()
+        mon = top.Monitor(sys.argv[1])
+        print("monitor", bool(mon.read().error), flush=True)
+        """,
+        domain_name,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "truncated True 0" in r.stdout and "monitor True" in r.stdout, r.stdout
 
 
 def test_monitor_survives_random_bytes_over_the_tables(pipeline: Pipeline, tmp_path: Path) -> None:
