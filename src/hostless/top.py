@@ -12,8 +12,8 @@ It only reads: the domain is mapped read-only through :class:`hostless.view.Doma
 (no participant slot, no lock, no reference), so it never blocks or perturbs a
 participant.  Rates are deltas of counters the domain keeps between two refreshes:
 ``completed``, ``failed`` and ``busy_ns`` of each queue (``struct hl_queue``, written by
-the engine's agent loop; the Python and GPU loops keep only ``completed``, so their
-busy % and failures read 0 and are shown as ``-``).
+the engine's agent loop, which sets ``HL_QUEUE_COUNTS``; the Python and GPU loops keep
+only ``completed``, so their busy % and failures are shown as ``-``).
 
 Everything read is untrusted: labels, kinds, names and failure records go through
 :func:`hostless.termtext.safe` (control characters shown escaped, never markup);
@@ -88,6 +88,7 @@ class AgentRow:
     reason: str  # the last failure's record, or its signal's status
     depth: int | None  # packets queued (None: the indices are inconsistent)
     capacity: int
+    counts: bool = True  # its consumer keeps failed, busy_ns and last_failed (HL_QUEUE_COUNTS)
 
 
 @dataclass(frozen=True)
@@ -216,8 +217,8 @@ def snapshot(view: DomainView, now: float | None = None) -> Snapshot:
         q = _queue_header(view, int(f["word"]), int(f["aux"]))
         if q is None:
             continue
-        consumer = _u(m, q + int(C.Q_CONSUMER), 4)
-        if not consumer and not _u(m, q + int(C.Q_FLAGS), 4) & int(C.QUEUE_WAS_BOUND):
+        consumer, qflags = _u(m, q + int(C.Q_CONSUMER), 4), _u(m, q + int(C.Q_FLAGS), 4)
+        if not consumer and not qflags & int(C.QUEUE_WAS_BOUND):
             continue  # nobody ever served it: not an agent's
         cidx, cinc = (consumer & 0xFF) - 1, consumer >> 8
         p = parts.get(cidx)
@@ -240,6 +241,7 @@ def snapshot(view: DomainView, now: float | None = None) -> Snapshot:
                 reason=safe(_reason(view, last, fences)),
                 depth=depth,
                 capacity=cap,
+                counts=bool(qflags & int(C.QUEUE_COUNTS)),
             )
         )
     tls = []
@@ -350,7 +352,6 @@ def render(cur: Snapshot, prev: Snapshot | None = None, *, sort: str = "p", widt
     rows = []
     for a in cur.agents:
         pk, busy = rates[a.queue]
-        counted = a.busy_ns or a.failed or a.last_failed  # the engine's loop keeps these
         rows.append(
             (
                 a,
@@ -362,8 +363,8 @@ def render(cur: Snapshot, prev: Snapshot | None = None, *, sort: str = "p", widt
                     str(a.pid) if a.pid else "-",
                     a.state,
                     _fmt_rate(pk),
-                    _fmt_rate(busy, pct=True) if counted or (busy and busy > 0) else "-",
-                    str(a.failed),
+                    _fmt_rate(busy, pct=True) if a.counts else "-",
+                    str(a.failed) if a.counts else "-",
                     "?" if a.depth is None else f"{a.depth}/{a.capacity}",
                     a.reason or "",
                 ],
@@ -479,7 +480,10 @@ def main(name: str, interval: float = 0.25, iterations: int | None = None) -> in
     mon = Monitor(name)
 
     def loop(scr: Any) -> None:
-        curses.curs_set(0)
+        try:
+            curses.curs_set(0)
+        except curses.error:  # a terminal that cannot hide the cursor
+            pass
         scr.timeout(int(interval * 1000))
         sort, prev, n = "p", None, 0
         while iterations is None or n < iterations:

@@ -569,6 +569,7 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
     struct hl_qview v;
     if ((r = hle_queue_view(c, queue, &v))) goto out;
     a->qs = v.q;
+    __atomic_fetch_or(&v.q->flags, HL_QUEUE_COUNTS, __ATOMIC_SEQ_CST); /* monitors: these figures are kept */
     uint64_t last_packet = now_ns();
     int device_seen = 0;
     while (!a->stop) {

@@ -524,6 +524,7 @@ struct hl_buffer_meta {
 #define HL_PACKET_SIZE 64u
 #define HL_QUEUE_HEADER_SIZE 256u
 #define HL_QUEUE_WAS_BOUND 1u /* hl_queue.flags: a consumer bound it once (unbound again = it died) */
+#define HL_QUEUE_COUNTS 2u    /* hl_queue.flags: a consumer that keeps failed, busy_ns, last_failed served it */
 
 #define HL_CELL_FREE 0u
 #define HL_CELL_RESERVED 1u
