@@ -315,7 +315,7 @@ def cmd_top(args: argparse.Namespace) -> int:
             cur = top.remember(mon.read(), first)
         finally:
             mon.close()
-        print("\n".join(top.render(cur, first, width=shutil.get_terminal_size().columns)))
+        print("\n".join(top.render(cur, first, width=shutil.get_terminal_size((200, 50)).columns)))
         return 1 if cur.error else 0
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         print("hostless: top needs a terminal (or --once for one refresh as text)", file=sys.stderr)

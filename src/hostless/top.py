@@ -333,8 +333,9 @@ def render(cur: Snapshot, prev: Snapshot | None = None, *, sort: str = "p", widt
     """The lines ``hostless top`` shows for ``cur`` (rates against ``prev``), each at most
     ``width`` characters, agents sorted by ``sort`` (a key of :data:`SORT_KEYS`)."""
     stamp = time.strftime("%H:%M:%S")
-    keys = " ".join(f"{k}:{v}" for k, v in SORT_KEYS.items())
-    lines = [f"hostless top {safe(cur.name)}  {stamp}  sort by {SORT_KEYS.get(sort, '?')} ({keys}; q quits)"]
+    keys = "".join(SORT_KEYS)
+    by = SORT_KEYS.get(sort, "?")
+    lines = [f"hostless top {safe(cur.name)}  {stamp}  sort by {by}  (keys {keys}: sort, q: quit)"]
     if cur.error:
         lines += ["", cur.error]
         return [ln[:width] for ln in lines]
