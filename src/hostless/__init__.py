@@ -46,6 +46,7 @@ from .errors import (
 )
 from .fence import Fence
 from .interop import ExternalBuffer, dma_heap_buffer, export_buffer, memfd_buffer, recv_fds, send_fds
+from .poller import Poller, Ready
 from .queue import Follow, Kernargs, Packet, PacketType, Queue
 from .status import Status
 from .subscriber import Subscriber
@@ -67,6 +68,8 @@ __all__ = [
     "WaitSet",
     "wait_all_async",
     "packet_waits",
+    "Poller",
+    "Ready",
     "Buffer",
     "Channel",
     "Subscriber",

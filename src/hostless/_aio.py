@@ -1,5 +1,13 @@
 """The notifier: one thread per domain object that sleeps on many completion
-words at once (futex_waitv) and completes asyncio futures and callbacks."""
+words at once (futex_waitv) and completes asyncio futures and callbacks.
+
+It is also what makes :class:`hostless.Poller`'s descriptor readable: a poller's
+watches are callables run here, which queue the completion and write the
+poller's eventfd (a peer in another process cannot write our eventfd; this
+thread, of our process, turns completions in shared memory into eventfd
+writes).  A callable target with a ``fail(exc)`` method is told about a wait
+that ended in an error (its handle released, the domain closed); other
+callables are not called then."""
 
 from __future__ import annotations
 
@@ -33,11 +41,23 @@ class Notifier:
         threshold: int,
         target: asyncio.Future[int] | Callable[[int], object],
         loop: asyncio.AbstractEventLoop | None,
-    ) -> None:
-        """Complete ``target`` (a future, or a callable taking the word) once word >= threshold."""
+    ) -> int:
+        """Complete ``target`` (a future, or a callable taking the word) once word >= threshold.
+        Returns a key for :meth:`unwatch`."""
+        key = next(self._ids)
         with self._mu:
-            self._entries[next(self._ids)] = (handle, threshold, target, loop)
+            self._entries[key] = (handle, threshold, target, loop)
         self._core.kick()
+        return key
+
+    def unwatch(self, key: int) -> bool:
+        """Forget the watch ``key`` (True when it was still pending).  Its target may still
+        be running (or be about to run) in the notifier thread when this returns."""
+        with self._mu:
+            found = self._entries.pop(key, None) is not None
+        if found:
+            self._core.kick()
+        return found
 
     def stop(self) -> None:
         """Stop the thread; pending waits fail with DomainClosed."""
@@ -67,6 +87,9 @@ class Notifier:
                 loop.call_soon_threadsafe(done)
             return
         if isinstance(word, BaseException):
+            fail = getattr(target, "fail", None)
+            if fail is not None:
+                fail(word)
             return
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(target, word)

@@ -11,6 +11,9 @@ the benchmarks and the protocol tools).
     hostless gc [--dry-run] [--min-age S] [--dir DIR]
                                        remove domains no live participant uses
     hostless trace NAME -o out.json    the domain's trace ring as Chrome / Perfetto JSON
+    hostless top NAME [--interval S] [--once]
+                                       a live view (keys sort, q quits): participants, agents'
+                                       packets/s, busy %, failures and why, timelines, heaps
 
 Commands of other distributions join through the entry points of the group
 ``hostless.commands`` (:data:`PLUGIN_GROUP`): each entry point, named after its command, is a
@@ -23,7 +26,7 @@ function that adds its parser to the CLI's subcommands (``add(subparsers)``) and
 
 Without it those three say how to install it (:data:`TOOLS_HINT`) and exit with status 2.
 
-``info``, ``check``, ``trace`` and ``ls`` only look: they map the domain
+``info``, ``check``, ``trace``, ``top`` and ``ls`` only look: they map the domain
 read-only (:class:`hostless.view.DomainView`) and take no participant slot,
 no lock and no reference, so they show the domain as it is and cannot change
 it.  ``reap`` acts: it joins as a participant labelled ``hostless-cli`` (with
@@ -36,8 +39,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
-import unicodedata
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,6 +52,7 @@ from .errors import HostlessError
 from .info import domain_info
 from .recovery import split_findings
 from .tables import print_table
+from .termtext import safe
 from .view import open_view
 
 __all__ = ["main", "build_parser", "domain_info", "PLUGIN_GROUP", "TOOLS", "TOOLS_HINT"]
@@ -78,16 +83,8 @@ def _print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str
 
 
 def _safe(text: str, keep_newlines: bool = False) -> str:
-    """``text`` from a domain (labels, kinds, names, records: anyone who may write the
-    domain chose them) fit for a terminal: control and format characters (escape
-    sequences, bidirectional overrides) are shown as Python escapes (``\\x1b``)."""
-    out = []
-    for ch in text:
-        if (keep_newlines and ch == "\n") or unicodedata.category(ch) not in ("Cc", "Cf", "Cs"):
-            out.append(ch)
-        else:
-            out.append(ascii(ch)[1:-1])
-    return "".join(out)
+    """``text`` from a domain fit for a terminal (:func:`hostless.termtext.safe`)."""
+    return safe(text, keep_newlines)
 
 
 def _size(n: int) -> str:
@@ -302,6 +299,30 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    """``hostless top``: read-only, refreshes every ``--interval`` s (:mod:`hostless.top`)."""
+    from . import top
+
+    if not 0.02 <= args.interval <= 60:
+        print("hostless: --interval is in 0.02..60 seconds", file=sys.stderr)
+        return 2
+    open_view(args.name).close()  # a name that is no domain: the usual message, exit 2
+    if args.once:
+        mon = top.Monitor(args.name)
+        try:
+            first = mon.read()
+            time.sleep(args.interval)
+            cur = top.remember(mon.read(), first)
+        finally:
+            mon.close()
+        print("\n".join(top.render(cur, first, width=shutil.get_terminal_size((200, 50)).columns)))
+        return 1 if cur.error else 0
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print("hostless: top needs a terminal (or --once for one refresh as text)", file=sys.stderr)
+        return 2
+    return top.main(args.name, args.interval)
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
     with open_view(args.name) as view:  # read-only: the exporter is no participant of the trace
         if not view.trace_enabled():
@@ -397,6 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("name", help="domain name (/dev/shm/NAME)")
     t.add_argument("-o", "--output", required=True, metavar="FILE", help="output JSON file")
     t.set_defaults(func=cmd_trace)
+
+    t = sub.add_parser("top", help="a live view: participants, agents' rates and failures, timelines, heaps")
+    t.add_argument("name", help="domain name (/dev/shm/NAME)")
+    t.add_argument("--interval", type=float, default=0.25, metavar="S", help="seconds between refreshes")
+    t.add_argument("--once", action="store_true", help="print one refresh (rates over --interval) and exit")
+    t.set_defaults(func=cmd_top)
 
     _add_plugins(sub)
     return p

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _core
 from ._abi import DEVHEAP_DTYPE, FENCE_DTYPE, HEADER_DTYPE, PARTICIPANT_DTYPE, C
 from .errors import CorruptDomain
 from .inspection import Participant
@@ -65,6 +66,9 @@ class DomainView:
         except BaseException:
             os.close(fd)
             raise
+        # under the SIGBUS guard: a file truncated under the view reads zeros (and is told by
+        # `truncated`) instead of killing the process
+        self._guard = _core.view_guard(self._map)
         self._fd = fd
         self.path = path
         self.name = name if name is not None else os.path.basename(path)
@@ -80,10 +84,17 @@ class DomainView:
         if self._fd >= 0:
             try:
                 self._map.close()
-            except BufferError:  # a NumPy view of it is still alive: the GC unmaps it
-                pass
+                _core.view_guard_remove(self._guard)
+            except BufferError:  # a NumPy view of it is still alive: the GC unmaps it (guarded
+                pass  # until the guard's own destructor runs)
             os.close(self._fd)
             self._fd = -1
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the file was truncated under the view (a read past its new end read zeros:
+        what was read since is not the domain)."""
+        return bool(_core.view_guard_hit(self._guard))
 
     def __enter__(self) -> DomainView:
         return self

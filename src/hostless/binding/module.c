@@ -152,7 +152,56 @@ static PyObject *py_set_status(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* view_guard(buffer) -> capsule: put a mapping of a domain that no context owns (a
+ * read-only view, hostless.view) under the SIGBUS guard (hle_guard_add_flag): a page
+ * truncated under it reads zeros instead of killing the process.
+ * view_guard_hit(capsule) -> bool: a truncation was seen through it.
+ * view_guard_remove(capsule): out of the guard (call before unmapping; the capsule's
+ * destructor does it too). */
+#define VIEW_GUARD "hostless.view_guard"
+static void view_guard_free(PyObject *cap) {
+    int *flag = (int *)PyCapsule_GetPointer(cap, VIEW_GUARD);
+    if (!flag) return;
+    hle_guard_remove_flag(flag);
+    free(flag);
+}
+
+static PyObject *py_view_guard(PyObject *m, PyObject *obj) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_SIMPLE) < 0) return NULL;
+    uintptr_t lo = (uintptr_t)v.buf, hi = (uintptr_t)v.buf + (uintptr_t)v.len;
+    PyBuffer_Release(&v);
+    int *flag = (int *)calloc(1, sizeof *flag);
+    if (!flag) return PyErr_NoMemory();
+    PyObject *cap = PyCapsule_New(flag, VIEW_GUARD, view_guard_free);
+    if (!cap) {
+        free(flag);
+        return NULL;
+    }
+    if (hle_guard_add_flag(lo, hi, flag) != HL_OK) {
+        Py_DECREF(cap);
+        return PyErr_NoMemory();
+    }
+    return cap;
+}
+
+static PyObject *py_view_guard_hit(PyObject *m, PyObject *cap) {
+    int *flag = (int *)PyCapsule_GetPointer(cap, VIEW_GUARD);
+    if (!flag) return NULL;
+    return PyBool_FromLong(__atomic_load_n(flag, __ATOMIC_SEQ_CST) != 0);
+}
+
+static PyObject *py_view_guard_remove(PyObject *m, PyObject *cap) {
+    int *flag = (int *)PyCapsule_GetPointer(cap, VIEW_GUARD);
+    if (!flag) return NULL;
+    hle_guard_remove_flag(flag);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"view_guard", py_view_guard, METH_O, "view_guard(buffer) -> guard: a read-only view's mapping under the SIGBUS guard"},
+    {"view_guard_hit", py_view_guard_hit, METH_O, "view_guard_hit(guard) -> whether a truncation was seen"},
+    {"view_guard_remove", py_view_guard_remove, METH_O, "view_guard_remove(guard): before unmapping"},
     {"host_wake_fn", py_host_wake_fn, METH_NOARGS, "address of void hl_host_wake(void *futex_word)"},
     {"host_push_fn", py_host_push_fn, METH_NOARGS, "address of void hle_host_push(void *rec)"},
     {"host_push_fill", py_host_push_fill, METH_VARARGS,

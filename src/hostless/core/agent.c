@@ -20,6 +20,14 @@
 
 #include "agent_loop.h"
 
+/* A packet (or follow-up) with signal `sig` failed: cfg's count and the queue's statistics. */
+static void count_failure(struct agent *a, uint64_t sig) {
+    a->cfg->failures++;
+    if (!a->qs) return;
+    __atomic_add_fetch(&a->qs->failed, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&a->qs->last_failed, sig, __ATOMIC_RELAXED);
+}
+
 /* Import h as one of `kind` (0: fence, merged or timeline) for this packet. */
 int agent_hold(struct agent *a, uint64_t h, uint32_t kind) {
     uint32_t k = HL_HANDLE_KIND(h);
@@ -270,7 +278,7 @@ static void push_follow(struct agent *a, const struct kargs *k, uint8_t hops) {
             hle_release(a->c, f.queue);
         }
         if (r != HL_OK) {
-            a->cfg->failures++;
+            count_failure(a, f.packet.signal);
             finish_signal(a, f.packet.signal, f.packet.signal_value, HL_STATUS_ERROR);
             fail_downstream(a, &f.packet, HL_STATUS_ERROR, &budget, 0);
         }
@@ -306,7 +314,7 @@ static void execute(struct agent *a, uint64_t idx, const struct hl_packet *p, ui
     }
     finish(a, p, status, idx);
     if (status != HL_STATUS_SUCCESS) {
-        a->cfg->failures++;
+        count_failure(a, p->signal);
         int budget = HLE_AGENT_FAIL_BUDGET;
         fail_downstream(a, p, status, &budget, 0);
     } else if (have_args && k.nfollow) {
@@ -322,7 +330,7 @@ static void discard_stale(struct agent *a, uint64_t idx, const struct hl_packet 
     finish(a, p, HL_STATUS_OWNER_DIED, idx);
     int budget = HLE_AGENT_FAIL_BUDGET;
     fail_downstream(a, p, HL_STATUS_OWNER_DIED, &budget, 0);
-    a->cfg->failures++;
+    count_failure(a, p->signal);
     release_all(a);
 }
 
@@ -396,6 +404,8 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
     a->stale_below = hle_queue_stale_below(c, queue);
     struct hl_qview v;
     if ((r = hle_queue_view(c, queue, &v))) goto out;
+    a->qs = v.q;
+    __atomic_fetch_or(&v.q->flags, HL_QUEUE_COUNTS, __ATOMIC_SEQ_CST); /* monitors: these figures are kept */
     uint64_t last_packet = now_ns();
     int device_seen = 0;
     while (!a->stop) {
@@ -434,6 +444,7 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
             break;
         }
         execute(a, idx, &p, hops);
+        __atomic_add_fetch(&v.q->busy_ns, now_ns() - last_packet, __ATOMIC_RELAXED);
         cfg->packets++;
         if ((cfg->packets & 63) == 0 && cfg->should_stop && cfg->should_stop(cfg->ud)) break;
         __atomic_add_fetch(&v.q->completed, 1, __ATOMIC_SEQ_CST);

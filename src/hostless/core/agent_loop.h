@@ -36,6 +36,7 @@ struct agent {
     struct hle_kenv kenv;
     uint64_t py_status;             /* the failure status of the last Python CU */
     uint64_t wait_avg;              /* recent doorbell wait (ns, a running average); UINT64_MAX: idle */
+    struct hl_queue *qs;            /* the queue's header: its statistics (failed, busy_ns, last_failed) */
 };
 
 /* A decoded argument block (pointers into the held block; counts local). */

@@ -556,5 +556,10 @@ int hle_kernel_run(const struct hle_kenv *env, uint32_t kernel, struct hle_kbuf 
 int hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi);
 int hle_guard_add(hle_ctx *c); /* HL_OK, or HL_E_NOMEM: then the mapping must not be used */
 void hle_guard_remove(hle_ctx *c);
+/* The same for a mapping of no context (a read-only view, hostless.view): a truncation
+ * seen in [lo, hi) reads zeros and sets *flag; remove (every region of flag) before
+ * unmapping.  *flag must outlive the regions. */
+int hle_guard_add_flag(uintptr_t lo, uintptr_t hi, int *flag);
+void hle_guard_remove_flag(int *flag);
 
 #endif /* HOSTLESS_CORE_ENGINE_H */

@@ -79,7 +79,9 @@ static struct guard_tab *room(void) {
     return nt;
 }
 
-int hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi) {
+int hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi) { return hle_guard_add_flag(lo, hi, &c->truncated); }
+
+int hle_guard_add_flag(uintptr_t lo, uintptr_t hi, int *flag) {
     pthread_mutex_lock(&g_guard_mu);
     if (!g_guard_installed) {
         struct sigaction sa;
@@ -92,7 +94,7 @@ int hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi) {
     struct guard_tab *t = room();
     for (int i = 0; t && i < t->cap; i++) {
         if (t->e[i].lo) continue;
-        __atomic_store_n(&t->e[i].flag, &c->truncated, __ATOMIC_RELEASE);
+        __atomic_store_n(&t->e[i].flag, flag, __ATOMIC_RELEASE);
         __atomic_store_n(&t->e[i].hi, hi, __ATOMIC_RELEASE);
         __atomic_store_n(&t->e[i].lo, lo, __ATOMIC_RELEASE);
         break;
@@ -103,11 +105,13 @@ int hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi) {
 
 int hle_guard_add(hle_ctx *c) { return hle_guard_add_region(c, (uintptr_t)c->base, (uintptr_t)c->base + c->size); }
 
-void hle_guard_remove(hle_ctx *c) {
+void hle_guard_remove(hle_ctx *c) { hle_guard_remove_flag(&c->truncated); /* its mapping and the regions it added */ }
+
+void hle_guard_remove_flag(int *flag) {
     pthread_mutex_lock(&g_guard_mu);
     for (struct guard_tab *t = g_tab; t; t = t->older) {
         for (int i = 0; i < t->cap; i++) {
-            if (t->e[i].flag != &c->truncated) continue; /* the core's mapping and the regions it added */
+            if (t->e[i].flag != flag) continue;
             __atomic_store_n(&t->e[i].lo, 0, __ATOMIC_RELEASE);
             __atomic_store_n(&t->e[i].hi, 0, __ATOMIC_RELEASE);
             __atomic_store_n(&t->e[i].flag, NULL, __ATOMIC_RELEASE);

@@ -244,7 +244,14 @@ static int hle_reap_all_locked(hle_ctx *c, uint64_t *out, int outcap) {
             /* recoverer field: who recovers (255: a process that has not joined yet) */
             uint64_t claimed = HL_PCTL(HL_PCTL_INC(pc), (uint32_t)(c->me >= 0 ? c->me : 255), HL_PART_RECOVERING);
             uint64_t e = pc;
+            uint32_t dead_pid = __atomic_load_n(&c->parts[i].pid, __ATOMIC_SEQ_CST); /* recovery clears it */
             if ((pc == claimed || cas(&c->parts[i].ctl, &e, claimed)) && hle_recover_participant(c, i, claimed, HL_STATUS_OWNER_DIED)) {
+                struct timespec ts; /* the slot's last recovery, for monitors (hl_participant) */
+                clock_gettime(CLOCK_REALTIME, &ts);
+                __atomic_store_n(&c->parts[i].recovered_ns, (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec,
+                                 __ATOMIC_RELAXED);
+                __atomic_store_n(&c->parts[i].recovered_by, (uint32_t)(c->me >= 0 ? c->me + 1 : 256), __ATOMIC_RELAXED);
+                __atomic_store_n(&c->parts[i].recovered_pid, dead_pid, __ATOMIC_RELEASE);
                 /* counted here, not in recover_participant: a clean leave is no recovery */
                 __atomic_add_fetch(&c->h->epoch, 1, __ATOMIC_SEQ_CST);
                 __atomic_add_fetch(&c->h->stats_recovered, 1, __ATOMIC_SEQ_CST);

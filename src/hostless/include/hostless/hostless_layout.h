@@ -345,7 +345,13 @@ struct hl_participant {
     hl_u64 joined_ns;             /*  24 CLOCK_REALTIME when it joined */
     char label[32];               /*  32 NUL-terminated label */
     char kind[16];                /*  64 "cpu", "npu", "cuda", ... */
-    hl_u8 reserved[HL_PARTICIPANT_SIZE - 80];
+    /* The last recovery of this slot's occupant, for monitors (`hostless top`), in what was
+     * padding: written by its recoverer once the recovery succeeded (the slot may already
+     * hold a new participant then), never cleared, never read for control. */
+    hl_u32 recovered_pid;         /*  80 the pid of the participant recovered (0: none yet) */
+    hl_u32 recovered_by;          /*  84 the recoverer's participant index + 1 (256: a process not joined) */
+    hl_u64 recovered_ns;          /*  88 CLOCK_REALTIME when its recovery finished */
+    hl_u8 reserved[HL_PARTICIPANT_SIZE - 96];
 };
 
 struct hl_fence {

@@ -178,6 +178,7 @@ struct hl_buffer_meta {
 #define HL_PACKET_SIZE 64u
 #define HL_QUEUE_HEADER_SIZE 256u
 #define HL_QUEUE_WAS_BOUND 1u /* hl_queue.flags: a consumer bound it once (unbound again = it died) */
+#define HL_QUEUE_COUNTS 2u    /* hl_queue.flags: a consumer that keeps failed, busy_ns, last_failed served it */
 
 #define HL_CELL_FREE 0u
 #define HL_CELL_RESERVED 1u
@@ -218,7 +219,13 @@ struct hl_queue {
     hl_u32 space_waiters;    /* 136 producers asleep on read_index (full queue) */
     hl_u32 pad2;
     hl_u64 completed;        /* 144 packets the consumer finished (statistics) */
-    hl_u8 pad3[192 - 152];
+    /* Statistics for monitors (`hostless top`), in what was padding: zero from a
+     * consumer that does not keep them (the Python and GPU loops); written by the
+     * consumer only, read by anyone without a lock, never trusted for control. */
+    hl_u64 failed;           /* 152 packets (and follow-ups) the consumer failed */
+    hl_u64 busy_ns;          /* 160 ns the consumer spent running packets (pop to done) */
+    hl_u64 last_failed;      /* 168 signal handle of the last packet that failed, 0 = none */
+    hl_u8 pad3[192 - 176];
     hl_u64 doorbell;         /* 192 last write index + 1 published; futex on its low 32 bits */
     hl_u32 doorbell_waiters; /* 200 consumers asleep on the doorbell */
     hl_u32 pad4;
