@@ -78,7 +78,17 @@ static PyObject *py_set_status(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* version_error(path, found) -> str: the message of a domain of ABI version `found` (hle_version_fail). */
+static PyObject *py_version_error(PyObject *self, PyObject *args) {
+    const char *path;
+    unsigned int found;
+    if (!PyArg_ParseTuple(args, "sI", &path, &found)) return NULL;
+    hle_version_fail(path, found);
+    return PyUnicode_FromString(hle_errmsg());
+}
+
 static PyMethodDef module_methods[] = {
+    {"version_error", py_version_error, METH_VARARGS, "version_error(path, found) -> message for a domain of another ABI version"},
     {"host_wake_fn", py_host_wake_fn, METH_NOARGS, "address of void hl_host_wake(void *futex_word)"},
     {"set_status", py_set_status, METH_VARARGS, NULL},
     {"status_valid", py_status_valid, METH_O, "hl_status_valid(s): a status a fence can complete with"},
