@@ -47,7 +47,8 @@ void hle_agent_npu_cus(struct hle_agent_cfg *cfg) {
 int hle_blas_load(struct hle_kenv *env, const char *path, int threads, char *why, size_t n) {
     env->sgemm = NULL;
     if (!path || !*path) {
-        snprintf(why, n, "no BLAS library given (install scipy-openblas32): GEMM runs in the Python kernel");
+        snprintf(why, n, "no BLAS library given (pip install 'hostless[blas]', or HOSTLESS_BLAS=a CBLAS library): "
+                    "GEMM runs in the Python kernel (NumPy)");
         return 0;
     }
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
