@@ -61,6 +61,7 @@ test: tools $(VENV)/.test-deps
 	$(PY) -m ruff check $(RUFF_PATHS)
 	$(PY) -m mypy
 	$(MAKE) --no-print-directory lint-imports
+	$(MAKE) --no-print-directory docs
 
 lint: tools
 	$(PY) -m ruff check $(RUFF_PATHS)
@@ -191,6 +192,15 @@ dist/.built: $(VENV)/.pkg-deps $(SOURCES) README.md
 	touch $@
 
 wheel: dist/.built
+
+# `make docs`: the documentation site (mkdocs.yml: MkDocs + Material + mkdocstrings, the
+# pyproject's docs extra) into build/site, warnings as errors; `make test` builds it too.
+$(VENV)/.docs-deps: $(VENV)/.created pyproject.toml
+	$(PIP) install -q "mkdocs>=1.6" "mkdocs-material>=9.5" "mkdocstrings[python]>=0.26"
+	touch $@
+
+docs: tools $(VENV)/.docs-deps
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 clean:
 	rm -rf build dist $(VENV) src/*.egg-info tools/build tools/src/*.egg-info
