@@ -1,8 +1,8 @@
 """MkDocs hooks of the documentation site (mkdocs.yml, `make docs`): pages whose text has a home
 elsewhere are filled in at build time, so the site cannot drift from it.
 
-- ``<!-- include: README.md -->``: the README (the tutorial), its links into docs/ made
-  relative to the site;
+- ``<!-- include: FILE -->``: a file of the repository's root (the README as the tutorial, the
+  CHANGELOG), its links into docs/ made relative to the site;
 - ``<!-- cli: hostless -->``: ``hostless --help`` and every subcommand's help, from
   :func:`hostless.cli.build_parser` (plugins of hostless-tools included when installed);
 - ``<!-- cli: hostless-agent -->``: the executable's ``--help``.
@@ -25,10 +25,11 @@ CLI = re.compile(r"<!-- cli: ([\w-]+) -->")
 ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj):<code>(~?)([^<]*)</code>")
 
 
-def _readme(name: str) -> str:
+def _include(name: str) -> str:
     text = (ROOT / name).read_text()
-    text = re.sub(r"\]\(docs/", "](", text)  # README's links into docs/ are siblings here
-    return re.sub(r"^# hostless\n", "", text, count=1)  # the page has its own title
+    text = re.sub(r"\]\(docs/", "](", text)  # the README's links into docs/ are siblings here
+    text = text.replace("](CHANGELOG.md)", "](changelog.md)")  # the site's copy of it
+    return re.sub(r"^# hostless\n", "", text, count=1)  # the README's title: the page has its own
 
 
 def _block(title: str, text: str) -> str:
@@ -55,7 +56,7 @@ def _agent_help() -> str:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    markdown = INCLUDE.sub(lambda m: _readme(m.group(1)), markdown)
+    markdown = INCLUDE.sub(lambda m: _include(m.group(1)), markdown)
 
     def cli(m: re.Match[str]) -> str:
         which = m.group(1)
