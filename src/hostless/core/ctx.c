@@ -31,8 +31,9 @@ int hle_version_fail(const char *path, unsigned found) {
     return hle_fail(HL_E_VERSION,
                     "%s was created by a hostless of ABI version %u, %s than this one (ABI version %u): "
                     "it cannot be joined.  Open it with a hostless release of ABI version %u (CHANGELOG.md "
-                    "lists each release's ABI version), or, once its participants have stopped, remove it "
-                    "(hostless gc, or Domain.unlink) and create it again with this one",
+                    "lists each release's ABI version), or, once the processes using it have stopped, remove "
+                    "its file (Domain.unlink(name), or rm; hostless gc leaves other versions alone) and "
+                    "create it again with this one",
                     path, found, older ? "older" : "newer", HL_ABI_VERSION, found);
 }
 
