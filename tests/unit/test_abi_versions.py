@@ -48,7 +48,7 @@ OTHER = [(hl.ABI_VERSION - 1, "older"), (hl.ABI_VERSION + 1, "newer")]
 
 
 def _check_message(msg: str, version: int, word: str) -> None:
-    assert f"ABI version {version}, {word} than this one (ABI version {hl.ABI_VERSION})" in msg
+    assert f"ABI version {version}, {word} than this hostless (ABI version {hl.ABI_VERSION})" in msg
     assert "CHANGELOG.md" in msg and "create it again" in msg
 
 

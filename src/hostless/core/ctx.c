@@ -29,7 +29,7 @@ int hle_fail(int code, const char *fmt, ...) {
 int hle_version_fail(const char *path, unsigned found) {
     const int older = found < HL_ABI_VERSION;
     return hle_fail(HL_E_VERSION,
-                    "%s was created by a hostless of ABI version %u, %s than this one (ABI version %u): "
+                    "%s is a hostless domain of ABI version %u, %s than this hostless (ABI version %u): "
                     "it cannot be joined.  Open it with a hostless release of ABI version %u (CHANGELOG.md "
                     "lists each release's ABI version), or, once the processes using it have stopped, remove "
                     "its file (Domain.unlink(name), or rm; hostless gc leaves other versions alone) and "
