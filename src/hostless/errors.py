@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "HostlessError",
     "CorruptDomain",
+    "DomainVersionMismatch",
     "DomainFull",
     "DomainExists",
     "InvalidHandle",
@@ -39,6 +40,14 @@ class HostlessError(Exception):
 
 class CorruptDomain(HostlessError):
     """The file is not a domain of this ABI: bad magic, version, sizes or tables."""
+
+
+class DomainVersionMismatch(CorruptDomain):
+    """The domain was created by a hostless of another ABI version (older or newer) than this
+    one (``hostless.ABI_VERSION``), so its layout cannot be trusted and it is not joined.  The
+    message gives both versions and what to do: use the release that created it (CHANGELOG.md
+    lists each release's ABI version), or remove the domain and create it again.  A subclass of
+    :class:`CorruptDomain`, which earlier releases raised."""
 
 
 class DomainFull(HostlessError):

@@ -94,8 +94,9 @@ def parse_size(size: int | str) -> int:
 
 
 def wait_ready(fd: int, timeout: float) -> None:
-    """Return once the domain file behind ``fd`` is initialised; CorruptDomain when it is not
-    a domain, or still not ready after ``timeout`` seconds (its creator died or is slow)."""
+    """Return once the domain file behind ``fd`` is initialised, or at once when it is a domain
+    of another ABI version (the attach then raises DomainVersionMismatch); CorruptDomain when it
+    is not a domain, or still not ready after ``timeout`` seconds (its creator died or is slow)."""
     deadline = time.monotonic() + timeout
     hsize = int(C.HEADER_SIZE)
     while True:
@@ -104,8 +105,9 @@ def wait_ready(fd: int, timeout: float) -> None:
             head = os.pread(fd, hsize, 0)
             ready = int.from_bytes(head[int(C.H_READY) : int(C.H_READY) + 4], "little")
             magic = int.from_bytes(head[0:8], "little")
-            if ready == 1:
-                return
+            abi = int.from_bytes(head[int(C.H_ABI_VERSION) : int(C.H_ABI_VERSION) + 4], "little")
+            if ready == 1 or (magic == int(C.MAGIC) and abi != int(C.ABI_VERSION)):
+                return  # another ABI's `ready` may lie elsewhere: the attach says DomainVersionMismatch
             if magic not in (0, int(C.MAGIC)):
                 raise CorruptDomain(f"not a hostless domain (magic {magic:#x})")
         if time.monotonic() >= deadline:

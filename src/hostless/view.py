@@ -30,7 +30,7 @@ import numpy as np
 
 from . import _core
 from ._abi import DEVHEAP_DTYPE, FENCE_DTYPE, HEADER_DTYPE, PARTICIPANT_DTYPE, C
-from .errors import CorruptDomain
+from .errors import CorruptDomain, DomainVersionMismatch
 from .inspection import Participant
 from .recovery import check_tables
 
@@ -109,10 +109,7 @@ class DomainView:
         if int(h["magic"]) != int(C.MAGIC):
             raise CorruptDomain(f"{self.path} is not a hostless domain (magic {int(h['magic']):#x})")
         if int(h["abi_version"]) != int(C.ABI_VERSION):
-            raise CorruptDomain(
-                f"{self.path} is a domain of ABI version {int(h['abi_version'])}; this library speaks "
-                f"{int(C.ABI_VERSION)}: use the hostless that created it"
-            )
+            raise DomainVersionMismatch(_core.version_error(str(self.path), int(h["abi_version"])))
         if int(h["ready"]) != 1:
             raise CorruptDomain(f"{self.path} is not initialised (its creator died or is still starting)")
         if int(h["header_size"]) != int(C.HEADER_SIZE) or int(h["total_size"]) != size:

@@ -219,6 +219,39 @@ def test_a_packet_needing_python_fails_alone_with_why(dom: hl.Domain) -> None:
     assert a.proc.returncode == 0
 
 
+@pytest.mark.parametrize("blas", ["none", "/nonexistent/libnoblas.so", "installed"])
+def test_capabilities_say_what_runs_gemm(dom: hl.Domain, blas: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # without a BLAS the executable (no Python) cannot run GEMM: its capabilities say so, and
+    # a GEMM packet fails alone with the record of why; with one, GEMM runs through it
+    if blas == "installed":
+        if native.blas_path() is None:
+            pytest.skip("no BLAS installed (pip install 'hostless[blas]')")
+    else:
+        monkeypatch.setenv("HOSTLESS_BLAS", blas)
+    keep: list[Any] = []
+    a = _spawned(dom)
+    try:
+        caps = a.capabilities
+        assert caps["native"] == "exe" and caps["kind"] == "cpu", caps
+        x, w = _buf(dom, _f32(3, 4), keep), _buf(dom, _f32(4, 2), keep)
+        o = _buf(dom, np.zeros((3, 2), np.float32), keep)
+        st, why = _run_why(dom, a, kernel_id("gemm"), [x.handle, w.handle, o.handle])
+        if blas == "installed":
+            assert caps["gemm"] == "blas" and "sgemm" in caps["blas"] and caps["why"] is None, caps
+            assert st is S.SUCCESS
+            np.testing.assert_allclose(o.numpy(), x.numpy() @ w.numpy(), rtol=1e-5, atol=1e-5)
+        else:
+            assert caps["gemm"] == "none" and caps["blas"] is None, caps
+            assert "GEMM packets fail" in caps["why"]
+            assert ("hostless[blas]" if blas == "none" else "cannot load /nonexistent") in caps["why"]
+            assert st is S.ERROR and "needs Python" in (why or ""), why
+            assert a.alive
+    finally:
+        for o_ in keep:
+            o_.release()
+        a.stop()
+
+
 def test_records_are_bounded(dom: hl.Domain) -> None:
     """The agent keeps its last 8 records alive (hle_record_write, as hostless.records.Recorder)."""
     keep: list[Any] = []

@@ -94,8 +94,8 @@ class Agent:
         """Where the agent's engine reads memory: "cpu", or "cuda:N" for a cuda or gpucp agent."""
         self.capabilities: dict[str, Any] = {"native": spec.native, "kind": spec.kind}
         """What the agent runs natively (a cpu or npu agent's :func:`hostless.agents.native.capabilities`:
-        ``gemm`` is "blas" or "python", ``why`` says why GEMM has no BLAS; a gpucp agent's
-        isolation and SMs)."""
+        ``gemm`` is "blas", "python" or, for the hostless-agent executable, "none" (its GEMM
+        packets fail); ``why`` says why GEMM has no BLAS; a gpucp agent's isolation and SMs)."""
         self._functions: dict[str, int] = {}  # stagefn request (JSON) -> kernel id
         self._control = control  # our end of the private load channel (hostless.agents.control)
         self._control_lock = threading.Lock()
@@ -514,6 +514,10 @@ def spawn(
             a.capabilities = dict(json.loads(lines[1]))
         except ValueError:
             pass
+    elif spec.native == "exe":  # it prints no capabilities: the same probe of the BLAS it was given
+        from .native import capabilities
+
+        a.capabilities = capabilities(spec.kind, executable=True)
     if a.capabilities.get("host_native_atomics") is False and a.capabilities.get("pushes") == "device":
         warnings.warn(
             f"{kind} agent told to push with device atomics on a GPU without host-native atomics: its "

@@ -81,17 +81,27 @@ def blas_path() -> str | None:
     return path if os.path.exists(path) else None
 
 
-def capabilities(kind: str) -> dict[str, Any]:
+def capabilities(kind: str, executable: bool = False) -> dict[str, Any]:
     """What a native agent of ``kind`` runs in C: the loop, ERT, and GEMM through a BLAS or not
-    (``blas``: the library's sgemm and path; ``why``: why GEMM runs in Python instead)."""
-    loaded, why = _core.blas_probe(blas_path(), BLAS_THREADS)
+    (``blas``: the library's sgemm and path; ``why``: why there is none, and what runs GEMM
+    instead).  ``gemm``: "blas"; else "python" (the Python kernel, NumPy) in a Python worker, or
+    "none" for the hostless-agent executable (``executable=True``), which has no Python: its
+    GEMM packets fail, each with a record.  The probe loads the library the agent is given
+    (:func:`blas_path`), with the engine's own loader."""
+    loaded, cause = _core.blas_probe(blas_path(), BLAS_THREADS)
+    if loaded:
+        gemm, why = "blas", None
+    elif executable:
+        gemm, why = "none", f"{cause}: hostless-agent has no Python, so its GEMM packets fail"
+    else:
+        gemm, why = "python", f"{cause}: GEMM runs in the Python kernel (NumPy)"
     return {
-        "native": True,
+        "native": "exe" if executable else True,
         "kind": kind,
         "ert": "C",
-        "gemm": "blas" if loaded else "python",
-        "blas": why if loaded else None,
-        "why": None if loaded else why,
+        "gemm": gemm,
+        "blas": cause if loaded else None,
+        "why": why,
     }
 
 

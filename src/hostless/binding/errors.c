@@ -37,6 +37,7 @@ static const struct {
     {HL_E_EXISTS, "NameTaken", &PyExc_KeyError},
     {HL_E_NOT_FOUND, NULL, &PyExc_KeyError},
     {HL_E_DEVICE_FULL, "DeviceHeapFull", &PyExc_MemoryError},
+    {HL_E_VERSION, "DomainVersionMismatch", &PyExc_RuntimeError},
     {HLPY_E_DEVICE_BUFFER, "DeviceBufferError", &PyExc_BufferError},
 };
 #define NCODES (sizeof table / sizeof table[0])

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static __thread char tls_msg[512];
+static __thread char tls_msg[1024];
 static __thread int tls_errno;
 
 int hle_fail(int code, const char *fmt, ...) {
@@ -24,6 +24,17 @@ int hle_fail(int code, const char *fmt, ...) {
     vsnprintf(tls_msg, sizeof tls_msg, fmt, ap);
     va_end(ap);
     return code;
+}
+
+int hle_version_fail(const char *path, unsigned found) {
+    const int older = found < HL_ABI_VERSION;
+    return hle_fail(HL_E_VERSION,
+                    "%s is a hostless domain of ABI version %u, %s than this hostless (ABI version %u): "
+                    "it cannot be joined.  Open it with a hostless release of ABI version %u (CHANGELOG.md "
+                    "lists each release's ABI version), or, once the processes using it have stopped, remove "
+                    "its file (Domain.unlink(name), or rm; hostless gc leaves other versions alone) and "
+                    "create it again with this one",
+                    path, found, older ? "older" : "newer", HL_ABI_VERSION, found);
 }
 
 int hle_fail_errno(int err) {
@@ -233,10 +244,16 @@ int hle_attach(hle_ctx *c, int fd, const struct hle_init *init, const char *labe
     if (__atomic_load_n(&c->h->ready, __ATOMIC_ACQUIRE) != 1 || hl_attach(&c->dv, c->base, size) != HL_OK) {
         const struct hl_header *h = c->h;
         char why[160];
+        unsigned found = h->abi_version;
+        if (h->magic == HL_MAGIC && found != HL_ABI_VERSION) { /* magic and abi_version never move */
+            hle_guard_remove(c);
+            munmap(c->base, size);
+            c->base = NULL;
+            c->fd = -1;
+            return hle_version_fail("the domain", found);
+        }
         if (h->magic != HL_MAGIC)
             snprintf(why, sizeof why, "bad magic 0x%llx", (unsigned long long)h->magic);
-        else if (h->abi_version != HL_ABI_VERSION)
-            snprintf(why, sizeof why, "ABI version %u, this library speaks %u", h->abi_version, HL_ABI_VERSION);
         else if (h->ready != 1)
             snprintf(why, sizeof why, "creator has not finished initialising it");
         else if (hl_domain_validate(c->base, size) == HL_OK)

@@ -186,6 +186,10 @@ static inline void hle_relock(hle_ctx *c, void *token) {
 __attribute__((format(printf, 2, 3))) int hle_fail(int code, const char *fmt, ...);
 /* HL_E_OS with errno saved and strerror as the message. */
 int hle_fail_errno(int err);
+/* HL_E_VERSION: `path` holds a domain of ABI version `found`, not HL_ABI_VERSION;
+ * the message says which is older and what to do.  The one home of that message
+ * (hle_open, hle_attach, and Python's read-only view through the binding). */
+int hle_version_fail(const char *path, unsigned found);
 /* The error of a GIL-free loop that bailed out: HL_E_CORRUPT when the file was
  * truncated, else HL_E_CLOSED with msg. */
 int hle_closed_error(hle_ctx *c, const char *msg);

@@ -47,13 +47,13 @@ void hle_agent_npu_cus(struct hle_agent_cfg *cfg) {
 int hle_blas_load(struct hle_kenv *env, const char *path, int threads, char *why, size_t n) {
     env->sgemm = NULL;
     if (!path || !*path) {
-        snprintf(why, n, "no BLAS library given (install scipy-openblas32): GEMM runs in the Python kernel");
+        snprintf(why, n, "no BLAS library given (pip install 'hostless[blas]', or HOSTLESS_BLAS=a CBLAS library)");
         return 0;
     }
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         const char *e = dlerror();
-        snprintf(why, n, "cannot load %s (%s): GEMM runs in the Python kernel", path, e ? e : "?");
+        snprintf(why, n, "cannot load %s (%s)", path, e ? e : "?");
         return 0;
     }
     static const char *const names[] = {"scipy_cblas_sgemm", "cblas_sgemm"};
@@ -69,7 +69,7 @@ int hle_blas_load(struct hle_kenv *env, const char *path, int threads, char *why
         snprintf(why, n, "%s from %s", names[i], path);
         return 1;
     }
-    snprintf(why, n, "%s has no cblas_sgemm: GEMM runs in the Python kernel", path);
+    snprintf(why, n, "%s has no cblas_sgemm", path);
     dlclose(lib);
     return 0;
 }

@@ -42,6 +42,10 @@ int hle_open(hle_ctx *c, const char *path, const char *label, const char *kind, 
             goto fail;
         }
         if ((uint64_t)sb.st_size >= sizeof h && pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h) {
+            if (h.magic == HL_MAGIC && h.abi_version != HL_ABI_VERSION) { /* another layout: no `ready` to wait for */
+                r = hle_version_fail(path, h.abi_version);
+                goto fail;
+            }
             if (h.ready == 1) break;
             if (h.magic != 0 && h.magic != HL_MAGIC) {
                 r = hle_fail(HL_E_CORRUPT, "%s is not a hostless domain (magic 0x%llx)", path,

@@ -298,7 +298,8 @@ struct hle_agent_cfg {
     int32_t blas_threads;       /* > 0: set the BLAS's thread count (1 suits an agent on one core) */
     int32_t fixed_spin;         /* 1: always spin spin_ns (0, the default: the adaptive spin) */
     int32_t blas_loaded;        /* out: 1 when GEMM runs through the BLAS */
-    char blas_why[200];         /* out: the library loaded, or why none was */
+    char blas_why[200];         /* out: the library loaded, or why none was (the cause only: what runs GEMM
+                                   instead is the caller's to say) */
     uint64_t parks, spins;      /* out: pops that parked at once / that spun first (statistics) */
     int64_t idle_nap_ns;        /* longest doorbell sleep once idle (0: the domain's poll_ns) */
 };

@@ -39,5 +39,6 @@
 #define HL_E_EXISTS -43      /* a name is published already (for another object) */
 #define HL_E_NOT_FOUND -44   /* no live object has that name */
 #define HL_E_DEVICE_FULL -45 /* a device heap cannot satisfy the allocation */
+#define HL_E_VERSION -46     /* the domain was made by a hostless of another HL_ABI_VERSION (older or newer) */
 
 #endif /* HOSTLESS_ERRORS_H */
