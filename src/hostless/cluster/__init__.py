@@ -135,7 +135,7 @@ class Cluster:
         if len(having) > 1 or len(ids) > 1:
             raise ValueError(f"node {where!r} is ambiguous: it names {len(having) or len(ids)} alive nodes")
         raise ValueError(
-            f"no alive Ray node is {where!r} (a node id, a prefix of one, or a custom resource one node has); "
+            f"no alive Ray node is {where!r} (a node id, a prefix of one, or a custom resource of one node); "
             f"alive: {[str(n['NodeID'])[:8] for n in alive]}"
         )
 
@@ -146,8 +146,10 @@ class Cluster:
             for n in self._ray.nodes():
                 if str(n["NodeID"]) == node:
                     own = sorted(
-                        r for r in n.get("Resources", {})
-                        if not r.startswith("node:") and r not in ("CPU", "GPU", "memory", "object_store_memory")
+                        r
+                        for r in n.get("Resources", {})
+                        if not r.startswith("node:")
+                        and r not in ("CPU", "GPU", "memory", "object_store_memory")
                         and not r.startswith("accelerator_type")
                     )
                     lab = f"{own[0]}({node[:8]})" if own else node[:8]
@@ -183,7 +185,9 @@ class Cluster:
             except Exception:  # noqa: BLE001 - already gone
                 pass
 
-    def spawn(self, kind: str = "cpu", node: str | None = None, timeout: float = 60.0, **opts: Any) -> RemoteAgent:
+    def spawn(
+        self, kind: str = "cpu", node: str | None = None, timeout: float = 60.0, **opts: Any
+    ) -> RemoteAgent:
         """Spawn an agent of ``kind`` on ``node`` (see :meth:`node`) in that node's domain; the
         options are :func:`hostless.agents.spawn`'s."""
         nid = self.node(node)
@@ -240,12 +244,14 @@ class ClusterGraph(Graph):
         """As :meth:`hostless.graph.Graph.stage`, on a remote agent of this cluster."""
         if not isinstance(agent, RemoteAgent):
             raise TypeError(
-                f"stage {name!r}: a cluster graph's stages run on remote agents: cluster.spawn(kind, node=...)"
+                f"stage {name!r}: a cluster graph's stages run on remote agents: cluster.spawn(kind, node)"
             )
         if agent.cluster is not self.cluster:
             raise ValueError(f"stage {name!r}: the agent belongs to another cluster")
         if arrays is not None:
-            raise ValueError(f"stage {name!r}: GPU function stages (arrays=) are not carried across nodes yet")
+            raise ValueError(
+                f"stage {name!r}: GPU function stages (arrays=) are not carried across nodes yet"
+            )
         super().stage(name, agent, kernel, inputs, output, scalars)  # type: ignore[arg-type]
         return self
 
@@ -274,4 +280,6 @@ class ClusterGraph(Graph):
             raise ValueError("a cluster graph needs at least one input (it starts every frame)")
         if inflight < 1:
             raise ValueError("inflight must be >= 1")
-        return ClusterCompiledGraph(self, dispatch, data, inflight, transport, timeout, next(self.cluster._graphs))
+        return ClusterCompiledGraph(
+            self, dispatch, data, inflight, transport, timeout, next(self.cluster._graphs)
+        )

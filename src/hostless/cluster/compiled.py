@@ -34,13 +34,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..errors import HostlessError
 from ..graph import StageFailed
 from ..graphparts import _check_cast
+from ..segments import GpuSegment
 from ..stagefn import describe
 from ..status import Status
 from .host import Failure, PartSpec
@@ -48,7 +49,7 @@ from .partition import DRIVER, Part, split
 from .partition import describe as describe_parts
 
 if TYPE_CHECKING:
-    from . import ClusterGraph
+    from . import ClusterGraph, RemoteAgent
 
 __all__ = ["ClusterCompiledGraph", "RemoteStageFailed", "NodeLost"]
 
@@ -79,7 +80,13 @@ class NodeLost(StageFailed):
             f"frame {frame}: node {node} was lost ({why}); stage {stage!r} ran there: this compiled graph "
             "returns no frame again: build the graph on agents of the nodes left and compile it",
         )
-        self.stage, self.status, self.error, self.frame, self.node = stage, Status.OWNER_DIED, why, frame, node
+        self.stage, self.status, self.error, self.frame, self.node = (
+            stage,
+            Status.OWNER_DIED,
+            why,
+            frame,
+            node,
+        )
 
 
 def _gone(ray: Any, host: Any) -> str | None:
@@ -103,7 +110,14 @@ class ClusterCompiledGraph:
     """A graph over nodes, compiled: :meth:`run`, :meth:`stream`, :meth:`plan`, :meth:`close`."""
 
     def __init__(
-        self, g: ClusterGraph, dispatch: str, data: str, inflight: int, transport: str, timeout: float, gid: int
+        self,
+        g: ClusterGraph,
+        dispatch: str,
+        data: str,
+        inflight: int,
+        transport: str,
+        timeout: float,
+        gid: int,
     ) -> None:
         self.g, self.cluster = g, g.cluster
         self.dispatch, self.data, self.inflight, self.transport = dispatch, data, inflight, transport
@@ -114,7 +128,7 @@ class ClusterCompiledGraph:
         self._lost: NodeLost | None = None
         self._dag: Any = None
         st = g.stages
-        nodes = [s.agent.node for s in st]  # type: ignore[attr-defined]
+        nodes = [cast("RemoteAgent", s.agent).node for s in st]
         self.parts: list[Part] = split(
             nodes, [s.output for s in st], [s.inputs for s in st], list(g.inputs), list(g.constants)
         )
@@ -123,7 +137,10 @@ class ClusterCompiledGraph:
         self._plans: list[str] = []
         self._compiled: set[Any] = set()
         try:
-            refs = [h.compile.remote(gid, p.index, self._spec(p)) for h, p in zip(self.hosts, self.parts, strict=True)]
+            refs = [
+                h.compile.remote(gid, p.index, self._spec(p))
+                for h, p in zip(self.hosts, self.parts, strict=True)
+            ]
             self._compiled = set(self.hosts)
             self._plans = list(self._ray.get(refs, timeout=max(120.0, timeout)))
             if transport == "compiled":
@@ -138,10 +155,15 @@ class ClusterCompiledGraph:
         stages = []
         for k in p.stages:
             s = g.stages[k]
-            kernel: str | dict[str, Any] = s.kernel if isinstance(s.kernel, str) else describe(s.kernel, ())
-            kernel_desc = kernel if isinstance(kernel, str) else {k2: v for k2, v in kernel.items() if k2 != "scalars"}
+            agent = cast("RemoteAgent", s.agent)
+            fn = s.kernel
+            if isinstance(fn, GpuSegment):  # (a cluster graph refuses GPU function stages)
+                raise TypeError(f"stage {s.name!r}: GPU segments are not carried across nodes")
+            kernel: str | dict[str, Any] = fn if isinstance(fn, str) else describe(fn, ())
+            if isinstance(kernel, dict):
+                kernel.pop("scalars")  # (the stage's own travel with it)
             stages.append(
-                (s.name, s.agent.key, kernel_desc, tuple(s.inputs), s.output, s.shape, s.dtype.str, tuple(s.scalars))  # type: ignore[attr-defined]
+                (s.name, agent.key, kernel, tuple(s.inputs), s.output, s.shape, s.dtype.str, tuple(s.scalars))
             )
         inputs = []
         for e in p.takes:

@@ -53,7 +53,10 @@ class PartSpec:
     built-in's name or a described function, inputs, output, shape, dtype, scalars), its
     inputs' shapes, its constants, what it returns per edge out, and the graph's mode."""
 
-    stages: tuple[tuple[str, int, str | dict[str, Any], tuple[str, ...], str, tuple[int, ...], str, tuple[Any, ...]], ...]
+    stages: tuple[
+        tuple[str, int, str | dict[str, Any], tuple[str, ...], str, tuple[int, ...], str, tuple[Any, ...]],
+        ...,
+    ]
     inputs: tuple[tuple[str, tuple[int, ...], str], ...]
     """The part's inputs in the order :meth:`NodeHost.run` receives them: the driver's one
     array each, then one dict per edge from an earlier part."""
@@ -151,7 +154,9 @@ class NodeHost:
         for name, key, kernel, ins, out, shape, dtype, scalars in spec.stages:
             agent = self.agents.get(key)
             if agent is None:
-                raise KeyError(f"stage {name!r}: no agent {key} on node {self.label} (stopped, or a host restart)")
+                raise KeyError(
+                    f"stage {name!r}: no agent {key} on node {self.label} (stopped, or a host restart)"
+                )
             k: str | Callable[..., Any] = Described(kernel) if isinstance(kernel, dict) else kernel
             g.stage(name, agent, k, list(ins), (out, shape, dtype), scalars=list(scalars))
         outputs = tuple(dict.fromkeys(n for names in spec.gives for n in names))
@@ -171,7 +176,9 @@ class NodeHost:
         failed = next((a for a in args if isinstance(a, Failure)), None)
         if failed is None:
             inputs: dict[str, Any] = {}
-            for (name, _, _), arr in zip(spec.inputs[: spec.driver_inputs], args[: spec.driver_inputs], strict=True):
+            for (name, _, _), arr in zip(
+                spec.inputs[: spec.driver_inputs], args[: spec.driver_inputs], strict=True
+            ):
                 inputs[name] = arr
             for names, d in zip(spec.edges_in, args[spec.driver_inputs :], strict=True):
                 for name in names:

@@ -130,11 +130,15 @@ def describe(parts: Sequence[Part], stage_names: Sequence[str], labels: Mapping[
     lines = []
     for pt in parts:
         names = ", ".join(stage_names[k] for k in pt.stages)
-        lines.append(f"  part {pt.index} on node {labels.get(pt.node, pt.node)}: {names} (local edges: shared memory)")
+        lines.append(
+            f"  part {pt.index} on node {labels.get(pt.node, pt.node)}: {names} (local edges: shared memory)"
+        )
     for pt in parts:
         for e in pt.takes:
             src = "driver" if e.src == DRIVER else f"part {e.src} ({labels.get(parts[e.src].node, '?')})"
-            lines.append(f"  ray edge {src} -> part {pt.index} ({labels.get(pt.node, '?')}): {', '.join(e.names)}")
+            lines.append(
+                f"  ray edge {src} -> part {pt.index} ({labels.get(pt.node, '?')}): {', '.join(e.names)}"
+            )
         for e in pt.gives:
             if e.dst == DRIVER:
                 lines.append(
