@@ -139,7 +139,7 @@ def test_results_equal_one_machine(
     g = _four_stage(cluster.graph(), remote["a1"], remote["a2"], remote["b1"], remote["b2"], W)
     with g.compile(dispatch=dispatch, data=data, inflight=3) as cg:
         plan = cg.plan()
-        assert "2 parts on 2 nodes" in plan and f"dispatch={dispatch} data={data}" in plan
+        assert "2 part(s) on 2 node(s)" in plan and f"dispatch={dispatch} data={data}" in plan
         assert "ray edge part 0 (hl_a" in plan and "-> part 1 (hl_b" in plan and ": y2" in plan
         got = [cg.run({"x": frames[0]})["y4"]] + [o["y4"] for o in cg.stream(frames[1:])]
     for w, y in zip(want, got, strict=True):

@@ -9,10 +9,10 @@ import os
 import uuid
 from collections.abc import Iterator
 
-import cluster_fns
 import numpy as np
 import pytest
 
+import cluster_fns
 import hostless as hl
 from hostless import agents
 from hostless.graph import Graph

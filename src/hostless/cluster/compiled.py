@@ -310,7 +310,7 @@ class ClusterCompiledGraph:
         local plan (:meth:`hostless.compiled.CompiledGraph.plan`)."""
         labels = {p.node: self.cluster.label(p.node) for p in self.parts}
         lines = [
-            f"cluster graph: {len(self.parts)} parts on {len(labels)} nodes, dispatch={self.dispatch} "
+            f"cluster graph: {len(self.parts)} part(s) on {len(labels)} node(s), dispatch={self.dispatch} "
             f"data={self.data}, transport={self.transport} (Ray), inflight={self.inflight}"
         ]
         lines += describe_parts(self.parts, [s.name for s in self.g.stages], labels)

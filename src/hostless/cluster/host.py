@@ -21,6 +21,8 @@ This class is plain Python; :mod:`hostless.cluster` makes it a Ray actor.
 from __future__ import annotations
 
 import os
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +85,8 @@ class NodeHost:
         self.bytes_in = 0
         """Bytes of tensors received from earlier parts through Ray (argument dicts)."""
         self.bytes_out = 0
+        self.run_ns: deque[int] = deque(maxlen=100_000)
+        """How long each part's local frame took here (``CompiledGraph.run``), newest last."""
 
     # ------------------------------------------------------------ what it is
     def info(self) -> dict[str, Any]:
@@ -119,6 +123,14 @@ class NodeHost:
             except OSError:
                 continue
             out[pid] = sorted(files)
+        return out
+
+    def timings(self, clear: bool = True) -> list[int]:
+        """The local frame times recorded since the last clear (ns): what the node's own
+        hostless graph took, without Ray (for the cluster benchmark)."""
+        out = list(self.run_ns)
+        if clear:
+            self.run_ns.clear()
         return out
 
     # ------------------------------------------------------------ agents
@@ -185,7 +197,9 @@ class NodeHost:
                     inputs[name] = d[name]
                     self.bytes_in += int(np.asarray(d[name]).nbytes)
             try:
+                t0 = time.perf_counter_ns()
                 outs = cg.run(inputs, timeout=spec.timeout)
+                self.run_ns.append(time.perf_counter_ns() - t0)
             except StageFailed as e:
                 failed = Failure(e.stage, e.status.name, e.error, self.label, frame)
             except TimeoutError as e:
