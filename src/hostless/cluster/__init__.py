@@ -40,7 +40,7 @@ from ..agents.kinds import AgentSpec, spec_for
 from ..errors import HostlessError
 from ..graph import Graph
 from .compiled import ClusterCompiledGraph, NodeLost, RemoteStageFailed
-from .host import NodeHost
+from .host import FRAME_KEY, NodeHost
 
 __all__ = [
     "Cluster",
@@ -260,14 +260,15 @@ class ClusterGraph(Graph):
         dispatch: str = "direct",
         data: str = "shared",
         inflight: int = 2,
-        transport: str = "actors",
+        transport: str = "compiled",
         timeout: float = 30.0,
     ) -> ClusterCompiledGraph:
         """Split into node-local parts, compile each on its node's host in the given mode,
-        and join them with Ray (``transport``: ``"actors"``, one actor call per part and
-        frame, tensors passed as object references; ``"compiled"``, a Ray Compiled Graph
-        over the node hosts).  ``inflight``: frames a :meth:`~ClusterCompiledGraph.stream`
-        keeps in flight across the nodes; ``timeout``: a node's bound on one frame."""
+        and join them with Ray (``transport``: ``"compiled"``, a Ray Compiled Graph over the
+        node hosts; ``"actors"``, one actor call per part and frame, tensors passed as object
+        references: :mod:`hostless.cluster.compiled`).  ``inflight``: frames a
+        :meth:`~ClusterCompiledGraph.stream` keeps in flight across the nodes; ``timeout``:
+        the bound on one frame (a node's local run, and the driver's wait)."""
         if dispatch not in ("host", "direct"):
             raise ValueError("dispatch is 'host' or 'direct'")
         if data not in ("shared", "copy"):
@@ -280,6 +281,9 @@ class ClusterGraph(Graph):
             raise ValueError("a cluster graph needs at least one input (it starts every frame)")
         if inflight < 1:
             raise ValueError("inflight must be >= 1")
+        names = [*self.inputs, *self.constants, *(s.output for s in self.stages)]
+        if FRAME_KEY in names:
+            raise ValueError(f"{FRAME_KEY!r} is reserved (the frame number between nodes): rename the tensor")
         return ClusterCompiledGraph(
             self, dispatch, data, inflight, transport, timeout, next(self.cluster._graphs)
         )

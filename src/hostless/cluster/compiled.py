@@ -5,18 +5,21 @@ graph (:func:`hostless.cluster.partition.split`), has each part compiled by its
 node's host (:class:`hostless.cluster.host.NodeHost`) in the graph's mode, and
 joins the parts with one of two Ray transports:
 
-* ``"actors"`` (the default): per frame, one actor call per part, in the parts'
-  order; a part's outputs go to the later parts as Ray object references, so a
-  tensor goes from the producing node's object store to the consuming node's
-  once per edge (Ray inlines objects under its ``max_direct_call_object_size``,
-  100 KiB by default, into the call's reply: those small tensors pass through the
-  driver's process, as in any chain of Ray tasks).  Frames of a :meth:`stream` are
-  submitted ahead, so the nodes work on different frames at once.
-* ``"compiled"``: a Ray Compiled Graph over the node hosts (``experimental_compile``),
-  each part one bound method, edges as its channels.  On Ray 2.60 a channel
-  between two raylets hangs after the first frame on a one-machine
-  ``cluster_utils`` cluster (the raylet aborts in ``HandlePushMutableObject``:
-  Ray issue 63229), so the tests run it on one node only.
+* ``"compiled"`` (the default): a Ray Compiled Graph over the node hosts
+  (``experimental_compile``, ``_max_inflight_executions=inflight``): each part a
+  bound method of its host, each edge a compiled-graph channel; the driver's
+  inputs go to the parts that read them, the frame number to the parts the
+  driver feeds (the others read it from the dicts they are given: a driver input
+  read by hosts on two nodes with several frames in flight hung on Ray 2.60).
+  Arrays a host gets are zero-copy views of a channel's buffer: they are copied
+  into the part's buffers and never returned (returning one hung the channel).
+* ``"actors"``: per frame, one actor call per part, in the parts' order; a part's
+  outputs go to the later parts as Ray object references, so a tensor goes from
+  the producing node's object store to the consuming node's once per edge (Ray
+  inlines objects under its ``max_direct_call_object_size``, 100 KiB by default,
+  into the call's reply: those small tensors pass through the driver's process,
+  as in any chain of Ray tasks).  Frames of a :meth:`stream` are submitted ahead,
+  so the nodes work on different frames at once.
 
 Failures.  A stage that fails on a node fails its frame there; the failure
 travels in place of the part's outputs (:class:`hostless.cluster.host.Failure`)
@@ -32,6 +35,7 @@ host starts on that node).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -44,7 +48,7 @@ from ..graphparts import _check_cast
 from ..segments import GpuSegment
 from ..stagefn import describe
 from ..status import Status
-from .host import Failure, PartSpec
+from .host import FRAME_KEY, Failure, PartSpec
 from .partition import DRIVER, Part, split
 from .partition import describe as describe_parts
 
@@ -53,7 +57,11 @@ if TYPE_CHECKING:
 
 __all__ = ["ClusterCompiledGraph", "RemoteStageFailed", "NodeLost"]
 
-_FRAME = "__hostless_frame__"
+_SETTLE_S = 10.0
+"""How long a frame that Ray failed (an actor or a channel error, not a timeout) waits for
+Ray's actor table to show which node host died, before the error is raised as it is."""
+
+_FRAME = FRAME_KEY
 """The compiled transport's input carrying the frame number (a reserved input name)."""
 
 
@@ -104,6 +112,16 @@ def _gone(ray: Any, host: Any) -> str | None:
         return None
     cause = str(state.get("DeathCause") or "").strip().replace("\n", " ")
     return "its node host died" + (f": {cause[:200]}" if cause else "")
+
+
+def _named_actor(ray: Any, e: BaseException | None) -> Any:
+    """The first RayActorError (an actor died or is unreachable) in ``e``'s chain, or None."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, ray.exceptions.RayActorError) and getattr(e, "actor_id", None):
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
 
 
 class ClusterCompiledGraph:
@@ -211,7 +229,8 @@ class ClusterCompiledGraph:
 
             def call(h: Any, p: Part, args: list[Any], n: int) -> list[Any]:
                 m = h.run.options(num_returns=n) if n > 1 else h.run
-                r = m.bind(self.gid, p.index, frame, *args)
+                fed = any(e.src == DRIVER for e in p.takes)  # (the others read it from their inputs)
+                r = m.bind(self.gid, p.index, frame if fed else None, *args)
                 return list(r) if n > 1 else [r]
 
             outs = self._wire(call, lambda name: getattr(inp, name))
@@ -244,7 +263,10 @@ class ClusterCompiledGraph:
         self.frame += 1
         f = self.frame
         if self._dag is not None:
-            return f, self._dag.execute(**arrays, **{_FRAME: f})
+            try:
+                return f, self._dag.execute(**arrays, **{_FRAME: f})
+            except Exception as e:  # noqa: BLE001 - a channel closed by a dead actor, a full graph
+                raise self._lost_or(e, f) from e
 
         def call(h: Any, p: Part, args: list[Any], n: int) -> list[Any]:
             r = h.run.options(num_returns=n).remote(self.gid, p.index, f, *args)
@@ -264,20 +286,35 @@ class ClusterCompiledGraph:
             if isinstance(v, Failure):
                 st = Status[v.status] if v.status in Status.__members__ else Status.ERROR
                 raise RemoteStageFailed(v.stage, st, v.error, f, v.node)
-            out.update({k: np.array(a, copy=True) for k, a in v.items()})
+            out.update({k: np.array(a, copy=True) for k, a in v.items() if k != FRAME_KEY})
         return out
 
     def _lost_or(self, e: BaseException, f: int) -> BaseException:
         """The error for a frame whose results did not come: NodeLost when a node host is
         gone (the graph is done for), else a TimeoutError or the error itself."""
         ray = self._ray
-        dead = [(p, why) for h, p in zip(self.hosts, self.parts, strict=True) if (why := _gone(ray, h))]
+        timed_out = isinstance(e, (TimeoutError, ray.exceptions.GetTimeoutError))
+        # an actor's or a channel's error: Ray's table marks the dead host within moments
+        settle = time.monotonic() + (0.0 if timed_out else _SETTLE_S)
+        named = _named_actor(ray, e)  # Ray's error names the host it lost (the table may lag)
+        while True:
+            dead = [(p, why) for h, p in zip(self.hosts, self.parts, strict=True) if (why := _gone(ray, h))]
+            if not dead and named is not None:
+                dead = [
+                    (p, f"Ray lost its node host: {type(named).__name__}: {str(named)[:200]}")
+                    for h, p in zip(self.hosts, self.parts, strict=True)
+                    if h._actor_id.hex() == named.actor_id
+                ]
+            if dead or time.monotonic() >= settle:
+                break
+            time.sleep(0.1)
         if dead:
             p, why = dead[0]
             stage = self.g.stages[p.stages[0]].name
             self._lost = NodeLost(stage, self.cluster.label(p.node), f, why)
+            self.cluster.forget(p.node)  # the next use of the node starts a new host there
             return self._lost
-        if isinstance(e, (TimeoutError, ray.exceptions.GetTimeoutError)):
+        if timed_out:
             return TimeoutError(f"frame {f} did not finish within {self.timeout} s (every node host answers)")
         return e
 

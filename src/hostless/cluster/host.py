@@ -35,7 +35,12 @@ from ..domain import Domain
 from ..graph import CompiledGraph, Graph, StageFailed
 from ..stagefn import Described
 
-__all__ = ["NodeHost", "Failure", "PartSpec"]
+__all__ = ["NodeHost", "Failure", "PartSpec", "FRAME_KEY"]
+
+
+FRAME_KEY = "__hostless_frame__"
+"""The key of the frame number in the dicts parts give each other (the compiled transport
+binds the number to the parts the driver feeds only; the others read it here)."""
 
 
 @dataclass(frozen=True)
@@ -179,13 +184,17 @@ class NodeHost:
         self.parts[(gid, index)] = (cg, spec)
         return cg.plan()
 
-    def run(self, gid: int, index: int, frame: int, *args: Any) -> Any:
+    def run(self, gid: int, index: int, frame: int | None, *args: Any) -> Any:
         """Run one frame of part ``index``: the driver's input arrays, then one dict per edge
         from an earlier part; returns one value per edge out (a tuple when several): a dict
-        of its tensors, or a :class:`Failure` (this part's, or one it was given)."""
+        of its tensors (and the frame number under :data:`FRAME_KEY`), or a :class:`Failure`
+        (this part's, or one it was given).  ``frame`` None: the number the first dict carries."""
         cg, spec = self.parts[(gid, index)]
         n = len(spec.gives)
         failed = next((a for a in args if isinstance(a, Failure)), None)
+        if frame is None:
+            first = args[spec.driver_inputs] if len(args) > spec.driver_inputs else None
+            frame = first.get(FRAME_KEY) if isinstance(first, dict) else None
         if failed is None:
             inputs: dict[str, Any] = {}
             for (name, _, _), arr in zip(
@@ -210,7 +219,7 @@ class NodeHost:
         for names in spec.gives:
             d = {name: outs[name] for name in names}
             self.bytes_out += sum(int(v.nbytes) for v in d.values())
-            res.append(d)
+            res.append({**d, FRAME_KEY: frame})
         return res[0] if n == 1 else tuple(res)
 
     def release(self, gid: int) -> None:
