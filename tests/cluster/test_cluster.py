@@ -250,6 +250,9 @@ def test_a_killed_node_host_fails_the_frames_in_flight_then_a_recompiled_graph_r
         got = [cg2.run({"x": x})["y4"] for x in frames]
     for w, y in zip(want, got, strict=True):
         np.testing.assert_array_equal(y, w)
+    # (a new host on node b itself: on Ray 2.60 node b's raylet starts no new worker after its
+    # compiled-graph channels lost their reader; the replacement of the domain a killed host left
+    # is tested without Ray: test_cluster_hooks.py)
 
 
 def _alive(pid: int) -> bool:

@@ -6,8 +6,12 @@ builds a driver's function stage by its description)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +19,7 @@ import pytest
 import cluster_fns
 import hostless as hl
 from hostless import agents
+from hostless.cluster.host import NodeHost
 from hostless.graph import Graph
 from hostless.stagefn import Described, describe
 
@@ -84,3 +89,42 @@ def test_a_described_function_runs_as_the_function_itself(
 def test_a_bad_description_is_refused(bad: dict[str, object]) -> None:
     with pytest.raises(TypeError):
         Described(bad)
+
+
+def test_a_node_host_replaces_the_domain_a_killed_one_left(tmp_path: Path) -> None:
+    """A node host's domain has one name per (cluster, node): a host started after one was killed
+    there takes the name over once nobody alive uses it (its agents die with their spawner)."""
+    name = f"hlclhost-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    code = (
+        "import os, sys\n"
+        "from hostless.cluster.host import NodeHost\n"
+        f"h = NodeHost('n1', {name!r}, '8M')\n"
+        "h.spawn(1, 'cpu', {})\n"
+        "print(h.info()['agents'][1]['pid'], flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert p.stdout is not None
+        agent = int(p.stdout.readline())
+        p.kill()  # SIGKILL: the domain file stays; the agent exits with its spawner
+        p.wait(10)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{agent}") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert os.path.exists(f"/dev/shm/{name}")
+        h = NodeHost("n1", name, "8M")
+        try:
+            assert h.info()["domain"] == name  # replaced, not a second name
+            h.spawn(1, "cpu", {})
+            assert h.info()["agents"][1]["pid"] != agent
+        finally:
+            h.shutdown()
+        assert not os.path.exists(f"/dev/shm/{name}")
+    finally:
+        if p.poll() is None:
+            p.kill()
+        if os.path.exists(f"/dev/shm/{name}"):
+            os.unlink(f"/dev/shm/{name}")

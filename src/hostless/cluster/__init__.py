@@ -163,7 +163,7 @@ class Cluster:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-            dom = f"{self._prefix}-{node[:8]}-{uuid.uuid4().hex[:4]}"
+            dom = f"{self._prefix}-{node[:16]}"  # the same name again after a lost host: replaced
             h = self._actor.options(scheduling_strategy=strategy).remote(self.label(node), dom, self.heap)
             info = self._ray.get(h.info.remote(), timeout=120)
             if info["node_id"] != node:

@@ -84,7 +84,11 @@ class NodeHost:
 
     def __init__(self, label: str, domain: str, heap: str) -> None:
         self.label = label
-        self.dom = Domain.create(domain, heap=heap, unlink_on_close=True, replace_stale=True, label=label)
+        try:  # a host of this cluster that died on this node left its domain: replaced when stale
+            self.dom = Domain.create(domain, heap=heap, unlink_on_close=True, replace_stale=True, label=label)
+        except FileExistsError:  # still used (its agents not gone yet): a name of its own
+            domain = f"{domain}-{os.getpid()}"
+            self.dom = Domain.create(domain, heap=heap, unlink_on_close=True, replace_stale=True, label=label)
         self.agents: dict[int, Agent] = {}
         self.parts: dict[tuple[int, int], tuple[CompiledGraph, PartSpec]] = {}
         self.bytes_in = 0
