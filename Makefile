@@ -20,6 +20,7 @@ $(VENV)/.deps: $(VENV)/.created pyproject.toml
 	$(PIP) install -q "numpy>=1.23" "pytest>=7" "hypothesis>=6.80" "ruff>=0.5" "mypy>=1.8" "rich>=13" "matplotlib>=3.6" \
 	    "import-linter>=2.1"
 	$(PIP) install -q "scipy-openblas32>=0.3.27"  # the native agents' GEMM (dlopen'ed; optional at run time)
+	$(PIP) install -q "ray>=2.40"  # hostless.cluster (the [ray] extra): tests/cluster runs a local multi-node Ray
 	touch $@
 
 # the venv's extension has the test hooks (hostless._core.testing): HOSTLESS_TEST_HOOKS=0 leaves them out

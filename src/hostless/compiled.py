@@ -44,7 +44,9 @@ agents' follow-up depth never reaches the stage's own timeline)."""
 class CompiledGraph(FrameRunner):
     """A graph bound to buffers and packets: :meth:`run` and :meth:`stream`."""
 
-    def __init__(self, g: Graph, dispatch: str, data: str, inflight: int) -> None:
+    def __init__(
+        self, g: Graph, dispatch: str, data: str, inflight: int, outputs: tuple[str, ...] = ()
+    ) -> None:
         self.g, self.dispatch, self.data, self.inflight = g, dispatch, data, inflight
         dom = g.dom
         self.dom = dom
@@ -93,7 +95,8 @@ class CompiledGraph(FrameRunner):
         self._what = f"dispatch={dispatch} data={data} inflight={inflight}"
         sizes.check_fits(dom, self.needs, self._what)
         self.consts: dict[str, Buffer] = {}
-        self.outputs = [g.stages[k].output for k in self.dag.sinks]
+        self.outputs = [g.stages[k].output for k in self.dag.sinks]  # and the ones asked for:
+        self.outputs += [o for o in outputs if o not in self.outputs]  # (all done when the sinks are)
         self.slots: list[_Slot] = []
         self._closed = False
         try:

@@ -207,8 +207,16 @@ class Graph:
         if name in self.inputs or name in self.constants or any(s.output == name for s in self.stages):
             raise ValueError(f"tensor name {name!r} is already used")
 
-    def compile(self, dispatch: str = "direct", data: str = "shared", inflight: int = 2) -> CompiledGraph:
-        """Allocate buffers, queues' packets and timelines for ``inflight`` frames at once."""
+    def compile(
+        self, dispatch: str = "direct", data: str = "shared", inflight: int = 2, outputs: Sequence[str] = ()
+    ) -> CompiledGraph:
+        """Allocate buffers, queues' packets and timelines for ``inflight`` frames at once.
+
+        A frame returns every output no stage consumes, and the stage outputs named in
+        ``outputs`` too (each frame's value, read once the frame is done)."""
+        for o in outputs:
+            if not any(s.output == o for s in self.stages):
+                raise KeyError(f"outputs: {o!r} is not a stage's output")
         if dispatch not in ("host", "direct"):
             raise ValueError("dispatch is 'host' or 'direct'")
         if data not in ("shared", "copy"):
@@ -217,7 +225,9 @@ class Graph:
             raise ValueError("a graph needs at least one stage")
         if inflight < 1:
             raise ValueError("inflight must be >= 1")
-        return CompiledGraph(self._fused(), dispatch, data, inflight if dispatch == "direct" else 1)
+        return CompiledGraph(
+            self._fused(), dispatch, data, inflight if dispatch == "direct" else 1, tuple(outputs)
+        )
 
     def _fused(self) -> Graph:
         """This graph with each run of GPU function stages as one segment stage

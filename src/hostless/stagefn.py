@@ -50,7 +50,7 @@ import numpy as np
 
 from ._abi import C
 
-__all__ = ["describe", "load", "bind", "format_error", "MAX_ERROR_BYTES"]
+__all__ = ["describe", "Described", "load", "bind", "format_error", "MAX_ERROR_BYTES"]
 
 MAX_ERROR_BYTES = int(C.RECORD_MAX)
 """Longest error record (type, message and traceback, UTF-8) kept for a failed stage
@@ -65,6 +65,8 @@ def describe(fn: Callable[..., Any], scalars: Sequence[Any] = ()) -> dict[str, A
     name in another process or a scalar cannot travel."""
     if not callable(fn):
         raise TypeError(f"a stage function must be callable, got {type(fn).__name__}")
+    if isinstance(fn, Described):  # described where it was defined (a cluster's driver)
+        return {**fn.desc, "scalars": _scalars(scalars)}
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
@@ -84,13 +86,44 @@ def describe(fn: Callable[..., Any], scalars: Sequence[Any] = ()) -> dict[str, A
                 "import it; put it in a module (a .py file next to your script)"
             )
         desc["file"] = os.path.abspath(file)
+    desc["scalars"] = _scalars(scalars)
+    return desc
+
+
+def _scalars(scalars: Sequence[Any]) -> list[Any]:
+    """``scalars`` as JSON carries them; TypeError when they would not arrive unchanged."""
     try:
-        desc["scalars"] = json.loads(json.dumps(list(scalars), allow_nan=True))
+        out = json.loads(json.dumps(list(scalars), allow_nan=True))
     except (TypeError, ValueError) as e:
         raise TypeError(f"stage scalars must be JSON values (numbers, strings, lists, dicts): {e}") from None
-    if desc["scalars"] != list(scalars):  # e.g. a tuple inside: it would arrive as a list
+    if out != list(scalars):  # e.g. a tuple inside: it would arrive as a list
         raise TypeError("stage scalars must survive JSON unchanged (use lists, not tuples)")
-    return desc
+    return out  # type: ignore[no-any-return]
+
+
+class Described:
+    """A stage function :func:`describe`d in another process (a cluster's driver,
+    :mod:`hostless.cluster`), standing for it in a graph built where it cannot be
+    found by name (a Ray worker's ``__main__`` is not the driver's script).
+    :func:`describe` returns its description with the stage's scalars; an agent
+    loads it as it would the function itself.  It is not called here."""
+
+    def __init__(self, desc: dict[str, Any]) -> None:
+        module, qualname, path = desc.get("module"), desc.get("qualname"), desc.get("path", [])
+        file = desc.get("file")
+        if not isinstance(module, str) or not isinstance(qualname, str):
+            raise TypeError("a described stage function needs a module and a qualname (strings)")
+        if not isinstance(path, list) or not all(isinstance(p, str) for p in path):
+            raise TypeError("a described stage function's path is a list of strings")
+        if module == "__main__" and not isinstance(file, str):
+            raise TypeError("a described stage function of __main__ needs its script's file")
+        self.desc: dict[str, Any] = {"module": module, "qualname": qualname, "path": list(path)}
+        if module == "__main__":
+            self.desc["file"] = file
+        self.__module__, self.__qualname__ = module, qualname
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{self.__qualname__} is described here, run by an agent: it is not called here")
 
 
 def _main_module(file: str) -> ModuleType:
