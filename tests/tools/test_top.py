@@ -273,7 +273,8 @@ def test_top_in_tmux(pipeline: Pipeline) -> None:
     p.feed()
     sock = f"hltest-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     cmd = f"{sys.executable} -m hostless.cli top {p.dom.name} --interval 0.1; echo TOP-EXIT=$?; sleep 60"
-    env = {**os.environ, "TERM": "xterm-256color"}
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}  # pytest sets COLUMNS
+    env["TERM"] = "xterm-256color"
     subprocess.run(
         [
             "tmux",
