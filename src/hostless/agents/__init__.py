@@ -509,15 +509,15 @@ def spawn(
     a = Agent(dom, spec, q, proc, int(lines[0]), mine)
     a.user_kernels = ids
     a.device = spec.device_of(settings.device)
+    if spec.native == "exe":  # it prints no capabilities: the same probe of the BLAS it was given
+        from .native import capabilities
+
+        a.capabilities = capabilities(spec.kind, executable=True)
     if len(lines) > 1:  # what a native loop runs natively; how a gpucp runs
         try:
             a.capabilities = dict(json.loads(lines[1]))
         except ValueError:
             pass
-    elif spec.native == "exe":  # it prints no capabilities: the same probe of the BLAS it was given
-        from .native import capabilities
-
-        a.capabilities = capabilities(spec.kind, executable=True)
     if a.capabilities.get("host_native_atomics") is False and a.capabilities.get("pushes") == "device":
         warnings.warn(
             f"{kind} agent told to push with device atomics on a GPU without host-native atomics: its "
