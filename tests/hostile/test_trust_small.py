@@ -42,6 +42,41 @@ def test_failure_records_leave_the_name_table_to_the_user(dom: hl.Domain) -> Non
         hl.Domain.unlink(f"{dom.name}-r")
 
 
+def test_sigbus_guard_outlives_another_librarys_handler(domain_name: str) -> None:
+    """A library that installs its own SIGBUS handler after hostless did (Ray does; here
+    faulthandler) took the guard's place, and a truncated domain then killed the process (a
+    merged test run saw it): opening a domain puts the guard back in front."""
+    out = run_child(
+        """
+        import faulthandler
+        name = sys.argv[1]
+        first = hl.Domain.create(f"{name}-a", fences=16, participants=2)
+        faulthandler.enable()  # SIGBUS is now faulthandler's
+        d = hl.Domain.create(f"{name}-b", fences=16, participants=2)
+        for n in ("a", "b"):
+            hl.Domain.unlink(f"{name}-{n}")
+        f = d.fence()
+        os.ftruncate(d.fileno(), 4096)
+        try:
+            f.signal()
+        except hl.HostlessError:
+            pass
+        try:
+            d.fence()
+            print("no error")
+        except hl.HostlessError as e:
+            print("error:", type(e).__name__)
+        d.close()
+        first.close()
+        print("closed")
+        """,
+        domain_name,
+        timeout=60,
+    )
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert "error: CorruptDomain" in out.stdout and "closed" in out.stdout, out.stdout
+
+
 def test_sigbus_guard_covers_every_open_domain(domain_name: str) -> None:
     """With more domains open than the guard's first table (256), a truncated file killed
     the process with SIGBUS: the guard grows and every mapping stays guarded."""

@@ -37,8 +37,14 @@ static pthread_mutex_t g_guard_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct sigaction g_prev_bus;
 static int g_guard_installed;
 
+static __thread int g_in_bus; /* a handler we chain to raised SIGBUS again: end as before */
+
 static void bus_handler(int sig, siginfo_t *si, void *uc) {
     uintptr_t a = (uintptr_t)si->si_addr;
+    if (g_in_bus) {
+        signal(SIGBUS, SIG_DFL);
+        return;
+    }
     struct guard_tab *t = __atomic_load_n(&g_tab, __ATOMIC_ACQUIRE);
     for (int i = 0; t && i < t->cap; i++) {
         uintptr_t lo = __atomic_load_n(&t->e[i].lo, __ATOMIC_ACQUIRE);
@@ -53,11 +59,15 @@ static void bus_handler(int sig, siginfo_t *si, void *uc) {
     }
     if (g_prev_bus.sa_flags & SA_SIGINFO) {
         if (g_prev_bus.sa_sigaction) {
+            g_in_bus = 1;
             g_prev_bus.sa_sigaction(sig, si, uc);
+            g_in_bus = 0;
             return;
         }
     } else if (g_prev_bus.sa_handler != SIG_DFL && g_prev_bus.sa_handler != SIG_IGN && g_prev_bus.sa_handler) {
+        g_in_bus = 1;
         g_prev_bus.sa_handler(sig);
+        g_in_bus = 0;
         return;
     }
     signal(SIGBUS, SIG_DFL); /* not ours: the access faults again and ends the process as before */
@@ -83,7 +93,13 @@ int hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi) { return hle_gu
 
 int hle_guard_add_flag(uintptr_t lo, uintptr_t hi, int *flag) {
     pthread_mutex_lock(&g_guard_mu);
-    if (!g_guard_installed) {
+    /* ours, unless a library installed its own since (Ray, faulthandler): then ours again, in
+     * front of that one, which gets what is not ours (a SIGBUS of a truncated domain would
+     * otherwise kill the process) */
+    struct sigaction cur;
+    int ours = g_guard_installed && sigaction(SIGBUS, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) &&
+               cur.sa_sigaction == bus_handler;
+    if (!ours) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_sigaction = bus_handler;
