@@ -1048,8 +1048,9 @@ def test_cuda_agent_checks_packets_before_any_stream_wait(env: Env) -> None:
 
 
 def test_cuda_agent_pushes_follow_ups_from_the_argument_block(env: Env) -> None:
-    """The cuda agent copies no follow-up: the GPU push reads the packet where it lies in the
-    argument block, and the agent holds the block until the stream has passed the push."""
+    """The cuda agent copies no follow-up: the push (a host function the stream runs) reads the
+    packet where it lies in the argument block, and the agent holds the block until the stream
+    has passed the push; a push that did not succeed fails the follow-up's signal then."""
     from hostless import lowlevel, wire
     from hostless.agents.cuda_agent import CudaLoop
 
@@ -1061,10 +1062,18 @@ def test_cuda_agent_pushes_follow_ups_from_the_argument_block(env: Env) -> None:
 
     ev = Event()
 
+    class Push:
+        result = (True, 0)
+
+        def state(self) -> tuple[bool, int]:
+            return self.result
+
+    push = Push()
+
     class Peer(_Recorder):
-        def enqueue(self, q: Any, buf: hl.Buffer, gate: Any = None, offset: int = 0) -> Any:
+        def enqueue(self, q: Any, buf: hl.Buffer, gate: Any = None, offset: int = 0, **kw: Any) -> Any:
             pushed.append((q.handle, buf, offset))
-            return _Recorder(calls, "result")
+            return push
 
     peer = Peer(calls)
     peer.stream = _Recorder(calls, "stream")  # type: ignore[attr-defined]
@@ -1087,4 +1096,16 @@ def test_cuda_agent_pushes_follow_ups_from_the_argument_block(env: Env) -> None:
     ev.done = True
     ag._recycle()
     assert not lowlevel.is_held(held) and ag.inflight == []
+    assert env.dom.import_fence(fp.signal).status == hl.Status.ACTIVE  # pushed: not failed
+    # a push the host function could not make (its queue stayed full): the follow-up's signal fails
+    sig = env.fence()
+    fp2 = hl.Packet(type=hl.PacketType.BARRIER, signal=sig.handle)
+    block2 = env.block([x.handle, x.handle], [7], follow=[hl.Follow(q2.handle, fp2)])
+    push.result = (True, -7)  # HL_E_FULL
+    ev.done = False
+    ag.execute(1, hl.Packet(kernel=kernel_id("relu"), args=block2.handle))
+    assert sig.status == hl.Status.ACTIVE
+    ev.done = True
+    ag._recycle()
+    assert sig.wait(5) == hl.Status.ERROR
     ag.cache.clear()

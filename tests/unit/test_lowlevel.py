@@ -23,6 +23,9 @@ DOCUMENTED = [
     "doorbell_address",
     "handle_index",
     "handle_kind",
+    "host_push_fill",
+    "host_push_fn",
+    "host_push_state",
     "host_wake_fn",
     "is_held",
     "layout",
@@ -31,6 +34,8 @@ DOCUMENTED = [
     "queue_view",
     "trace_emit",
     "tracer",
+    "word_compare_exchange",
+    "word_exchange",
 ]
 
 
