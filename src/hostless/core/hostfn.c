@@ -21,8 +21,8 @@ void hle_host_wake(void *addr) {
         syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, 0x7fffffff, 0, 0, 0);
 }
 
-/* The push of struct hle_push_rec (engine.h): hl_queue_push, the header's rule that the
- * device enqueue kernel also runs, with host atomics; a full queue is retried until
+/* The push of struct hle_push_rec (engine.h): hl_queue_push, the header's rule every host
+ * producer runs, with host atomics; a full queue is retried until
  * timeout_ns (sleeping 20 us between tries), then HL_E_FULL is left for the agent, which
  * fails the follow-up's signal. */
 void hle_host_push(void *arg) {
