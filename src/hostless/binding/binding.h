@@ -51,6 +51,11 @@ typedef struct {
 extern PyTypeObject CoreType;
 extern PyTypeObject HandleType;
 extern PyTypeObject FrameProgramType; /* frame.c: hostless._core.FrameProgram */
+/* module.c: a view of obj, writable, C-contiguous, 8-byte aligned and of `need` bytes or more,
+ * for memory the engine or a device writes words of (push records, the gpucp outbox, a heap
+ * word); 0, or -1 with BufferError / ValueError ("<what> must be ...") set.  The caller
+ * releases the view. */
+int hlpy_words_view(PyObject *obj, Py_buffer *view, Py_ssize_t need, const char *what);
 /* cpfwd.c: the GPU command processor's host forwarder */
 PyObject *hlpy_cpfwd_start(PyObject *m, PyObject *args);
 PyObject *hlpy_cpfwd_stop(PyObject *m, PyObject *cap);

@@ -38,15 +38,9 @@ PyObject *hlpy_cpfwd_start(PyObject *m, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!OK", &CoreType, &core, &obj, &own)) return NULL;
     struct fwd_box *b = PyMem_Calloc(1, sizeof *b);
     if (!b) return PyErr_NoMemory();
-    if (PyObject_GetBuffer(obj, &b->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+    if (hlpy_words_view(obj, &b->view, (Py_ssize_t)sizeof(struct hl_cp_outbox), "the outbox") < 0) {
         PyMem_Free(b);
         return NULL;
-    }
-    if (b->view.len < (Py_ssize_t)sizeof(struct hl_cp_outbox) || ((uintptr_t)b->view.buf & 7)) {
-        PyBuffer_Release(&b->view);
-        PyMem_Free(b);
-        return PyErr_Format(PyExc_ValueError, "the outbox must be a writable, 8-byte aligned buffer of %zu bytes",
-                            sizeof(struct hl_cp_outbox));
     }
     int r = hle_cpfwd_start(&((Core *)core)->ctx, b->view.buf, own, &b->f);
     if (r) {

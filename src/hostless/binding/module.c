@@ -65,12 +65,13 @@ static PyObject *py_host_push_fn(PyObject *m, PyObject *noargs) {
     return PyLong_FromVoidPtr((void *)(uintptr_t)&hle_host_push);
 }
 
-/* A writable buffer of at least `need` bytes, 8-byte aligned (released by the caller). */
-static int words_view(PyObject *obj, Py_buffer *view, Py_ssize_t need) {
+/* Contract in binding.h. */
+int hlpy_words_view(PyObject *obj, Py_buffer *view, Py_ssize_t need, const char *what) {
     if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
     if (view->len < need || ((uintptr_t)view->buf & 7)) {
         PyBuffer_Release(view);
-        PyErr_Format(PyExc_ValueError, "need a writable, 8-byte aligned buffer of %zd bytes or more", need);
+        PyErr_Format(PyExc_ValueError, "%s must be a writable, 8-byte aligned buffer of %zd bytes or more", what,
+                     need);
         return -1;
     }
     return 0;
@@ -87,7 +88,7 @@ static PyObject *py_host_push_fill(PyObject *m, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OKKKKKKIK", &obj, &q, &cells, &packets, &cap, &packet, &doorbell, &producer,
                           &timeout_ns))
         return NULL;
-    if (words_view(obj, &v, (Py_ssize_t)sizeof(struct hle_push_rec)) < 0) return NULL;
+    if (hlpy_words_view(obj, &v, (Py_ssize_t)sizeof(struct hle_push_rec), "a push record") < 0) return NULL;
     struct hle_push_rec *r = (struct hle_push_rec *)v.buf;
     memset(r, 0, sizeof *r);
     r->q = q;
@@ -105,7 +106,7 @@ static PyObject *py_host_push_fill(PyObject *m, PyObject *args) {
 /* host_push_state(rec) -> (done, result) */
 static PyObject *py_host_push_state(PyObject *m, PyObject *obj) {
     Py_buffer v;
-    if (words_view(obj, &v, (Py_ssize_t)sizeof(struct hle_push_rec)) < 0) return NULL;
+    if (hlpy_words_view(obj, &v, (Py_ssize_t)sizeof(struct hle_push_rec), "a push record") < 0) return NULL;
     struct hle_push_rec *r = (struct hle_push_rec *)v.buf;
     int done = __atomic_load_n(&r->done, __ATOMIC_ACQUIRE);
     int result = r->result;
@@ -123,7 +124,7 @@ static PyObject *py_word_op(PyObject *m, PyObject *args) {
     Py_buffer v;
     if (!PyArg_ParseTuple(args, "OiKK", &obj, &op, &a, &b)) return NULL;
     if (op != 0 && op != 1) return PyErr_Format(PyExc_ValueError, "word_op: op must be 0 or 1, not %d", op);
-    if (words_view(obj, &v, 8) < 0) return NULL;
+    if (hlpy_words_view(obj, &v, 8, "the word") < 0) return NULL;
     uint64_t *w = (uint64_t *)v.buf, old;
     if (op == 0) {
         old = __atomic_exchange_n(w, (uint64_t)a, __ATOMIC_SEQ_CST);

@@ -21,7 +21,10 @@
  * the last follow-up, then napping HLE_CPFWD_NAP_NS between looks (timer slack
  * 1 us).  It counts as a GIL-free section of the context (hle_leave waits for
  * it) and leaves when stopped or when the context closes, after forwarding
- * what the outbox already holds.
+ * what the outbox already holds.  The context's local reference counts are
+ * not atomic: while it runs, no other thread of the process may import or
+ * release handles of that context (the processor's host process only watches
+ * the kernel meanwhile, and stops the forwarder before it releases anything).
  */
 #include "engine.h"
 #include "hostless/hostless_gpucp.h"
@@ -47,7 +50,7 @@ struct hle_cpfwd {
 static void forward(struct hle_cpfwd *f, const struct hl_cp_out *o) {
     hle_ctx *c = f->c;
     const uint64_t q = o->queue;
-    int r = HL_KIND_QUEUE == HL_HANDLE_KIND(q) ? hle_import(c, q, HL_KIND_QUEUE) : HL_E_HANDLE;
+    int r = hle_import(c, q, HL_KIND_QUEUE); /* checks the handle: tag, index, kind, generation */
     if (r == HL_OK) {
         if (q == f->own) { /* never waits: only the processor frees its cells */
             struct hl_qview v;
