@@ -4,7 +4,7 @@ frame in flight, with the helpers that move tensors in and out of its buffers.""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +120,27 @@ def _check_cast(name: str, arr: np.ndarray, dt: np.dtype) -> None:
         f"input {name!r} is {arr.dtype}, the graph's input is {dt}: convert it yourself "
         f"(the cast would change values, e.g. 300.0 into uint8 gives 44)"
     )
+
+
+def checked_inputs(
+    graph_inputs: Mapping[str, tuple[tuple[int, ...], np.dtype]], inputs: Mapping[str, Any]
+) -> dict[str, np.ndarray]:
+    """A frame's inputs checked against the graph's, all before any is used: KeyError for an
+    unknown or a missing name, ValueError for another shape, :func:`_check_cast`'s errors for a
+    cast that would change values.  Returns each as an array (``np.asarray``: no copy)."""
+    unknown = sorted(name for name in inputs if name not in graph_inputs)
+    if unknown:
+        raise KeyError(f"unknown graph input(s) {unknown}; the graph's inputs are {sorted(graph_inputs)}")
+    out = {}
+    for name, (shp, dt) in graph_inputs.items():
+        if name not in inputs:
+            raise KeyError(f"missing graph input {name!r}")
+        arr = np.asarray(inputs[name])
+        if arr.shape != shp:
+            raise ValueError(f"input {name!r} must have shape {shp}, got {arr.shape}")
+        _check_cast(name, arr, dt)
+        out[name] = arr
+    return out
 
 
 def _view(b: Buffer) -> np.ndarray | Buffer:

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import records, renewal
 from .errors import CorruptDomain, HostlessError, InvalidOperation
-from .graphparts import GraphInvalidated, StageFailed, _check_cast, _Slot
+from .graphparts import GraphInvalidated, StageFailed, _Slot, checked_inputs
 from .queue import _timeout_ns
 from .status import Status, timeline_failure
 from .timeline import Timeline
@@ -111,17 +111,7 @@ class FrameRunner:
             renewal.renew(cast("CompiledGraph", self), [sl], f"frame {sl.stale} {why}")
 
     def _write_inputs(self, sl: _Slot, inputs: Mapping[str, np.ndarray]) -> None:
-        g = self.g
-        unknown = sorted(name for name in inputs if name not in g.inputs)
-        if unknown:
-            raise KeyError(f"unknown graph input(s) {unknown}; the graph's inputs are {sorted(g.inputs)}")
-        for name, (shp, dt) in g.inputs.items():
-            if name not in inputs:
-                raise KeyError(f"missing graph input {name!r}")
-            arr = np.asarray(inputs[name])
-            if arr.shape != shp:
-                raise ValueError(f"input {name!r} must have shape {shp}, got {arr.shape}")
-            _check_cast(name, arr, dt)
+        for name, arr in checked_inputs(self.g.inputs, inputs).items():
             for v in sl.in_views[name]:
                 if isinstance(v, np.ndarray):
                     v[...] = arr

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import HostlessError
 from ..graph import StageFailed
-from ..graphparts import _check_cast
+from ..graphparts import checked_inputs
 from ..segments import GpuSegment
 from ..stagefn import describe
 from ..status import Status
@@ -243,20 +243,8 @@ class ClusterCompiledGraph:
             raise HostlessError("compiled cluster graph is closed")
         if self._lost is not None:
             raise self._lost
-        g = self.g
-        unknown = sorted(n for n in inputs if n not in g.inputs)
-        if unknown:
-            raise KeyError(f"unknown graph input(s) {unknown}; the graph's inputs are {sorted(g.inputs)}")
-        out = {}
-        for name, (shp, dt) in g.inputs.items():
-            if name not in inputs:
-                raise KeyError(f"missing graph input {name!r}")
-            arr = np.asarray(inputs[name])
-            if arr.shape != shp:
-                raise ValueError(f"input {name!r} must have shape {shp}, got {arr.shape}")
-            _check_cast(name, arr, dt)
-            out[name] = np.ascontiguousarray(arr, dtype=dt)
-        return out
+        arrs = checked_inputs(self.g.inputs, inputs)
+        return {name: np.ascontiguousarray(arrs[name], dtype=dt) for name, (_s, dt) in self.g.inputs.items()}
 
     def _submit(self, inputs: Mapping[str, Any]) -> tuple[int, Any]:
         arrays = self._check(inputs)
