@@ -78,24 +78,20 @@ class Timeline(_core.Handle):
             futex.  Raises TimeoutError after ``timeout`` seconds.
             """
 
+        def point(self, value: int) -> Point:
+            """The point ``value`` of this timeline: a waitable that completes when the
+            value reaches ``value`` (SUCCESS) or the timeline fails (its failure status).
+
+            Accepted wherever a fence is: ``Domain.merge``, :func:`hostless.wait_any` /
+            :func:`hostless.wait_all`, ``await``, a packet's wait list
+            (:func:`hostless.packet_waits`), ``Domain.publish``.  It holds no reference
+            of its own: the timeline object must stay held while it is used.  TypeError
+            for a value that is not an int, ValueError outside 0..2**62-1."""
+
     else:
-        signal = _core.handle_method(2)  # C methods named and documented signal / wait
+        signal = _core.handle_method(2)  # C methods named and documented signal / wait / point
         wait = _core.handle_method(3)
-
-    def point(self, value: int) -> Point:
-        """The point ``value`` of this timeline: a waitable that completes when the
-        value reaches ``value`` (SUCCESS) or the timeline fails (its failure status).
-
-        Accepted wherever a fence is: ``Domain.merge``, :func:`hostless.wait_any` /
-        :func:`hostless.wait_all`, ``await``, a packet's wait list
-        (:func:`hostless.packet_waits`), ``Domain.publish``.  It holds no reference
-        of its own: the timeline object must stay held while it is used."""
-        if type(value) is int and 0 <= value <= _TIMELINE_MAX:  # made without Point's checks
-            p = _NEW(Point)
-            _SET_TIMELINE(p, self)
-            _SET_VALUE(p, value)
-            return p
-        return Point(self, value)
+        point = _core.handle_method(4)  # a Point in one allocation (binding/point.c)
 
     def fail(self, status: int = Status.ERROR) -> None:
         """Fail the timeline with ``status`` (not SUCCESS); sticky.  AlreadySignaled if already failed."""
@@ -150,27 +146,27 @@ class Timeline(_core.Handle):
         return f"<hostless.Timeline {self.handle:#x} value={self.value} failure={self.failure}>"
 
 
-class Point:
+class Point(_core.Point):
     """A point on a timeline (``Timeline.point(v)``): a value object, ``timeline``
     and ``value``, equal to any other point of the same timeline and value.
 
     Guarantees: ``wait`` returns SUCCESS once the timeline's value is >= ``value``,
     or the timeline's failure status once it has failed (as ``Timeline.wait``);
     it is never complete before that.  A merge over points completes when every
-    point and fence in it has, with the first failure."""
+    point and fence in it has, with the first failure.
 
-    __slots__ = ("timeline", "value")
+    ``Point(timeline, value)`` raises TypeError for what is not a Timeline or an
+    int, ValueError for a value outside 0..2**62-1.  The fields are read-only
+    (its C base, binding/point.c, holds them: the waits read them without a
+    lookup)."""
 
-    timeline: Timeline
-    value: int
+    __slots__ = ()
 
-    def __init__(self, timeline: Timeline, value: int) -> None:
-        # the common case checked by exact types first (a point per frame in a wait loop is
-        # on the hot path); anything else goes through the full checks
-        if type(value) is not int or type(timeline) is not Timeline or not 0 <= value <= _TIMELINE_MAX:
-            _check_point(timeline, value)
-        _SET_TIMELINE(self, timeline)
-        _SET_VALUE(self, value)
+    if TYPE_CHECKING:
+        timeline: Timeline
+        value: int
+
+        def __init__(self, timeline: Timeline, value: int) -> None: ...
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("a Point is immutable")
@@ -217,21 +213,7 @@ class Point:
         return f"<hostless.Point {self.timeline.handle:#x} >= {self.value}>"
 
 
-# the slots' own setters (Point refuses attribute assignment)
-_SET_TIMELINE = Point.__dict__["timeline"].__set__
-_SET_VALUE = Point.__dict__["value"].__set__
-_NEW = object.__new__
-_TIMELINE_MAX = int(C.TIMELINE_MAX)
-
-
-def _check_point(timeline: object, value: object) -> None:
-    """Raise what a Point of ``value`` on ``timeline`` breaks (TypeError, ValueError)."""
-    if not isinstance(timeline, Timeline):
-        raise TypeError(f"a point is on a Timeline, got {type(timeline).__name__}")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"a point's value is an int, got {type(value).__name__}")
-    if not 0 <= value <= _TIMELINE_MAX:
-        raise ValueError(f"timeline values are in 0..2**62-1, got {value}")
+_core.set_point_types(Point, Timeline)
 
 
 def _point_status(tl: Timeline, w: int, value: int) -> Status:

@@ -65,9 +65,6 @@ class Completed(NamedTuple):
         return self.status is Status.SUCCESS
 
 
-_core.set_completed(Completed)
-
-
 def _target(obj: object) -> tuple[Domain, int, int]:
     """(domain, handle, threshold) of a waitable; clear errors otherwise."""
     if isinstance(obj, Fence):
@@ -110,21 +107,40 @@ def _completed(items: Sequence[Waitable], targets: Sequence[tuple[Domain, int, i
     return Completed(i, items[i], _status(items[i], dom._core.word(h)))
 
 
-def wait_any(objs: Iterable[Waitable], timeout: float | None = None) -> Completed:
-    """Block until one of ``objs`` has completed; returns it (the first in the
-    list's order among those complete) with its status.
+if TYPE_CHECKING:
 
-    A failure completes an object too (its status says so).  Raises
-    TimeoutError after ``timeout`` seconds (None: no limit), KeyboardInterrupt
-    on Ctrl-C, TypeError for what is not a Fence or Point, InvalidHandle for a
-    released one, ValueError for an empty list.
-    """
-    # one C call when objs is a list of held Fences / Points of one domain
-    # (hostless._core.wait_any: objects read, handles validated, the engine's
-    # hle_wait_many, the Completed built); None: the general path below
-    done = _core.wait_any(objs, timeout)
-    if done is not None:
-        return done  # type: ignore[no-any-return]
+    def wait_any(objs: Iterable[Waitable], timeout: float | None = None) -> Completed:
+        """Block until one of ``objs`` has completed; returns it (the first in the
+        list's order among those complete) with its status.
+
+        A failure completes an object too (its status says so).  Raises
+        TimeoutError after ``timeout`` seconds (None: no limit), KeyboardInterrupt
+        on Ctrl-C, TypeError for what is not a Fence or Point, InvalidHandle for a
+        released one, ValueError for an empty list.
+        """
+
+    def wait_all(objs: Iterable[Waitable], timeout: float | None = None) -> list[Completed]:
+        """Block until every one of ``objs`` has completed; returns them all, in the
+        list's order, with their statuses (a failure completes an object too: check
+        ``ok``).
+
+        Raises TimeoutError after ``timeout`` seconds (None: no limit) saying how
+        many completed, KeyboardInterrupt on Ctrl-C, and the errors of
+        :func:`wait_any` for bad input.
+        """
+
+else:
+    # C functions (binding/waits.c): a list or tuple of held Fences and Points of one
+    # domain is one call (the objects read from their C structs, the engine's
+    # hle_wait_many, the Completed built); anything else comes to the general paths below
+    wait_any = _core.wait_any
+    wait_all = _core.wait_all
+
+
+def _wait_any_general(objs: Iterable[Waitable], timeout: float | None) -> Completed:
+    """wait_any for what the one-call path does not take: objects of several domains,
+    more than one engine wait holds, an iterable that is not a list or tuple, and bad
+    input (the errors that say what is wrong)."""
     if timeout is not None and timeout < 0:
         raise ValueError("timeout must be >= 0 or None")
     items, targets = _items(objs)
@@ -147,6 +163,27 @@ def wait_any(objs: Iterable[Waitable], timeout: float | None = None) -> Complete
         nap = left if len(batches) == 1 else (_SLICE_NS if left < 0 else min(left, _SLICE_NS))
         core = dom._core
         core.wait_any([(targets[j][1], targets[j][2]) for j in idx], nap, core.kick_value())
+
+
+def _wait_all_general(objs: Iterable[Waitable], timeout: float | None) -> list[Completed]:
+    """wait_all for what the one-call path does not take (as :func:`_wait_any_general`)."""
+    items, targets = _items(objs)
+    if timeout is not None and timeout < 0:
+        raise ValueError("timeout must be >= 0 or None")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for i, o in enumerate(items):
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            o.wait(left)
+        except TimeoutError:
+            done = sum(1 for d, h, thr in targets if d._core.word(h) >= thr)
+            raise TimeoutError(
+                f"{done} of {len(items)} objects completed within {timeout} s (the first pending: index {i})"
+            ) from None
+    return [_completed(items, targets, i) for i in range(len(items))]
+
+
+_core.set_completed(Completed, _wait_any_general, _wait_all_general)
 
 
 class WaitSet(_core.WaitSet):
@@ -223,31 +260,6 @@ class WaitSet(_core.WaitSet):
             raise IndexError(f"WaitSet index {i} out of range ({len(self)} objects)")
         i %= len(self)
         return Completed(i, self.objs[i], self.status(i))
-
-
-def wait_all(objs: Iterable[Waitable], timeout: float | None = None) -> list[Completed]:
-    """Block until every one of ``objs`` has completed; returns them all, in the
-    list's order, with their statuses (a failure completes an object too: check
-    ``ok``).
-
-    Raises TimeoutError after ``timeout`` seconds (None: no limit) saying how
-    many completed, KeyboardInterrupt on Ctrl-C, and the errors of
-    :func:`wait_any` for bad input.
-    """
-    items, targets = _items(objs)
-    if timeout is not None and timeout < 0:
-        raise ValueError("timeout must be >= 0 or None")
-    deadline = None if timeout is None else time.monotonic() + timeout
-    for i, o in enumerate(items):
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        try:
-            o.wait(left)
-        except TimeoutError:
-            done = sum(1 for d, h, thr in targets if d._core.word(h) >= thr)
-            raise TimeoutError(
-                f"{done} of {len(items)} objects completed within {timeout} s (the first pending: index {i})"
-            ) from None
-    return [_completed(items, targets, i) for i in range(len(items))]
 
 
 async def wait_any_async(objs: Iterable[Waitable], timeout: float | None = None) -> Completed:

@@ -98,7 +98,8 @@ PyObject *hlpy_device_buffer_error(void);
 
 /* abi_table.c: add the ABI constants to module m; -1 on error. */
 int hlpy_add_abi_constants(PyObject *m);
-/* handle_type.c: handle_method(i) -> Fence.signal, Fence.wait, Timeline.signal, Timeline.wait (i = 0..3) */
+/* handle_type.c: handle_method(i) -> Fence.signal, Fence.wait, Timeline.signal, Timeline.wait, Timeline.point
+ * (i = 0..4) */
 PyObject *hlpy_handle_method(PyObject *m, PyObject *arg);
 /* dlpack.c: a DLPack capsule over an address (kDLCUDA, kDLCUDAHost exports) */
 PyObject *hlpy_dlpack_capsule(PyObject *m, PyObject *args);
@@ -126,17 +127,40 @@ PyObject *Core_agent_run(Core *c, PyObject *args);
 PyObject *hlpy_blas_probe(PyObject *self, PyObject *args);
 PyObject *hlpy_agent_table(PyObject *self, PyObject *args);
 
-/* waits.c: Core.wait_many, and the module's wait_any / set_completed (hl.wait_any's one-call path) */
+/* waits.c: Core.wait_many, and the module's wait_any / wait_all / set_completed (hl.wait_any and
+ * hl.wait_all: one call for a list or tuple of objects of one domain) */
 PyObject *Core_wait_many(Core *c, PyObject *const *args, Py_ssize_t nargs);
 extern PyMethodDef hlpy_wait_methods[];
 /* One (handle, value) from a held Fence / merged fence (value 0) or a Point of
- * core *c (NULL: set from the object): 1; 0 when it is none of those; -1 with
- * an exception. */
+ * core *c (NULL: set from the object): 1; 0 when it is none of those.  Runs
+ * no Python code. */
 int hlpy_object_pair(Core **c, PyObject *o, uint64_t *h, uint64_t *v);
 /* A wait's timeout argument in ns: None -> -1 (forever); ValueError / TypeError. */
 int hlpy_timeout_ns(PyObject *t, int64_t *out);
+/* The final Status of object (h, v) that read word w at or past its threshold. */
+PyObject *hlpy_pair_status(Core *c, uint64_t h, uint64_t v, uint64_t w);
+/* wait_all's loop: every pair in turn within tmo ns in all (< 0: no limit); HL_OK, or the
+ * engine's code with *at the index it stopped at. */
+int hlpy_wait_all_pairs(Core *c, const uint64_t *hs, const uint64_t *vs, Py_ssize_t n, int64_t tmo,
+                        Py_ssize_t *at);
+/* NULL with wait_all's error for code r at index at (TimeoutError: how many completed, within t s). */
+PyObject *hlpy_wait_all_error(Core *c, const uint64_t *hs, const uint64_t *vs, Py_ssize_t n, int r,
+                              Py_ssize_t at, PyObject *t);
 /* waitset.c: hostless._core.WaitSet (a prepared wait_any / wait_all) */
 extern PyTypeObject WaitSetType;
+/* point.c: hostless._core.Point, the C base of hostless.Point: a timeline (a
+ * Timeline, checked at construction) and its value, read-only; v is the value
+ * as a number (0..HL_TIMELINE_MAX) for the waits */
+typedef struct {
+    PyObject_HEAD
+    PyObject *timeline;
+    PyObject *value;
+    uint64_t v;
+} HlPoint;
+extern PyTypeObject PointType;
+extern PyMethodDef hlpy_point_methods[];
+/* Timeline.point(value) (handle_method(4)) */
+PyObject *hlpy_timeline_point(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
 /* codecs.c: ERT decoding, failure and trace records (module functions) */
 extern PyMethodDef hlpy_codec_methods[];

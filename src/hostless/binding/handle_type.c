@@ -421,6 +421,15 @@ static PyMethodDef named_methods[] = {
      "``spin`` seconds, then sleeps on the timeline's wake sequence with the GIL\n"
      "released.  ``timeout`` in seconds (None: forever); TimeoutError when it\n"
      "passes.  Ctrl-C ends the wait within a few ms, in the main thread."},
+    {"point", (PyCFunction)(void (*)(void))hlpy_timeline_point, METH_FASTCALL | METH_KEYWORDS,
+     "point($self, /, value)\n--\n\n"
+     "The point ``value`` of this timeline (a :class:`hostless.Point`): a waitable\n"
+     "that completes when the value reaches ``value`` (SUCCESS) or the timeline\n"
+     "fails (its failure status).  Accepted wherever a fence is: ``Domain.merge``,\n"
+     "``hostless.wait_any`` / ``wait_all``, ``await``, a packet's wait list\n"
+     "(``hostless.packet_waits``), ``Domain.publish``.  It holds no reference of\n"
+     "its own: the timeline object must stay held while it is used.  TypeError\n"
+     "for a value that is not an int, ValueError outside 0..2**62-1."},
 };
 
 PyObject *hlpy_handle_method(PyObject *m, PyObject *arg) {

@@ -226,7 +226,7 @@ static PyMethodDef module_methods[] = {
     {"layout", py_layout, METH_VARARGS, "layout(fences, participants, queues, trace, heap) -> offsets"},
     {"agent_table", hlpy_agent_table, METH_VARARGS, "agent_table(kind, c_kernels=0) -> (present, map): an empty table's default"},
     {"blas_probe", hlpy_blas_probe, METH_VARARGS, "blas_probe(path, threads=0) -> (loaded, why): the BLAS an agent would use"},
-    {"handle_method", hlpy_handle_method, METH_O, "handle_method(i): Fence.signal/wait, Timeline.signal/wait (0..3)"},
+    {"handle_method", hlpy_handle_method, METH_O, "handle_method(i): Fence.signal/wait, Timeline.signal/wait/point (0..4)"},
     {"dlpack_capsule", hlpy_dlpack_capsule, METH_VARARGS,
      "dlpack_capsule(owner, data, shape, code, bits, device_type, device_id, versioned, readonly) -> capsule"},
     {NULL, NULL, 0, NULL},
@@ -337,6 +337,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (PyType_Ready(&HandleType) < 0) return NULL;
     if (PyType_Ready(&FrameProgramType) < 0) return NULL;
     if (PyType_Ready(&WaitSetType) < 0) return NULL;
+    if (PyType_Ready(&PointType) < 0) return NULL;
     PyObject *m = PyModule_Create(&coremodule);
     if (!m) return NULL;
     Py_INCREF(&CoreType);
@@ -347,6 +348,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     PyModule_AddObject(m, "FrameProgram", (PyObject *)&FrameProgramType);
     Py_INCREF(&WaitSetType);
     PyModule_AddObject(m, "WaitSet", (PyObject *)&WaitSetType);
+    Py_INCREF(&PointType);
+    PyModule_AddObject(m, "Point", (PyObject *)&PointType);
     PyModule_AddIntConstant(m, "FOP_STORE", HLE_FOP_STORE);
     PyModule_AddIntConstant(m, "FOP_PUSH", HLE_FOP_PUSH);
     PyModule_AddIntConstant(m, "FOP_COPY", HLE_FOP_COPY);
@@ -360,7 +363,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     }
 #endif
     if (hlpy_add_abi_constants(m) < 0 || PyModule_AddFunctions(m, hlpy_codec_methods) < 0 ||
-        PyModule_AddFunctions(m, hlpy_wait_methods) < 0) {
+        PyModule_AddFunctions(m, hlpy_wait_methods) < 0 || PyModule_AddFunctions(m, hlpy_point_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -61,9 +61,8 @@ static int WS_init(WaitSet *s, PyObject *args, PyObject *kw) {
         int r = hlpy_object_pair(&c, items[i], &hs[i], &vs[i]);
         PyObject *holder = NULL;
         if (r == 1) {
-            holder = PyObject_TypeCheck(items[i], &HandleType) ? Py_NewRef(items[i])
-                                                               : PyObject_GetAttrString(items[i], "timeline");
-        } else if (r == 0) {
+            holder = Py_NewRef(PyObject_TypeCheck(items[i], &PointType) ? ((HlPoint *)items[i])->timeline : items[i]);
+        } else {
             PyErr_Format(PyExc_ValueError,
                          "WaitSet: item %zd is not a held Fence or timeline Point of the first item's domain", i);
         }
@@ -121,76 +120,56 @@ static int timeout_arg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
     return 0;
 }
 
+/* What one wait of the set waits on: the pairs and the objects as they are at
+ * its start, whatever another thread does to the set (set_value, __init__)
+ * while the GIL is released. */
+struct ws_snap {
+    Core *c;
+    PyObject *holders, *t;
+    Py_ssize_t n;
+    int64_t tmo;
+    uint64_t hs[HLE_WAIT_MANY_MAX], vs[HLE_WAIT_MANY_MAX];
+};
+
+/* The argument `timeout` of wait_any / wait_all read, the set checked live, the
+ * snapshot taken (ws_end releases it): 0, or -1 with an exception. */
+static int ws_begin(WaitSet *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, struct ws_snap *sn) {
+    if (timeout_arg(args, nargs, kwnames, &sn->t) < 0 || hlpy_timeout_ns(sn->t, &sn->tmo) < 0 || ws_live(s) < 0)
+        return -1;
+    sn->n = s->n;
+    memcpy(sn->hs, s->hs, (size_t)s->n * sizeof s->hs[0]);
+    memcpy(sn->vs, s->vs, (size_t)s->n * sizeof s->vs[0]);
+    sn->c = (Core *)Py_NewRef((PyObject *)s->core);
+    sn->holders = Py_NewRef(s->holders);
+    return 0;
+}
+
+static void ws_end(struct ws_snap *sn) {
+    Py_DECREF(sn->holders);
+    Py_DECREF((PyObject *)sn->c);
+}
+
 /* wait_any(timeout=None) -> int */
 static PyObject *WS_wait_any(WaitSet *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    PyObject *t;
-    int64_t tmo;
-    if (timeout_arg(args, nargs, kwnames, &t) < 0 || hlpy_timeout_ns(t, &tmo) < 0 || ws_live(s) < 0) return NULL;
-    /* the pairs and the objects stay as they are for the call, whatever another
-     * thread does to the set while the GIL is released */
-    Py_ssize_t n = s->n;
-    uint64_t hs[HLE_WAIT_MANY_MAX], vs[HLE_WAIT_MANY_MAX];
-    memcpy(hs, s->hs, (size_t)n * sizeof hs[0]);
-    memcpy(vs, s->vs, (size_t)n * sizeof vs[0]);
-    Core *c = (Core *)Py_NewRef((PyObject *)s->core);
-    PyObject *holders = Py_NewRef(s->holders);
+    struct ws_snap sn;
+    if (ws_begin(s, args, nargs, kwnames, &sn) < 0) return NULL;
     int idx = -1;
     uint64_t w = 0;
-    int r = hle_wait_many(&c->ctx, hs, vs, (int)n, tmo, c->ctx.spin_ns, &idx, &w);
-    Py_DECREF(holders);
-    Py_DECREF((PyObject *)c);
-    if (r == HL_E_TIMEOUT) {
-        PyErr_Format(PyExc_TimeoutError, "none of %zd objects completed within %R s", n, t);
-        return NULL;
-    }
+    int r = hle_wait_many(&sn.c->ctx, sn.hs, sn.vs, (int)sn.n, sn.tmo, sn.c->ctx.spin_ns, &idx, &w);
+    ws_end(&sn);
+    if (r == HL_E_TIMEOUT) return PyErr_Format(PyExc_TimeoutError, "none of %zd objects completed within %S s", sn.n, sn.t);
     if (r) return hlpy_raise(r);
     return PyLong_FromLong(idx);
 }
 
-/* wait_all(timeout=None) -> None */
+/* wait_all(timeout=None) -> None (the loop and its error are hl.wait_all's, waits.c) */
 static PyObject *WS_wait_all(WaitSet *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    PyObject *t;
-    int64_t tmo;
-    if (timeout_arg(args, nargs, kwnames, &t) < 0 || hlpy_timeout_ns(t, &tmo) < 0 || ws_live(s) < 0) return NULL;
-    Py_ssize_t n = s->n;
-    uint64_t hs[HLE_WAIT_MANY_MAX], vs[HLE_WAIT_MANY_MAX];
-    memcpy(hs, s->hs, (size_t)n * sizeof hs[0]);
-    memcpy(vs, s->vs, (size_t)n * sizeof vs[0]);
-    Core *c = (Core *)Py_NewRef((PyObject *)s->core);
-    PyObject *holders = Py_NewRef(s->holders);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t t0 = (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
-    int r = HL_OK;
-    Py_ssize_t i = 0;
-    for (; i < n && r == HL_OK; i++) {
-        int64_t left = tmo;
-        if (tmo >= 0) {
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            int64_t el = (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec - t0;
-            left = el >= tmo ? 0 : tmo - el;
-        }
-        uint64_t w = 0;
-        uint64_t thr = HL_HANDLE_KIND(hs[i]) == HL_KIND_TIMELINE ? vs[i] : 1;
-        r = hle_wait(&c->ctx, hs[i], thr, left, c->ctx.spin_ns, &w);
-    }
-    PyObject *out = NULL;
-    if (r == HL_E_TIMEOUT) {
-        Py_ssize_t done = 0;
-        for (Py_ssize_t k = 0; k < n; k++) {
-            uint64_t w = 0;
-            uint64_t thr = HL_HANDLE_KIND(hs[k]) == HL_KIND_TIMELINE ? vs[k] : 1;
-            if (hle_word(&c->ctx, hs[k], &w) == HL_OK && w >= thr) done++;
-        }
-        PyErr_Format(PyExc_TimeoutError, "%zd of %zd objects completed within %R s (the first pending: index %zd)",
-                     done, n, t, i - 1);
-    } else if (r) {
-        hlpy_raise(r);
-    } else {
-        out = Py_NewRef(Py_None);
-    }
-    Py_DECREF(holders);
-    Py_DECREF((PyObject *)c);
+    struct ws_snap sn;
+    if (ws_begin(s, args, nargs, kwnames, &sn) < 0) return NULL;
+    Py_ssize_t at = 0;
+    int r = hlpy_wait_all_pairs(sn.c, sn.hs, sn.vs, sn.n, sn.tmo, &at);
+    PyObject *out = r ? hlpy_wait_all_error(sn.c, sn.hs, sn.vs, sn.n, r, at, sn.t) : Py_NewRef(Py_None);
+    ws_end(&sn);
     return out;
 }
 
@@ -217,7 +196,7 @@ static PyObject *WS_status(WaitSet *s, PyObject *arg) {
     int r = hle_word(&s->core->ctx, h, &w);
     if (r) return hlpy_raise(r);
     if (w < (tl ? s->vs[i] : 1)) Py_RETURN_NONE;
-    return tl ? hlpy_timeline_status(&s->core->ctx, h, s->vs[i], w) : hlpy_status_obj(w);
+    return hlpy_pair_status(s->core, h, s->vs[i], w);
 }
 
 /* value(i) -> int: point i's value (0 for a fence) */
