@@ -141,7 +141,7 @@ def _wait_any_general(objs: Iterable[Waitable], timeout: float | None) -> Comple
     """wait_any for what the one-call path does not take: objects of several domains,
     more than one engine wait holds, an iterable that is not a list or tuple, and bad
     input (the errors that say what is wrong)."""
-    if timeout is not None and timeout < 0:
+    if timeout is not None and not timeout >= 0:  # NaN too, as the one-call path
         raise ValueError("timeout must be >= 0 or None")
     items, targets = _items(objs)
     deadline = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
@@ -168,7 +168,7 @@ def _wait_any_general(objs: Iterable[Waitable], timeout: float | None) -> Comple
 def _wait_all_general(objs: Iterable[Waitable], timeout: float | None) -> list[Completed]:
     """wait_all for what the one-call path does not take (as :func:`_wait_any_general`)."""
     items, targets = _items(objs)
-    if timeout is not None and timeout < 0:
+    if timeout is not None and not timeout >= 0:  # NaN too, as the one-call path
         raise ValueError("timeout must be >= 0 or None")
     deadline = None if timeout is None else time.monotonic() + timeout
     for i, o in enumerate(items):
