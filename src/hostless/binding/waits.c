@@ -1,8 +1,12 @@
 /*
- * waits.c -- waits over several objects of one domain, in one engine call
- * (hle_wait_many): Core.wait_many over (handle, value) pairs, and
- * hostless._core.wait_any, the whole of hl.wait_any when every object is a
- * held Fence or Point of one domain.  One parser reads the items of both.
+ * waits.c -- waits over several objects of one domain: Core.wait_many over
+ * (handle, value) pairs, and hostless._core.wait_any / wait_all, which are
+ * hl.wait_any / hl.wait_all themselves: a list or tuple of held Fences and
+ * Points of one domain is one call (the objects read from their C structs,
+ * no Python code runs while they are read; the engine's hle_wait_many, or
+ * hle_wait for each in turn); anything else goes to the Python general paths
+ * registered with set_completed.  One parser reads the items of all of them;
+ * WaitSet (waitset.c) shares wait_all's loop and error.
  */
 #include "binding.h"
 
