@@ -37,6 +37,8 @@ struct agent {
     uint64_t py_status;             /* the failure status of the last Python CU */
     uint64_t wait_avg;              /* recent doorbell wait (ns, a running average); UINT64_MAX: idle */
     struct hl_queue *qs;            /* the queue's header: its statistics (failed, busy_ns, last_failed) */
+    uint64_t kept[HLE_AGENT_MAX_KEPT]; /* handles kept imported between packets (cfg->keep_ns) */
+    int nkept;
 };
 
 /* A decoded argument block (pointers into the held block; counts local). */
