@@ -449,14 +449,14 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
         }
         struct hl_packet p;
         uint64_t idx;
+        uint64_t now = now_ns();
         if (!waiting) {
             spin = next_spin(a);
             if (spin) cfg->spins++;
             else cfg->parks++;
-            t0 = now_ns();
+            t0 = now;
             waiting = 1;
         }
-        uint64_t now = now_ns();
         int64_t left = spin > (int64_t)(now - t0) ? spin - (int64_t)(now - t0) : 0;
         uint64_t nap = 0;
         uint32_t producer = 0;
