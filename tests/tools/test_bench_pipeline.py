@@ -392,7 +392,7 @@ def test_dead_ray_semaphores_are_removed_and_live_ones_kept() -> None:
     import subprocess
     import sys
 
-    from hostless_tools.bench import pipeline as pl
+    from hostless_tools.bench import pipeline_peers as pl
 
     before = pl._shm_semaphores()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
