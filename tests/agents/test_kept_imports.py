@@ -74,22 +74,35 @@ def _until(cond: object, timeout: float) -> bool:
 def test_an_agent_keeps_what_its_packets_named_while_frames_come(
     dom: hl.Domain, domain_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A cpu stage (a KERNEL packet) then an npu stage (an ERT command, whose buffers the
+    command names): each agent keeps its packet's objects, the npu's command buffers too."""
     cpu = _spawn(dom, 5_000_000_000, monkeypatch)
+    npu = agents.spawn(dom, "npu", spin=0.5, label="keeper npu")
     try:
         x = np.arange(16, dtype=np.float32)
-        with _graph(dom, cpu).compile("direct", "shared", inflight=1) as cg:
+        g = _graph(dom, cpu)
+        g.stage("s1", npu, "copy", ["y"], ("z", (16,), np.float32))
+        with g.compile("direct", "shared", inflight=1) as cg:
             for _ in range(300):
-                assert np.array_equal(cg.run({"x": x})["y"], x)
-            objs = _held_objects(cg)
-            bit = _agent_bit(cpu)
-            assert all(r & bit for r in _refs(domain_name, objs)), (
-                "the agent kept none of its packets' objects"
-            )
-        # the graph released them: the agent's sweep frees them, though it keeps for 5 s
-        assert _until(lambda: all(r == 0 for r in _refs(domain_name, objs)), 5.0), _refs(domain_name, objs)
+                assert np.array_equal(cg.run({"x": x})["z"], x)
+            sl = cg.slots[0]
+            t = sl.tensors
+            mine = {
+                cpu: [t["x"].handle, t["y"].handle, sl.timelines[0].handle],
+                npu: [t["y"].handle, t["z"].handle, sl.timelines[1].handle],
+            }
+            for a, objs in mine.items():
+                bit = _agent_bit(a)
+                assert all(r & bit for r in _refs(domain_name, objs)), (
+                    f"{a.kind} kept none of its packets' objects"
+                )
+            every = sorted({h for objs in mine.values() for h in objs})
+        # the graph released them: the agents' sweeps free them, though they keep for 5 s
+        assert _until(lambda: all(r == 0 for r in _refs(domain_name, every)), 5.0), _refs(domain_name, every)
         assert dom.check() == []
     finally:
         cpu.stop()
+        npu.stop()
 
 
 def test_everything_kept_is_released_after_keep_ns_without_packets(

@@ -47,13 +47,13 @@ int agent_hold(struct agent *a, uint64_t h, uint32_t kind) {
     return HL_OK;
 }
 
-/* Kept imports (hle_agent_run's contract in hostless_engine.h): after a
- * packet, each object it held that is not kept yet is imported once more
- * (the local count only: it is held) and kept, while there is room, when
- * packets come more often than keep_ns. */
-static void keep_held(struct agent *a) {
+/* Kept imports (hle_agent_run's contract in hostless_engine.h): each object
+ * held from held[from] on that is not kept yet is imported once more (the
+ * local count only: it is held) and kept, while there is room, when packets
+ * come more often than keep_ns. */
+void agent_keep(struct agent *a, int from) {
     if (a->cfg->keep_ns <= 0 || a->wait_avg > (uint64_t)a->cfg->keep_ns) return; /* packets come rarely */
-    for (int i = 0; i < a->nheld && a->nkept < HLE_AGENT_MAX_KEPT; i++) {
+    for (int i = from; i < a->nheld && a->nkept < HLE_AGENT_MAX_KEPT; i++) {
         uint64_t h = a->held[i];
         int seen = 0;
         for (int j = 0; j < a->nkept && !seen; j++) seen = a->kept[j] == h;
@@ -349,7 +349,7 @@ static void execute(struct agent *a, uint64_t idx, const struct hl_packet *p, ui
     } else if (have_args && k.nfollow) {
         push_follow(a, &k, hops);
     }
-    keep_held(a);
+    agent_keep(a, 0);
     release_all(a);
     if (a->nkept) drop_kept(a, 0);
 }

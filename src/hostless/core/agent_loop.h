@@ -63,6 +63,9 @@ static inline uint64_t karg_u64(const struct kargs *k, uint64_t off, uint32_t i)
  * against its size (held likewise). */
 int agent_hold(struct agent *a, uint64_t h, uint32_t kind);
 int agent_kbuf(struct agent *a, uint64_t h, struct hle_kbuf *b);
+/* agent.c: keep the handles held from held[from] on imported past the packet
+ * (hle_agent_run's kept imports); call before releasing them. */
+void agent_keep(struct agent *a, int from);
 
 /* agent_ert.c: run an ERT packet whose block is decoded (its first buffer is
  * the command): SUCCESS, or the failure status (recorded). */
