@@ -200,7 +200,7 @@ wheel: dist/.sdist
 	    t0=$$(date +%s); env="build/wheel-env/$$tag"; raw="build/wheel-raw/$$tag"; \
 	    "$$env/bin/python" -c 'import build' 2>/dev/null || \
 	        { rm -rf "$$env" && "$$py" -m venv "$$env" && "$$env/bin/python" -m pip install -q "build>=1.2"; }; \
-	    rm -rf "$$raw" && rm -f dist/hostless-*-$$tag-*.whl; \
+	    rm -rf "$$raw" && mkdir -p "$$raw" && rm -f dist/hostless-*-$$tag-*.whl; \
 	    HOSTLESS_TEST_HOOKS=0 "$$env/bin/python" -m build --wheel --outdir "$$raw" build/sdist-src/hostless-*/ >"$$raw.log" 2>&1 || \
 	        { tail -40 "$$raw.log"; echo "make wheel: $$tag: the wheel build failed (log: $$raw.log)"; exit 1; }; \
 	    PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair -w dist "$$raw"/*.whl >>"$$raw.log" 2>&1 || \
