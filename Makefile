@@ -190,32 +190,44 @@ dist/.sdist: $(VENV)/.pkg-deps $(SOURCES) README.md
 	tar -xzf dist/hostless-*.tar.gz -C build/sdist-src
 	touch $@
 
+# WHEEL_ABI3=1: one abi3 wheel (hostless-*-cp311-abi3-manylinux_*.whl, setup.py's
+# HOSTLESS_LIMITED_API=1, built with the first interpreter of 3.11 or later) in place of the
+# cp311, cp312 and cp313 wheels; cp310 (no buffer protocol in its limited API) as usual.
+WHEEL_ABI3 ?=
 wheel: dist/.sdist
-	@pys="$(strip $(WHEEL_PYTHONS))"; \
+	@pys="$(strip $(WHEEL_PYTHONS))"; abi3="$(filter-out 0,$(WHEEL_ABI3))"; abi3_done=""; \
 	test -n "$$pys" || { echo "make wheel: no CPython 3.10-3.13 found; name one: make wheel WHEEL_PYTHONS=..."; exit 1; }; \
 	set -e; for py in $$pys; do \
 	    tag=$$("$$py" -c 'import sys; print("cp%d%d" % sys.version_info[:2])') || \
 	        { echo "make wheel: $$py does not run"; exit 1; }; \
-	    if [ dist/.wheel-$$tag -nt dist/.sdist ]; then echo "make wheel: $$tag: up to date"; continue; fi; \
-	    t0=$$(date +%s); env="build/wheel-env/$$tag"; raw="build/wheel-raw/$$tag"; \
+	    kind=$$tag; pat="$$tag-$$tag"; limited=0; \
+	    if [ -n "$$abi3" ] && [ "$$tag" != cp310 ]; then \
+	        if [ -n "$$abi3_done" ]; then echo "make wheel: $$tag: the abi3 wheel serves it"; continue; fi; \
+	        kind=abi3; pat=cp311-abi3; limited=1; abi3_done=1; \
+	    fi; \
+	    if [ dist/.wheel-$$kind -nt dist/.sdist ]; then echo "make wheel: $$kind: up to date"; continue; fi; \
+	    t0=$$(date +%s); env="build/wheel-env/$$tag"; raw="build/wheel-raw/$$kind"; \
 	    "$$env/bin/python" -c 'import build' 2>/dev/null || \
 	        { rm -rf "$$env" && "$$py" -m venv "$$env" && "$$env/bin/python" -m pip install -q "build>=1.2"; }; \
-	    rm -rf "$$raw" && mkdir -p "$$raw" && rm -f dist/hostless-*-$$tag-*.whl; \
-	    HOSTLESS_TEST_HOOKS=0 "$$env/bin/python" -m build --wheel --outdir "$$raw" build/sdist-src/hostless-*/ >"$$raw.log" 2>&1 || \
-	        { tail -40 "$$raw.log"; echo "make wheel: $$tag: the wheel build failed (log: $$raw.log)"; exit 1; }; \
+	    rm -rf "$$raw" && mkdir -p "$$raw" && rm -f dist/hostless-*-$$pat-*.whl; \
+	    HOSTLESS_TEST_HOOKS=0 HOSTLESS_LIMITED_API=$$limited "$$env/bin/python" -m build --wheel --outdir "$$raw" \
+	        build/sdist-src/hostless-*/ >"$$raw.log" 2>&1 || \
+	        { tail -40 "$$raw.log"; echo "make wheel: $$kind: the wheel build failed (log: $$raw.log)"; exit 1; }; \
 	    PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair -w dist "$$raw"/*.whl >>"$$raw.log" 2>&1 || \
-	        { tail -20 "$$raw.log"; echo "make wheel: $$tag: auditwheel repair failed (log: $$raw.log)"; exit 1; }; \
-	    touch dist/.wheel-$$tag; \
-	    echo "make wheel: $$tag: $$(cd dist && ls hostless-*-$$tag-*.whl) ($$py, $$(( $$(date +%s) - t0 )) s)"; \
+	        { tail -20 "$$raw.log"; echo "make wheel: $$kind: auditwheel repair failed (log: $$raw.log)"; exit 1; }; \
+	    touch dist/.wheel-$$kind; \
+	    echo "make wheel: $$kind: $$(cd dist && ls hostless-*-$$pat-*.whl) ($$py, $$(( $$(date +%s) - t0 )) s)"; \
 	done
 
 # `make wheel-check` (slow, opt-in): make wheel, then tests/package for each wheel: installed
 # binary-only into a fresh venv of its own Python where no compiler is reachable, and the
-# smoke program run there (HOSTLESS_WHEEL_PYTHONS names the interpreters to the test).
+# smoke program run there (HOSTLESS_WHEEL_PYTHONS names the interpreters to the test,
+# HOSTLESS_WHEEL_ABI3 has it take the abi3 wheel for 3.11 and later).
 wheel-check: $(VENV)/.deps
 	@pys="$(strip $(WHEEL_PYTHONS))"; \
-	$(MAKE) --no-print-directory wheel WHEEL_PYTHONS="$$pys" && \
-	HOSTLESS_WHEEL_PYTHONS="$$pys" $(PY) -m pytest -q -p no:cacheprovider --durations=0 tests/package
+	$(MAKE) --no-print-directory wheel WHEEL_PYTHONS="$$pys" WHEEL_ABI3="$(WHEEL_ABI3)" && \
+	HOSTLESS_WHEEL_PYTHONS="$$pys" HOSTLESS_WHEEL_ABI3="$(filter-out 0,$(WHEEL_ABI3))" \
+	    $(PY) -m pytest -q -p no:cacheprovider --durations=0 tests/package
 .PHONY: wheel-check
 
 # `make docs`: the documentation site (mkdocs.yml: MkDocs + Material + mkdocstrings, the

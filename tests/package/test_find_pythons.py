@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "find_pythons.sh"
 REAL = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-MINE = "%d.%d" % sys.version_info[:2]
+MINE = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
 def _fake(root: Path, folder: str, name: str, target: str | None) -> Path:
@@ -37,9 +37,11 @@ def _run(tmp_path: Path, *versions: str) -> subprocess.CompletedProcess[str]:
     bin_.mkdir(exist_ok=True)
     for tool in ("ls", "sort"):
         if not (bin_ / tool).exists():
-            (bin_ / tool).symlink_to(subprocess.check_output(["sh", "-c", f"command -v {tool}"], text=True).strip())
+            where = subprocess.check_output(["sh", "-c", f"command -v {tool}"], text=True).strip()
+            (bin_ / tool).symlink_to(where)
     env = {"PATH": str(bin_), "PYENV_ROOT": str(tmp_path / "pyenv"), "HOME": str(tmp_path)}
-    return subprocess.run(["/bin/sh", str(SCRIPT), *versions], env=env, capture_output=True, text=True, timeout=120)
+    cmd = ["/bin/sh", str(SCRIPT), *versions]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_finds_the_working_interpreter_and_warns_for_the_missing(tmp_path: Path) -> None:

@@ -8,6 +8,8 @@ last stage runs on the hostless-agent executable, and the C headers.
 
 The interpreters: the running one (``make test``), or those HOSTLESS_WHEEL_PYTHONS names
 (space-separated paths; ``make wheel-check`` sets it to every CPython 3.10-3.13 found).
+With HOSTLESS_WHEEL_ABI3 set (``make wheel-check WHEEL_ABI3=1``), 3.11 and later take the one
+abi3 wheel (``hostless-*-cp311-abi3-*``, the extension built against the limited C API).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DIST = ROOT / "dist"
 PYTHONS = os.environ.get("HOSTLESS_WHEEL_PYTHONS", "").split() or [sys.executable]
+ABI3 = os.environ.get("HOSTLESS_WHEEL_ABI3", "") not in ("", "0")
 
 pytestmark = pytest.mark.slow  # builds a wheel (about 1-2 minutes on 2 cores, per Python)
 
@@ -41,15 +44,17 @@ def _tag(python: str) -> str:
 @pytest.fixture(scope="module")
 def wheels() -> dict[str, Path]:
     """make wheel for PYTHONS; {python: its manylinux wheel}."""
+    pythons = "WHEEL_PYTHONS=" + " ".join(PYTHONS)
+    make = ["make", "--no-print-directory", "wheel", pythons, f"WHEEL_ABI3={int(ABI3)}"]
     r = subprocess.run(
-        ["make", "--no-print-directory", "wheel", "WHEEL_PYTHONS=" + " ".join(PYTHONS)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1200 * len(PYTHONS),
+        make, cwd=ROOT, capture_output=True, text=True, timeout=1200 * len(PYTHONS),
     )  # fmt: skip
     assert r.returncode == 0, f"make wheel failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
     out = {}
     for py in PYTHONS:
         tag = _tag(py)
-        found = sorted(DIST.glob(f"hostless-*-{tag}-{tag}-*manylinux*.whl"))
+        pattern = "cp311-abi3" if ABI3 and tag != "cp310" else f"{tag}-{tag}"
+        found = sorted(DIST.glob(f"hostless-*-{pattern}-*manylinux*.whl"))
         assert found, f"make wheel built no manylinux wheel for {tag} in {DIST}: {sorted(DIST.iterdir())}"
         out[py] = found[-1]
     return out
@@ -68,7 +73,9 @@ def wheel(wheels: dict[str, Path], python: str) -> Path:
 def test_wheel_carries_extension_executable_and_headers(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     infos = {i.filename: i for i in zipfile.ZipFile(wheel).infolist()}
-    assert any(re.fullmatch(r"hostless/_core\..*\.so", n) for n in names), names
+    core = [n for n in names if re.fullmatch(r"hostless/_core\..*\.so", n)]
+    assert len(core) == 1, names
+    assert (core[0] == "hostless/_core.abi3.so") == ("-abi3-" in wheel.name), (core, wheel.name)
     exe = infos["hostless/_bin/hostless-agent"]
     assert (exe.external_attr >> 16) & 0o111, "hostless-agent is not executable in the wheel"
     for h in ("hostless.h", "hostless_engine.h", "hostless_layout.h", "hostless_errors.h"):

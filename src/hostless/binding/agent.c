@@ -153,7 +153,7 @@ PyObject *Core_agent_run(Core *c, PyObject *args) {
     cfg.idle_nap_ns = idle_nap;
     struct hle_hooks saved = c->ctx.hooks;
     memset(&c->ctx.hooks, 0, sizeof c->ctx.hooks); /* the loop runs unlocked: no relock inside the engine */
-    Py_INCREF(c);
+    Py_INCREF((PyObject *)c);
     unlock(&a);
     int r = hle_agent_run(&c->ctx, q, &cfg);
     relock(&a);
