@@ -193,6 +193,8 @@ dist/.sdist: $(VENV)/.pkg-deps $(SOURCES) README.md
 # WHEEL_ABI3=1: one abi3 wheel (hostless-*-cp311-abi3-manylinux_*.whl, setup.py's
 # HOSTLESS_LIMITED_API=1, built with the first interpreter of 3.11 or later) in place of the
 # cp311, cp312 and cp313 wheels; cp310 (no buffer protocol in its limited API) as usual.
+# Each wheel is built in the unpacked sdist with its build/ folder dropped first: what an earlier
+# build for the same Python left there would go into the wheel (the cp311 extension into abi3).
 WHEEL_ABI3 ?=
 wheel: dist/.sdist
 	@pys="$(strip $(WHEEL_PYTHONS))"; abi3="$(filter-out 0,$(WHEEL_ABI3))"; abi3_done=""; \
@@ -210,6 +212,7 @@ wheel: dist/.sdist
 	    "$$env/bin/python" -c 'import build' 2>/dev/null || \
 	        { rm -rf "$$env" && "$$py" -m venv "$$env" && "$$env/bin/python" -m pip install -q "build>=1.2"; }; \
 	    rm -rf "$$raw" && mkdir -p "$$raw" && rm -f dist/hostless-*-$$pat-*.whl; \
+	    rm -rf build/sdist-src/hostless-*/build; \
 	    HOSTLESS_TEST_HOOKS=0 HOSTLESS_LIMITED_API=$$limited "$$env/bin/python" -m build --wheel --outdir "$$raw" \
 	        build/sdist-src/hostless-*/ >"$$raw.log" 2>&1 || \
 	        { tail -40 "$$raw.log"; echo "make wheel: $$kind: the wheel build failed (log: $$raw.log)"; exit 1; }; \
