@@ -154,7 +154,7 @@ PyObject *Core_agent_run(Core *c, PyObject *args) {
     cfg.keep_ns = keep;
     struct hle_hooks saved = c->ctx.hooks;
     memset(&c->ctx.hooks, 0, sizeof c->ctx.hooks); /* the loop runs unlocked: no relock inside the engine */
-    Py_INCREF(c);
+    Py_INCREF((PyObject *)c);
     unlock(&a);
     int r = hle_agent_run(&c->ctx, q, &cfg);
     relock(&a);

@@ -15,7 +15,7 @@ static PyObject *g_s_timeline, *g_s_value, *g_completed;
  * stored there): 1; 0 when it is none of those (another domain, released, a
  * bare Timeline, another type); -1 with an exception. */
 int hlpy_object_pair(Core **c, PyObject *o, uint64_t *h, uint64_t *v) {
-    if (PyObject_TypeCheck(o, &HandleType)) {
+    if (PyObject_TypeCheck(o, HandleType)) {
         Handle *x = (Handle *)o;
         uint32_t k = HL_HANDLE_KIND(x->handle);
         if ((*c && x->core != *c) || !x->held || (k != HL_KIND_FENCE && k != HL_KIND_MERGED)) return 0;
@@ -32,7 +32,7 @@ int hlpy_object_pair(Core **c, PyObject *o, uint64_t *h, uint64_t *v) {
         return 0;
     }
     Handle *x = (Handle *)t;
-    int ok = PyObject_TypeCheck(t, &HandleType) && (!*c || x->core == *c) && x->held &&
+    int ok = PyObject_TypeCheck(t, HandleType) && (!*c || x->core == *c) && x->held &&
              HL_HANDLE_KIND(x->handle) == HL_KIND_TIMELINE;
     if (ok) {
         *c = x->core;
@@ -79,9 +79,9 @@ static Py_ssize_t wait_items(Core **c, PyObject *seq, int objects, uint64_t *hs,
         PyErr_Format(PyExc_ValueError, "wait_many takes 1..%d objects, got %zd", HLE_WAIT_MANY_MAX, n);
         return -1;
     }
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
-        int r = objects ? hlpy_object_pair(c, items[i], &hs[i], &vs[i]) : tuple_pair(items[i], &hs[i], &vs[i]);
+        PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+        int r = objects ? hlpy_object_pair(c, it, &hs[i], &vs[i]) : tuple_pair(it, &hs[i], &vs[i]);
         if (r <= 0) return r;
     }
     return n;
@@ -190,7 +190,7 @@ static PyObject *py_wait_any(PyObject *m, PyObject *const *args, Py_ssize_t narg
     }
     PyObject *i = PyLong_FromLong(idx);
     PyTypeObject *ct = (PyTypeObject *)g_completed;
-    PyObject *out = i ? ct->tp_alloc(ct, 3) : NULL;
+    PyObject *out = i ? hlpy_alloc(ct, 3) : NULL;
     if (!out) {
         Py_XDECREF(i);
         Py_DECREF(st);
