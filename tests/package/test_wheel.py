@@ -8,8 +8,9 @@ last stage runs on the hostless-agent executable, and the C headers.
 
 The interpreters: the running one (``make test``), or those HOSTLESS_WHEEL_PYTHONS names
 (space-separated paths; ``make wheel-check`` sets it to every CPython 3.10-3.13 found).
-With HOSTLESS_WHEEL_ABI3 set (``make wheel-check WHEEL_ABI3=1``), 3.11 and later take the one
-abi3 wheel (``hostless-*-cp311-abi3-*``, the extension built against the limited C API).
+3.11 and later take the one abi3 wheel (``hostless-*-cp311-abi3-*``, the extension built against
+the limited C API), as ``make wheel`` builds by default; HOSTLESS_WHEEL_ABI3=0 (``make
+wheel-check WHEEL_ABI3=0``) takes the per-interpreter wheels instead.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DIST = ROOT / "dist"
 PYTHONS = os.environ.get("HOSTLESS_WHEEL_PYTHONS", "").split() or [sys.executable]
-ABI3 = os.environ.get("HOSTLESS_WHEEL_ABI3", "") not in ("", "0")
+ABI3 = os.environ.get("HOSTLESS_WHEEL_ABI3", "1") not in ("", "0")
 
 pytestmark = pytest.mark.slow  # builds a wheel (about 1-2 minutes on 2 cores, per Python)
 
