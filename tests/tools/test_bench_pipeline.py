@@ -341,8 +341,10 @@ def test_bench_options_rejected() -> None:
 
 
 def test_ray_absent_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipeline, "ray_available", lambda: False)
-    r = pipeline._ray_peers(
+    from hostless_tools.bench import pipeline_peers
+
+    monkeypatch.setattr(pipeline_peers, "ray_available", lambda: False)
+    r = pipeline_peers.ray_peers(
         pipeline.PipelineBenchConfig(), pipeline.find_peers(ROOT / "benchmarks" / "peers"), print
     )
     assert r["status"] == "not installed"
@@ -390,7 +392,7 @@ def test_dead_ray_semaphores_are_removed_and_live_ones_kept() -> None:
     import subprocess
     import sys
 
-    from hostless_tools.bench import pipeline as pl
+    from hostless_tools.bench import pipeline_peers as pl
 
     before = pl._shm_semaphores()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -226,6 +226,7 @@ int main(int argc, char **argv) {
             cfg.blas_path = blas;  /* GEMM through this CBLAS; without one it needs Python: fails */
             cfg.blas_threads = 1;
             cfg.idle_nap_ns = idle;
+            cfg.keep_ns = HLE_AGENT_KEEP_NS; /* kept imports, as hostless's agents */
             if ((r = hle_agent_run(a.c, q, &cfg))) {
                 int u = hle_usable(a.c); /* a truncated file shows first as garbage read through it */
                 rc = fail("the agent loop stopped", u ? u : r);

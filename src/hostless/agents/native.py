@@ -240,5 +240,20 @@ def run_native(
         BLAS_THREADS,
         int(fixed_spin),
         int(max(0.0, idle_poll) * 1e9),
+        _keep_ns(),
     )
     return out
+
+
+def _keep_ns() -> int:
+    """How long the loop keeps its recent packets' objects imported (hle_agent_run's "kept
+    imports"): the engine's default, or ``HOSTLESS_AGENT_KEEP_NS`` from the environment (0:
+    release each after its packet, the loop before kept imports: a switch for measuring
+    them, not a tuning knob)."""
+    v = os.environ.get("HOSTLESS_AGENT_KEEP_NS")
+    if v is None:
+        return int(C.AGENT_KEEP_NS)
+    try:
+        return max(0, int(v))
+    except ValueError:
+        raise ValueError(f"HOSTLESS_AGENT_KEEP_NS must be an integer (nanoseconds), got {v!r}") from None

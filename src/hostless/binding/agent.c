@@ -105,7 +105,7 @@ static void pa_record(void *ud, uint64_t sig, const char *why) {
 
 /* agent_run(queue, spin_ns, wait_timeout_ns, follow_timeout_ns, parent_pid, kernel, record, c_kernels,
  *           kind=0, present=0, kernel_map=b"", cu=None, blas_path=None, blas_threads=0, fixed_spin=0,
- *           idle_nap_ns=0)
+ *           idle_nap_ns=0, keep_ns=HLE_AGENT_KEEP_NS)
  *   -> dict(packets, failures, blas_loaded, blas_why, spins, parks).  Serves the queue until STOP, the
  * spawner's death, or a signal handler that raised (its exception propagates).
  * kernel_map: up to HLE_AGENT_MAX_CUS bytes (id / CU -> HL_K_* (hostless_kernels.h)). */
@@ -119,9 +119,9 @@ PyObject *Core_agent_run(Core *c, PyObject *args) {
     const char *map = NULL, *blas = NULL;
     Py_ssize_t nmap = 0;
     int threads = 0, fixed = 0;
-    long long idle_nap = 0;
-    if (!PyArg_ParseTuple(args, "KLLLlOOI|IIy#OziIL", &q, &spin, &wto, &fto, &parent, &kernel, &record, &mask, &kind,
-                          &present, &map, &nmap, &cu, &blas, &threads, &fixed, &idle_nap))
+    long long idle_nap = 0, keep = HLE_AGENT_KEEP_NS;
+    if (!PyArg_ParseTuple(args, "KLLLlOOI|IIy#OziILL", &q, &spin, &wto, &fto, &parent, &kernel, &record, &mask, &kind,
+                          &present, &map, &nmap, &cu, &blas, &threads, &fixed, &idle_nap, &keep))
         return NULL;
     if (!PyCallable_Check(kernel) || (record != Py_None && !PyCallable_Check(record)) ||
         (cu != Py_None && !PyCallable_Check(cu))) {
@@ -151,9 +151,10 @@ PyObject *Core_agent_run(Core *c, PyObject *args) {
     cfg.blas_threads = threads;
     cfg.fixed_spin = fixed;
     cfg.idle_nap_ns = idle_nap;
+    cfg.keep_ns = keep;
     struct hle_hooks saved = c->ctx.hooks;
     memset(&c->ctx.hooks, 0, sizeof c->ctx.hooks); /* the loop runs unlocked: no relock inside the engine */
-    Py_INCREF(c);
+    Py_INCREF((PyObject *)c);
     unlock(&a);
     int r = hle_agent_run(&c->ctx, q, &cfg);
     relock(&a);

@@ -14,6 +14,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "limited.h"
+
 #include "../core/engine.h"
 
 /* hostless._core.Core: the engine context of one domain. */
@@ -48,9 +50,11 @@ typedef struct {
     PyObject *inner; /* _inner: the tree nodes a merged root keeps (released with it), or NULL */
 } Handle;
 
-extern PyTypeObject CoreType;
-extern PyTypeObject HandleType;
-extern PyTypeObject FrameProgramType; /* frame.c: hostless._core.FrameProgram */
+/* The types, heap types made at import (module.c) from the specs of their files. */
+extern PyTypeObject *CoreType;
+extern PyTypeObject *HandleType;
+extern PyTypeObject *FrameProgramType; /* frame.c: hostless._core.FrameProgram */
+extern PyType_Spec hlpy_core_spec, hlpy_handle_spec, hlpy_frame_program_spec, hlpy_wait_set_spec;
 /* module.c: a view of obj, writable, C-contiguous, 8-byte aligned and of `need` bytes or more,
  * for memory the engine or a device writes words of (push records, the gpucp outbox, a heap
  * word); 0, or -1 with BufferError / ValueError ("<what> must be ...") set.  The caller
@@ -88,7 +92,8 @@ PyObject *Core_wrap(Core *c, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Core_new_buffer(Core *c, PyObject *const *args, Py_ssize_t nargs);
 
 /* buffer_export.c: Handle's buffer protocol and _set_window */
-extern PyBufferProcs hlpy_handle_as_buffer;
+int hlpy_handle_getbuffer(PyObject *o, Py_buffer *view, int flags);
+void hlpy_handle_releasebuffer(PyObject *o, Py_buffer *view);
 PyObject *hlpy_handle_set_window(Handle *b, PyObject *args);
 
 /* module.c: parse [(ordinal, bytes), ...] into in->ndev / dev_*; -1 with an exception */
@@ -147,7 +152,7 @@ int hlpy_wait_all_pairs(Core *c, const uint64_t *hs, const uint64_t *vs, Py_ssiz
 PyObject *hlpy_wait_all_error(Core *c, const uint64_t *hs, const uint64_t *vs, Py_ssize_t n, int r,
                               Py_ssize_t at, PyObject *t);
 /* waitset.c: hostless._core.WaitSet (a prepared wait_any / wait_all) */
-extern PyTypeObject WaitSetType;
+extern PyTypeObject *WaitSetType;
 /* point.c: hostless._core.Point, the C base of hostless.Point: a timeline (a
  * Timeline, checked at construction) and its value, read-only; v is the value
  * as a number (0..HL_TIMELINE_MAX) for the waits */
@@ -157,7 +162,8 @@ typedef struct {
     PyObject *value;
     uint64_t v;
 } HlPoint;
-extern PyTypeObject PointType;
+extern PyTypeObject *PointType;
+extern PyType_Spec hlpy_point_spec;
 extern PyMethodDef hlpy_point_methods[];
 /* Timeline.point(value) (handle_method(4)) */
 PyObject *hlpy_timeline_point(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);

@@ -13,7 +13,8 @@ struct export {
     Py_ssize_t strides[HL_BUFFER_MAX_DIMS];
 };
 
-static int Handle_getbuffer(Handle *b, Py_buffer *view, int flags) {
+int hlpy_handle_getbuffer(PyObject *o, Py_buffer *view, int flags) {
+    Handle *b = (Handle *)o;
     if (b->bb_device && b->held) {
         uint32_t i = (uint32_t)b->bb_device - 1;
         const struct hl_dom *d = b->core ? &b->core->ctx.dv : NULL;
@@ -73,18 +74,13 @@ static int Handle_getbuffer(Handle *b, Py_buffer *view, int flags) {
     return 0;
 }
 
-static void Handle_releasebuffer(Handle *b, Py_buffer *view) {
+void hlpy_handle_releasebuffer(PyObject *o, Py_buffer *view) {
     struct export *ex = (struct export *)view->internal;
     if (ex) {
         PyBuffer_Release(&ex->inner);
         PyMem_Free(ex);
     }
 }
-
-PyBufferProcs hlpy_handle_as_buffer = {
-    (getbufferproc)Handle_getbuffer,
-    (releasebufferproc)Handle_releasebuffer,
-};
 
 /* Set the typed layout of a window (0 dims: plain bytes). */
 int hlpy_set_layout(Handle *b, const char *fmt, Py_ssize_t itemsize, PyObject *shape, Py_ssize_t len) {

@@ -130,7 +130,7 @@ static PyObject *py_ert_chain(PyObject *m, PyObject *arg) {
 }
 
 static Core *core_of(PyObject *o) {
-    if (!PyObject_TypeCheck(o, &CoreType)) {
+    if (!PyObject_TypeCheck(o, CoreType)) {
         PyErr_SetString(PyExc_TypeError, "the first argument is a hostless._core.Core (dom._core)");
         return NULL;
     }

@@ -8,11 +8,11 @@
 
 static void Core_dealloc(Core *c) {
     hle_ctx_destroy(&c->ctx);
-    Py_TYPE(c)->tp_free((PyObject *)c);
+    hlpy_free((PyObject *)c);
 }
 
 static PyObject *Core_tp_new(PyTypeObject *t, PyObject *a, PyObject *k) {
-    Core *c = (Core *)t->tp_alloc(t, 0);
+    Core *c = (Core *)hlpy_alloc(t, 0);
     if (!c) return NULL;
     hle_ctx_init(&c->ctx);
     hlpy_set_hooks(&c->ctx);
@@ -493,11 +493,12 @@ static PyMethodDef Core_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-PyTypeObject CoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hostless._core.Core",
-    .tp_basicsize = sizeof(Core),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = Core_tp_new,
-    .tp_dealloc = (destructor)Core_dealloc,
-    .tp_methods = Core_methods,
+static PyType_Slot Core_slots[] = {
+    {Py_tp_new, (void *)Core_tp_new},
+    {Py_tp_dealloc, (void *)Core_dealloc},
+    {Py_tp_methods, Core_methods},
+    {0, NULL},
 };
+
+PyType_Spec hlpy_core_spec = {"hostless._core.Core", sizeof(Core), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+                              Core_slots};

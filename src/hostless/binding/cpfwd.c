@@ -35,7 +35,7 @@ static void fwd_destroy(PyObject *cap) {
 PyObject *hlpy_cpfwd_start(PyObject *m, PyObject *args) {
     PyObject *core, *obj;
     unsigned long long own;
-    if (!PyArg_ParseTuple(args, "O!OK", &CoreType, &core, &obj, &own)) return NULL;
+    if (!PyArg_ParseTuple(args, "O!OK", CoreType, &core, &obj, &own)) return NULL;
     struct fwd_box *b = PyMem_Calloc(1, sizeof *b);
     if (!b) return PyErr_NoMemory();
     if (hlpy_words_view(obj, &b->view, (Py_ssize_t)sizeof(struct hl_cp_outbox), "the outbox") < 0) {

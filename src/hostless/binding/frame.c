@@ -111,8 +111,8 @@ static void FP_dealloc(FrameProgram *p) {
     fio_clear(p);
     PyMem_Free(p->f.ops);
     PyMem_Free(p->watch);
-    Py_XDECREF(p->core);
-    Py_TYPE(p)->tp_free((PyObject *)p);
+    Py_XDECREF((PyObject *)p->core);
+    hlpy_free((PyObject *)p);
 }
 
 static int u64_item(PyObject *t, Py_ssize_t i, uint64_t *out) {
@@ -173,7 +173,7 @@ static PyObject *FP_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_TypeError, "FrameProgram(core, ops, watch, slice_ns) takes no keywords");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!OOL", &CoreType, &core, &ops, &watch, &slice)) return NULL;
+    if (!PyArg_ParseTuple(args, "O!OOL", CoreType, &core, &ops, &watch, &slice)) return NULL;
     PyObject *opl = PySequence_Fast(ops, "frame program: ops must be a sequence");
     if (!opl) return NULL;
     PyObject *wl = PySequence_Fast(watch, "frame program: watch must be a sequence");
@@ -187,7 +187,7 @@ static PyObject *FP_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         PyErr_Format(PyExc_ValueError, "a frame program has at most %u ops", HLE_FRAME_MAX_OPS);
         goto fail;
     }
-    p = (FrameProgram *)type->tp_alloc(type, 0);
+    p = (FrameProgram *)hlpy_alloc(type, 0);
     if (!p) goto fail;
     p->core = (Core *)Py_NewRef(core);
     p->f.ops = PyMem_Calloc(nops ? (size_t)nops : 1, sizeof *p->f.ops);
@@ -215,7 +215,7 @@ static PyObject *FP_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 fail:
     Py_DECREF(opl);
     Py_DECREF(wl);
-    Py_XDECREF(p);
+    Py_XDECREF((PyObject *)p);
     return NULL;
 }
 
@@ -516,13 +516,14 @@ static PyGetSetDef FP_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-PyTypeObject FrameProgramType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hostless._core.FrameProgram",
-    .tp_basicsize = sizeof(FrameProgram),
-    .tp_dealloc = (destructor)FP_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A frame program (a prepared frame's stores, pushes, copies and waits), validated once.",
-    .tp_methods = FP_methods,
-    .tp_getset = FP_getset,
-    .tp_new = FP_new,
+static PyType_Slot FP_slots[] = {
+    {Py_tp_dealloc, (void *)FP_dealloc},
+    {Py_tp_doc, (void *)"A frame program (a prepared frame's stores, pushes, copies and waits), validated once."},
+    {Py_tp_methods, FP_methods},
+    {Py_tp_getset, FP_getset},
+    {Py_tp_new, (void *)FP_new},
+    {0, NULL},
 };
+
+PyType_Spec hlpy_frame_program_spec = {"hostless._core.FrameProgram", sizeof(FrameProgram), 0,
+                                       Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE, FP_slots};

@@ -91,11 +91,11 @@ static int handle_live(Handle *o) {
 }
 
 Handle *hlpy_handle_make(PyTypeObject *cls, Core *c, PyObject *dom, uint64_t h) {
-    if (!PyType_IsSubtype(cls, &HandleType)) {
+    if (!PyType_IsSubtype(cls, HandleType)) {
         PyErr_SetString(PyExc_TypeError, "class must derive from hostless._core.Handle");
         return NULL;
     }
-    Handle *o = (Handle *)cls->tp_alloc(cls, 0);
+    Handle *o = (Handle *)hlpy_alloc(cls, 0);
     if (!o) return NULL;
     o->core = (Core *)Py_NewRef((PyObject *)c);
     o->dom = Py_NewRef(dom);
@@ -310,6 +310,7 @@ static PyObject *Handle_timeline_wait(Handle *o, PyObject *const *args, Py_ssize
 }
 
 static int Handle_traverse(Handle *b, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE((PyObject *)b)); /* a heap type's instances hold a reference to it */
     Py_VISIT(b->inner);
     Py_VISIT(b->bb_map);
     Py_VISIT(b->dom);
@@ -337,13 +338,15 @@ static void Handle_finalize(Handle *o) {
     }
 }
 
+/* The finalizer runs first (a Python subclass's subtype_dealloc or the collector may
+ * have run it already: it is then a no-op, the reference being dropped); it makes no
+ * new reference to o, so o cannot come back to life. */
 static void Handle_dealloc(Handle *o) {
-    PyTypeObject *tp = Py_TYPE(o);
-    if (PyObject_CallFinalizerFromDealloc((PyObject *)o) < 0) return;
     PyObject_GC_UnTrack(o);
+    Handle_finalize(o);
     if (o->weakreflist) PyObject_ClearWeakRefs((PyObject *)o);
     Handle_clear(o);
-    tp->tp_free((PyObject *)o); /* a heap subtype's reference is dropped by subtype_dealloc */
+    hlpy_free((PyObject *)o);
 }
 
 static PyObject *Handle_get_held(Handle *o, void *closure) { return PyBool_FromLong(o->held); }
@@ -437,7 +440,7 @@ PyObject *hlpy_handle_method(PyObject *m, PyObject *arg) {
     if (i == -1 && PyErr_Occurred()) return NULL;
     if (i < 0 || i >= (long)(sizeof named_methods / sizeof named_methods[0]))
         return PyErr_Format(PyExc_IndexError, "no handle method %ld", i);
-    return PyDescr_NewMethod(&HandleType, &named_methods[i]);
+    return PyDescr_NewMethod(HandleType, &named_methods[i]);
 }
 
 static PyMethodDef Handle_methods[] = {
@@ -452,24 +455,27 @@ static PyMethodDef Handle_methods[] = {
 
 static PyMemberDef Handle_members[] = {
     {"_inner", T_OBJECT, offsetof(Handle, inner), 0, NULL}, /* None when unset: no AttributeError to catch */
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(Handle, weakreflist), READONLY, NULL},
     {NULL, 0, 0, 0, NULL},
 };
 
-PyTypeObject HandleType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hostless._core.Handle",
-    .tp_basicsize = sizeof(Handle),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_new = PyType_GenericNew,
-    .tp_dealloc = (destructor)Handle_dealloc,
-    .tp_finalize = (destructor)Handle_finalize,
-    .tp_traverse = (traverseproc)Handle_traverse,
-    .tp_clear = (inquiry)Handle_clear,
-    .tp_as_buffer = &hlpy_handle_as_buffer,
-    .tp_methods = Handle_methods,
-    .tp_getset = Handle_getset,
-    .tp_members = Handle_members,
-    .tp_weaklistoffset = offsetof(Handle, weakreflist),
+static PyType_Slot Handle_slots[] = {
+    {Py_tp_new, (void *)PyType_GenericNew},
+    {Py_tp_dealloc, (void *)Handle_dealloc},
+    {Py_tp_finalize, (void *)Handle_finalize},
+    {Py_tp_traverse, (void *)Handle_traverse},
+    {Py_tp_clear, (void *)Handle_clear},
+    {Py_bf_getbuffer, (void *)hlpy_handle_getbuffer},
+    {Py_bf_releasebuffer, (void *)hlpy_handle_releasebuffer},
+    {Py_tp_methods, Handle_methods},
+    {Py_tp_getset, Handle_getset},
+    {Py_tp_members, Handle_members},
+    {0, NULL},
 };
+
+PyType_Spec hlpy_handle_spec = {
+    "hostless._core.Handle", sizeof(Handle), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE, Handle_slots};
 
 /* Core.new(cls, dom, kind, owner) -> instance holding a new fence or timeline */
 PyObject *Core_new_obj(Core *c, PyObject *const *args, Py_ssize_t nargs) {

@@ -238,7 +238,7 @@ static PyMethodDef module_methods[] = {
 #ifdef HOSTLESS_TEST_HOOKS
 
 static Core *core_arg(PyObject *o) {
-    if (!PyObject_TypeCheck(o, &CoreType)) {
+    if (!PyObject_TypeCheck(o, CoreType)) {
         PyErr_SetString(PyExc_TypeError, "the first argument is a hostless._core.Core (dom._core)");
         return NULL;
     }
@@ -332,24 +332,34 @@ PyObject *hlpy_testing_module(void) { return PyModule_Create(&testingmodule); }
 static struct PyModuleDef coremodule = {PyModuleDef_HEAD_INIT, "hostless._core", "hostless C core", -1,
                                         module_methods};
 
+PyTypeObject *CoreType, *HandleType, *FrameProgramType, *WaitSetType, *PointType;
+
+/* The types, made once (the module is single-phase: one per process); each global keeps
+ * a reference for the process's life, the module another. */
+static int add_type(PyObject *m, const char *name, PyType_Spec *spec, PyTypeObject **out) {
+    if (!*out) {
+        *out = (PyTypeObject *)PyType_FromSpec(spec);
+        if (!*out) return -1;
+    }
+    Py_INCREF((PyObject *)*out);
+    if (PyModule_AddObject(m, name, (PyObject *)*out) < 0) {
+        Py_DECREF(*out);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__core(void) {
-    if (PyType_Ready(&CoreType) < 0) return NULL;
-    if (PyType_Ready(&HandleType) < 0) return NULL;
-    if (PyType_Ready(&FrameProgramType) < 0) return NULL;
-    if (PyType_Ready(&WaitSetType) < 0) return NULL;
-    if (PyType_Ready(&PointType) < 0) return NULL;
     PyObject *m = PyModule_Create(&coremodule);
     if (!m) return NULL;
-    Py_INCREF(&CoreType);
-    PyModule_AddObject(m, "Core", (PyObject *)&CoreType);
-    Py_INCREF(&HandleType);
-    PyModule_AddObject(m, "Handle", (PyObject *)&HandleType);
-    Py_INCREF(&FrameProgramType);
-    PyModule_AddObject(m, "FrameProgram", (PyObject *)&FrameProgramType);
-    Py_INCREF(&WaitSetType);
-    PyModule_AddObject(m, "WaitSet", (PyObject *)&WaitSetType);
-    Py_INCREF(&PointType);
-    PyModule_AddObject(m, "Point", (PyObject *)&PointType);
+    if (add_type(m, "Core", &hlpy_core_spec, &CoreType) < 0 ||
+        add_type(m, "Handle", &hlpy_handle_spec, &HandleType) < 0 ||
+        add_type(m, "FrameProgram", &hlpy_frame_program_spec, &FrameProgramType) < 0 ||
+        add_type(m, "WaitSet", &hlpy_wait_set_spec, &WaitSetType) < 0 ||
+        add_type(m, "Point", &hlpy_point_spec, &PointType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     PyModule_AddIntConstant(m, "FOP_STORE", HLE_FOP_STORE);
     PyModule_AddIntConstant(m, "FOP_PUSH", HLE_FOP_PUSH);
     PyModule_AddIntConstant(m, "FOP_COPY", HLE_FOP_COPY);

@@ -8,7 +8,9 @@
 
 static int name_arg(PyObject *o, const char **s, Py_ssize_t *n) {
     if (!PyUnicode_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "a name is a str, got %s", Py_TYPE(o)->tp_name);
+        PyObject *tn = hlpy_type_name(o);
+        if (tn) PyErr_Format(PyExc_TypeError, "a name is a str, got %U", tn);
+        Py_XDECREF(tn);
         return -1;
     }
     *s = PyUnicode_AsUTF8AndSize(o, n);

@@ -17,8 +17,8 @@
 static PyTypeObject *g_point_cls, *g_timeline_cls;
 
 static PyObject *set_point_types(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PointType) ||
-        !PyType_Check(args[1]) || !PyType_IsSubtype((PyTypeObject *)args[1], &HandleType)) {
+    if (nargs != 2 || !PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], PointType) ||
+        !PyType_Check(args[1]) || !PyType_IsSubtype((PyTypeObject *)args[1], HandleType)) {
         PyErr_SetString(PyExc_TypeError, "set_point_types(point_cls, timeline_cls): a Point and a Handle subclass");
         return NULL;
     }
@@ -29,12 +29,20 @@ static PyObject *set_point_types(PyObject *m, PyObject *const *args, Py_ssize_t 
 
 /* A new point of type cls, its fields set (the checks done by the caller). */
 static PyObject *point_make(PyTypeObject *cls, PyObject *timeline, PyObject *value, uint64_t v) {
-    HlPoint *p = (HlPoint *)cls->tp_alloc(cls, 0);
+    HlPoint *p = (HlPoint *)hlpy_alloc(cls, 0);
     if (!p) return NULL;
     p->timeline = Py_NewRef(timeline);
     p->value = Py_NewRef(value);
     p->v = v;
     return (PyObject *)p;
+}
+
+/* NULL with TypeError fmt (one %U: the name of o's type) */
+static PyObject *type_error(const char *fmt, PyObject *o) {
+    PyObject *tn = hlpy_type_name(o);
+    if (tn) PyErr_Format(PyExc_TypeError, fmt, tn);
+    Py_XDECREF(tn);
+    return NULL;
 }
 
 /* Point(timeline, value): TypeError for what is not a Timeline or an int (a
@@ -45,9 +53,8 @@ static PyObject *Point_new(PyTypeObject *cls, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:Point", names, &timeline, &value)) return NULL;
     int is_tl = g_timeline_cls ? PyObject_IsInstance(timeline, (PyObject *)g_timeline_cls) : 0;
     if (is_tl < 0) return NULL;
-    if (!is_tl) return PyErr_Format(PyExc_TypeError, "a point is on a Timeline, got %s", Py_TYPE(timeline)->tp_name);
-    if (PyBool_Check(value) || !PyLong_Check(value))
-        return PyErr_Format(PyExc_TypeError, "a point's value is an int, got %s", Py_TYPE(value)->tp_name);
+    if (!is_tl) return type_error("a point is on a Timeline, got %U", timeline);
+    if (PyBool_Check(value) || !PyLong_Check(value)) return type_error("a point's value is an int, got %U", value);
     int over = 0;
     long long v = PyLong_AsLongLongAndOverflow(value, &over);
     if (v == -1 && PyErr_Occurred()) return NULL;
@@ -81,6 +88,7 @@ PyObject *hlpy_timeline_point(PyObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 static int Point_traverse(HlPoint *p, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE((PyObject *)p)); /* a heap type's instances hold a reference to it */
     Py_VISIT(p->timeline);
     Py_VISIT(p->value);
     return 0;
@@ -92,10 +100,12 @@ static int Point_clear(HlPoint *p) {
     return 0;
 }
 
+/* hlpy_free drops the instance's reference to its heap type (a Python
+ * subclass's subtype_dealloc leaves that to its heap base, this one). */
 static void Point_dealloc(HlPoint *p) {
     PyObject_GC_UnTrack(p);
     Point_clear(p);
-    Py_TYPE(p)->tp_free((PyObject *)p);
+    hlpy_free((PyObject *)p);
 }
 
 static PyMemberDef Point_members[] = {
@@ -104,17 +114,20 @@ static PyMemberDef Point_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-PyTypeObject PointType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hostless._core.Point",
-    .tp_basicsize = sizeof(HlPoint),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The C base of hostless.Point (a timeline and a value, read-only).",
-    .tp_new = Point_new,
-    .tp_dealloc = (destructor)Point_dealloc,
-    .tp_traverse = (traverseproc)Point_traverse,
-    .tp_clear = (inquiry)Point_clear,
-    .tp_members = Point_members,
+static PyType_Slot Point_slots[] = {
+    {Py_tp_doc, (void *)"The C base of hostless.Point (a timeline and a value, read-only)."},
+    {Py_tp_new, (void *)Point_new},
+    {Py_tp_dealloc, (void *)Point_dealloc},
+    {Py_tp_traverse, (void *)Point_traverse},
+    {Py_tp_clear, (void *)Point_clear},
+    {Py_tp_members, Point_members},
+    {0, NULL},
 };
+
+/* A heap type (module.c's add_type makes PointType from it), subclassed by hostless.Point. */
+PyType_Spec hlpy_point_spec = {
+    "hostless._core.Point", sizeof(HlPoint), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE, Point_slots};
 
 PyMethodDef hlpy_point_methods[] = {
     {"set_point_types", (PyCFunction)(void (*)(void))set_point_types, METH_FASTCALL,

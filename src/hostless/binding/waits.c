@@ -18,11 +18,9 @@ static PyObject *g_completed, *g_any_general, *g_all_general, *g_s_timeout;
  * (its timeline's handle, its value: read from its C base, point.c) of core
  * *c (NULL: the first item's core, stored there): 1; 0 when it is none of
  * those (another domain, released, a bare Timeline, another type). */
-/* Fence and Timeline subclass Handle directly: their test without a walk of the MRO */
-static inline int is_handle(PyObject *o) {
-    PyTypeObject *t = Py_TYPE(o);
-    return t->tp_base == &HandleType || t == &HandleType || PyType_IsSubtype(t, &HandleType);
-}
+/* A Handle (Fence and Timeline subclass it): the type's MRO is short, and no
+ * PyTypeObject field is read (the limited API's types are opaque). */
+static inline int is_handle(PyObject *o) { return PyObject_TypeCheck(o, HandleType); }
 
 int hlpy_object_pair(Core **c, PyObject *o, uint64_t *h, uint64_t *v) {
     Handle *x;
@@ -31,7 +29,7 @@ int hlpy_object_pair(Core **c, PyObject *o, uint64_t *h, uint64_t *v) {
         x = (Handle *)o;
         uint32_t k = HL_HANDLE_KIND(x->handle);
         if (k != HL_KIND_FENCE && k != HL_KIND_MERGED) return 0;
-    } else if (PyObject_TypeCheck(o, &PointType)) {
+    } else if (PyObject_TypeCheck(o, PointType)) {
         HlPoint *p = (HlPoint *)o;
         if (!is_handle(p->timeline)) return 0;
         x = (Handle *)p->timeline;
@@ -72,9 +70,9 @@ static Py_ssize_t wait_items(Core **c, PyObject *seq, int objects, uint64_t *hs,
         PyErr_Format(PyExc_ValueError, "wait_many takes 1..%d objects, got %zd", HLE_WAIT_MANY_MAX, n);
         return -1;
     }
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
-        int r = objects ? hlpy_object_pair(c, items[i], &hs[i], &vs[i]) : tuple_pair(items[i], &hs[i], &vs[i]);
+        PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+        int r = objects ? hlpy_object_pair(c, it, &hs[i], &vs[i]) : tuple_pair(it, &hs[i], &vs[i]);
         if (r <= 0) return r;
     }
     return n;
@@ -202,7 +200,7 @@ PyObject *hlpy_wait_all_error(Core *c, const uint64_t *hs, const uint64_t *vs, P
 static PyObject *completed(Py_ssize_t i, PyObject *obj, PyObject *st) {
     PyTypeObject *ct = (PyTypeObject *)g_completed;
     PyObject *idx = PyLong_FromSsize_t(i);
-    PyObject *out = idx ? ct->tp_alloc(ct, 3) : NULL;
+    PyObject *out = idx ? hlpy_alloc(ct, 3) : NULL;
     if (!out) {
         Py_XDECREF(idx);
         return NULL;
@@ -259,9 +257,8 @@ static Py_ssize_t objs_args(const char *fn, PyObject *const *args, Py_ssize_t na
     if (!g_completed || !(PyList_Check(oc->objs) || PyTuple_Check(oc->objs))) return 0;
     Py_ssize_t n = wait_items(&oc->c, oc->objs, 1, oc->hs, oc->vs);
     if (n <= 0) return n;
-    PyObject **items = PySequence_Fast_ITEMS(oc->objs);
-    for (Py_ssize_t k = 0; k < n; k++) oc->held[k] = Py_NewRef(items[k]);
-    Py_INCREF(oc->c);
+    for (Py_ssize_t k = 0; k < n; k++) oc->held[k] = Py_NewRef(PySequence_Fast_GET_ITEM(oc->objs, k));
+    Py_INCREF((PyObject *)oc->c);
     oc->n = n;
     return n;
 }
@@ -277,8 +274,8 @@ static PyObject *general(PyObject *fn, struct objs_call *oc) {
         PyErr_SetString(PyExc_RuntimeError, "hostless.waits is not imported (import hostless)");
         return NULL;
     }
-    PyObject *a[2] = {oc->objs, oc->timeout};
-    return PyObject_Vectorcall(fn, a, 2, NULL);
+    /* not PyObject_Vectorcall: the limited API of 3.11 lacks it (the general path is not the fast one) */
+    return PyObject_CallFunctionObjArgs(fn, oc->objs, oc->timeout, NULL);
 }
 
 /* wait_any(objs, timeout=None) -> Completed: hl.wait_any.  One call when objs

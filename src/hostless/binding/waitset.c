@@ -29,7 +29,7 @@ static void ws_clear(WaitSet *s) {
 
 static void WS_dealloc(WaitSet *s) {
     ws_clear(s);
-    Py_TYPE(s)->tp_free((PyObject *)s);
+    hlpy_free((PyObject *)s);
 }
 
 /* WaitSet(objs): 1..HLE_WAIT_MANY_MAX held Fences and Points of one domain
@@ -56,13 +56,13 @@ static int WS_init(WaitSet *s, PyObject *args, PyObject *kw) {
     }
     Core *c = NULL;
     uint64_t hs[HLE_WAIT_MANY_MAX], vs[HLE_WAIT_MANY_MAX];
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
-        int r = hlpy_object_pair(&c, items[i], &hs[i], &vs[i]);
+        PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+        int r = hlpy_object_pair(&c, it, &hs[i], &vs[i]);
         PyObject *holder = NULL;
         if (r == 1) {
-            holder = Py_NewRef(PyObject_TypeCheck(items[i], &PointType) ? ((HlPoint *)items[i])->timeline : items[i]);
-        } else {
+            holder = Py_NewRef(PyObject_TypeCheck(it, PointType) ? ((HlPoint *)it)->timeline : it);
+        } else if (r == 0) {
             PyErr_Format(PyExc_ValueError,
                          "WaitSet: item %zd is not a held Fence or timeline Point of the first item's domain", i);
         }
@@ -219,7 +219,9 @@ static PyObject *WS_set_value(WaitSet *s, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     if (PyBool_Check(args[1]) || !PyLong_Check(args[1])) {
-        PyErr_Format(PyExc_TypeError, "a point's value is an int, got %s", Py_TYPE(args[1])->tp_name);
+        PyObject *tn = hlpy_type_name(args[1]);
+        if (tn) PyErr_Format(PyExc_TypeError, "a point's value is an int, got %U", tn);
+        Py_XDECREF(tn);
         return NULL;
     }
     int over = 0;
@@ -267,14 +269,15 @@ static PyGetSetDef WS_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-PyTypeObject WaitSetType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hostless._core.WaitSet",
-    .tp_basicsize = sizeof(WaitSet),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "The C base of hostless.WaitSet (a prepared wait over fences and timeline points).",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)WS_init,
-    .tp_dealloc = (destructor)WS_dealloc,
-    .tp_methods = WS_methods,
-    .tp_getset = WS_getset,
+static PyType_Slot WS_slots[] = {
+    {Py_tp_doc, (void *)"The C base of hostless.WaitSet (a prepared wait over fences and timeline points)."},
+    {Py_tp_new, (void *)PyType_GenericNew},
+    {Py_tp_init, (void *)WS_init},
+    {Py_tp_dealloc, (void *)WS_dealloc},
+    {Py_tp_methods, WS_methods},
+    {Py_tp_getset, WS_getset},
+    {0, NULL},
 };
+
+PyType_Spec hlpy_wait_set_spec = {"hostless._core.WaitSet", sizeof(WaitSet), 0,
+                                  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_IMMUTABLETYPE, WS_slots};

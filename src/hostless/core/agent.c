@@ -14,6 +14,7 @@
  * and read once into a local.  ERT packets are run by agent_ert.c (the
  * emulated NPU's command processor); agent_loop.h holds what both share.
  */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,34 @@ int agent_hold(struct agent *a, uint64_t h, uint32_t kind) {
     if (r) return r;
     a->held[a->nheld++] = h;
     return HL_OK;
+}
+
+/* Kept imports (hle_agent_run's contract in hostless_engine.h): each object
+ * held from held[from] on that is not kept yet is imported once more (the
+ * local count only: it is held) and kept, while there is room, when packets
+ * come more often than keep_ns. */
+void agent_keep(struct agent *a, int from) {
+    if (a->cfg->keep_ns <= 0 || a->wait_avg > (uint64_t)a->cfg->keep_ns) return; /* packets come rarely */
+    for (int i = from; i < a->nheld && a->nkept < HLE_AGENT_MAX_KEPT; i++) {
+        uint64_t h = a->held[i];
+        int seen = 0;
+        for (int j = 0; j < a->nkept && !seen; j++) seen = a->kept[j] == h;
+        uint32_t k = HL_HANDLE_KIND(h) == HL_KIND_MERGED ? HL_KIND_FENCE : HL_HANDLE_KIND(h);
+        if (!seen && hle_import(a->c, h, k) == HL_OK) a->kept[a->nkept++] = h;
+    }
+}
+
+/* Release the kept objects (all, or those no other participant holds). */
+static void drop_kept(struct agent *a, int all) {
+    int n = 0;
+    for (int i = 0; i < a->nkept; i++) {
+        uint64_t h = a->kept[i];
+        if (all || !hle_held_by_others(a->c, h))
+            hle_release(a->c, h);
+        else
+            a->kept[n++] = h;
+    }
+    a->nkept = n;
 }
 
 static void release_all(struct agent *a) {
@@ -320,7 +349,9 @@ static void execute(struct agent *a, uint64_t idx, const struct hl_packet *p, ui
     } else if (have_args && k.nfollow) {
         push_follow(a, &k, hops);
     }
+    agent_keep(a, 0);
     release_all(a);
+    if (a->nkept) drop_kept(a, 0);
 }
 
 /* A packet queued for the dead consumer this agent replaced (hle_queue_stale_below):
@@ -408,6 +439,9 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
     __atomic_fetch_or(&v.q->flags, HL_QUEUE_COUNTS, __ATOMIC_SEQ_CST); /* monitors: these figures are kept */
     uint64_t last_packet = now_ns();
     int device_seen = 0;
+    int waiting = 0;   /* a wait for the next packet is under way (sliced while keeping) */
+    int64_t spin = 0;  /* that wait's spin budget */
+    uint64_t t0 = 0;   /* and its start */
     while (!a->stop) {
         if (CLOSING(c)) {
             r = hle_closed_error(c, "the domain was closed while the agent ran");
@@ -415,15 +449,29 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
         }
         struct hl_packet p;
         uint64_t idx;
-        int64_t spin = next_spin(a);
-        if (spin) cfg->spins++;
-        else cfg->parks++;
-        uint64_t t0 = now_ns();
+        uint64_t now = now_ns();
+        if (!waiting) {
+            spin = next_spin(a);
+            if (spin) cfg->spins++;
+            else cfg->parks++;
+            t0 = now;
+            waiting = 1;
+        }
+        int64_t left = spin > (int64_t)(now - t0) ? spin - (int64_t)(now - t0) : 0;
         uint64_t nap = 0;
         uint32_t producer = 0;
-        if (cfg->idle_nap_ns > 0 && !device_seen && t0 - last_packet >= (uint64_t)HLE_AGENT_IDLE_AFTER_NS)
+        if (cfg->idle_nap_ns > 0 && !device_seen && now - last_packet >= (uint64_t)HLE_AGENT_IDLE_AFTER_NS)
             nap = (uint64_t)(cfg->idle_nap_ns < AGENT_IDLE_NS ? cfg->idle_nap_ns : AGENT_IDLE_NS);
-        r = hle_queue_pop_nap(c, queue, AGENT_IDLE_NS, spin, nap, &idx, &p, &producer);
+        r = hle_queue_pop_nap(c, queue, a->nkept ? HLE_AGENT_KEEP_SLICE_NS : AGENT_IDLE_NS, left, nap, &idx, &p,
+                              &producer);
+        if (r == HL_E_TIMEOUT && a->nkept) { /* a slice of keeping: sweep, or drop all after keep_ns */
+            drop_kept(a, now_ns() - last_packet >= (uint64_t)cfg->keep_ns);
+            /* the pop's spin yields the CPU every 1024 polls, more than a slice: yield here
+             * instead, so that a machine with fewer cores than busy processes is not starved */
+            if (left > 0) sched_yield();
+            continue;
+        }
+        waiting = 0;
         if (r == HL_E_TIMEOUT) {
             a->wait_avg = UINT64_MAX; /* idle: park at once */
             if (cfg->should_stop && cfg->should_stop(cfg->ud)) break;
@@ -451,6 +499,7 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
     }
     r = HL_OK;
 out:
+    drop_kept(a, 1);
     hle_release(c, queue);
 out_free:
     free(a);

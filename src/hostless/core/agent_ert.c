@@ -112,6 +112,7 @@ static int ert_run(struct agent *a, uint64_t h, int chained, uint64_t sig) {
     }
     ert_state(p, r == HL_OK ? HL_ERT_STATE_COMPLETED : HL_ERT_STATE_ERROR);
 out:
+    agent_keep(a, mark); /* the command and its buffers, as a packet's own */
     while (a->nheld > mark) hle_release(a->c, a->held[--a->nheld]);
     return r;
 }

@@ -37,6 +37,8 @@ struct agent {
     uint64_t py_status;             /* the failure status of the last Python CU */
     uint64_t wait_avg;              /* recent doorbell wait (ns, a running average); UINT64_MAX: idle */
     struct hl_queue *qs;            /* the queue's header: its statistics (failed, busy_ns, last_failed) */
+    uint64_t kept[HLE_AGENT_MAX_KEPT]; /* handles kept imported between packets (cfg->keep_ns) */
+    int nkept;
 };
 
 /* A decoded argument block (pointers into the held block; counts local). */
@@ -61,6 +63,9 @@ static inline uint64_t karg_u64(const struct kargs *k, uint64_t off, uint32_t i)
  * against its size (held likewise). */
 int agent_hold(struct agent *a, uint64_t h, uint32_t kind);
 int agent_kbuf(struct agent *a, uint64_t h, struct hle_kbuf *b);
+/* agent.c: keep the handles held from held[from] on imported past the packet
+ * (hle_agent_run's kept imports); call before releasing them. */
+void agent_keep(struct agent *a, int from);
 
 /* agent_ert.c: run an ERT packet whose block is decoded (its first buffer is
  * the command): SUCCESS, or the failure status (recorded). */

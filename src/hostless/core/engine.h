@@ -227,6 +227,9 @@ void hle_finalize(hle_ctx *c, uint32_t idx, uint64_t dying);
 /* Drop participant bit `bit` from slot idx; the drop that empties the mask of
  * a LIVE slot frees it (`actor` recorded in the DYING ctl). */
 void hle_drop_ref(hle_ctx *c, uint32_t idx, uint64_t bit, uint32_t actor);
+/* 1 when a participant other than us holds held handle h (its slot's mask
+ * has another bit): one load of the slot's line, no write. */
+int hle_held_by_others(hle_ctx *c, uint64_t h);
 /* Claim a FREE slot round-robin from alloc_hint into ALLOC state, every field
  * initialised and our bit set.  Returns the index (gen in *gen_out) or -1. */
 int hle_alloc_begin(hle_ctx *c, uint32_t kind, uint32_t owner, uint32_t mask, uint32_t *gen_out);

@@ -261,6 +261,12 @@ stale:
     return hle_fail(HL_E_HANDLE, "handle 0x%llx is stale (the object was released)", (unsigned long long)h);
 }
 
+int hle_held_by_others(hle_ctx *c, uint64_t h) {
+    uint64_t idx = HL_HANDLE_INDEX(h);
+    if (HL_HANDLE_TAG(h) != c->tag || idx >= c->cap || c->lrefs[idx] == 0) return 0;
+    return (ld(&slot(c, (uint32_t)idx)->refs) & ~c->mybit) != 0;
+}
+
 int hle_release(hle_ctx *c, uint64_t h) {
     int64_t idx = HL_HANDLE_INDEX(h);
     if (HL_HANDLE_TAG(h) != c->tag || idx < 0 || (uint64_t)idx >= c->cap || c->lrefs[idx] == 0 ||

@@ -256,6 +256,18 @@ uint32_t hle_name_seq(hle_ctx *c);
  * by a plain store (a device) is seen within idle_nap_ns; 0 keeps poll_ns.
  * Once a device (HL_PRODUCER_IS_DEVICE) has pushed into the queue the agent
  * keeps the domain's poll_ns for good.
+ * Kept imports (cfg->keep_ns > 0): the objects a packet named (its signal,
+ * waits, argument block, buffers, follow-up queues; at most
+ * HLE_AGENT_MAX_KEPT) stay imported after it, so that the next packets
+ * naming them import them from the local count alone: no write to their
+ * shared slots, whose lines the host and the other agents read (an import
+ * and a release are two atomic writes to a slot's line each).  A kept object
+ * that no other participant holds any more is released after the next
+ * packet or within HLE_AGENT_KEEP_SLICE_NS of idle polling; all are released
+ * once no packet came for keep_ns, and when the loop ends.  So an object
+ * released by its last other holder while the agent is busy is freed at
+ * most that much later (as an object a running packet names is freed after
+ * the packet); recovery drops a dead agent's kept references as any other.
  * cfg->record (may be NULL) is told why a packet failed in C.
  * The calling thread must be the only user of the context's blocking calls
  * while it runs (its GIL hooks must be unset: the loop never relocks).
@@ -269,6 +281,9 @@ uint32_t hle_name_seq(hle_ctx *c);
 #define HLE_AGENT_FAIL_BUDGET 256
 #define HLE_AGENT_MAX_CUS 32
 #define HLE_AGENT_IDLE_AFTER_NS 100000000ll /* 100 ms without a packet: idle (idle_nap_ns) */
+#define HLE_AGENT_KEEP_NS 200000ll        /* hostless's agents: kept imports live 200 us past the last packet */
+#define HLE_AGENT_KEEP_SLICE_NS 50000ll   /* while keeping: a pop slice, then the kept objects are swept */
+#define HLE_AGENT_MAX_KEPT 32
 #define HLE_AGENT_CPU 0u
 #define HLE_AGENT_NPU 1u
 /* the built-in C kernels' ids (HL_K_*) and the NPU's CU table are in hostless_kernels.h */
@@ -302,6 +317,10 @@ struct hle_agent_cfg {
                                    instead is the caller's to say) */
     uint64_t parks, spins;      /* out: pops that parked at once / that spun first (statistics) */
     int64_t idle_nap_ns;        /* longest doorbell sleep once idle (0: the domain's poll_ns) */
+    /* ---- since per-hop work (issue 22) ---- */
+    int64_t keep_ns;            /* keep recent packets' objects imported this long once no packet
+                                   comes (0: none, each released after its packet; HLE_AGENT_KEEP_NS
+                                   is what hostless's agents use).  See hle_agent_run. */
 };
 int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg);
 
