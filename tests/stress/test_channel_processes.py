@@ -294,7 +294,7 @@ def test_bench_channel_smoke(tmp_path: object) -> None:
     for v in r["figures"].values():
         assert v["cpus"]["allowed"] == len(harness.affinity())
         assert "publisher_ivcsw" in v["disturbance"]["latency"]
-    assert r["cpu"]["usable"]["cpus"] == len(harness.affinity()) and r["cpu"]["usable"]["usable"] > 0
+    assert r["cpu"]["usable"]["cpus"] == len(harness.affinity()) and r["cpu"]["usable"]["usable"] >= 0
     assert len(r["goals"]) == 5 and r["memcpy"]["bytes_per_s"] > 0
     js, md = bench.write_results(r, str(tmp_path))
     assert json.loads(Path(js).read_text())["benchmark"] == "channel"

@@ -40,9 +40,9 @@ def test_cgroup_stat_v2_and_v1(tmp_path: Path) -> None:
 
 def test_usable_cpus_and_disturbance() -> None:
     mine = harness.affinity()[:2]
-    u = cpus.usable_cpus(mine, seconds=0.05)
+    u = cpus.usable_cpus(mine, seconds=0.1)
     assert u["cpus"] == len(mine) and len(u["per_cpu"]) == len(mine)
-    assert 0 < u["usable"] <= len(mine) + 0.5
+    assert 0 <= u["usable"] <= len(mine) + 0.5  # (0: a machine so busy the spinners never ran)
     d = cpus.Disturbance(mine).delta()
     assert {"throttled", "throttled_ms", "steal_ms", "publisher_ivcsw", "seconds"} <= set(d)
 
