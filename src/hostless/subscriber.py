@@ -48,6 +48,8 @@ from .errors import (
 )
 from .status import Status
 
+_SUCCESS = Status.SUCCESS
+
 if TYPE_CHECKING:
     from .domain import Domain
     from .timeline import Timeline
@@ -283,19 +285,19 @@ class Subscriber(_Ring):
             self._check_use()
         n, word = self._next, self._word
         deadline = None if timeout is None else time.monotonic() + timeout
-        w = word(self._pub_h)
-        if w < n:  # not published yet: wait for it (the common case of a subscriber keeping up)
-            if timeout is None:
-                self._pub.wait(n)
-            else:
-                try:
-                    self._pub.wait(n, timeout)
-                except TimeoutError:
-                    raise self._timeout(timeout) from None
-            w = word(self._pub_h)
-        # published, the publisher alive, and the slot not claimed for a later frame: hand it out
-        # (anything else, _ready's full look: skipping, a closed channel)
-        if n <= w < _FAILED and word(self._claim_h) < n + self.depth:
+        # wait for it (at once when it is published; SUCCESS: frame n was published, also when
+        # the publisher ended the channel after it)
+        if timeout is None:
+            st = self._pub.wait(n)
+        else:
+            try:
+                st = self._pub.wait(n, timeout)
+            except TimeoutError:
+                raise self._timeout(timeout) from None
+        # published and its slot not claimed for a later frame (a failed claimed word is larger
+        # than any frame number): hand it out; anything else, _ready's full look (skipping, the
+        # channel closed)
+        if st is _SUCCESS and word(self._claim_h) < n + self.depth:
             i = (n - 1) % self.depth
             f = self._frame = Frame(self, n, self._views[i], self._slots[i], 0)
             return f
