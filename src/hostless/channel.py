@@ -608,4 +608,3 @@ def _open_descriptor(
             o.release()
         raise
     return pub, claim, slots, desc
-
