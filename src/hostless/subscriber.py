@@ -48,6 +48,8 @@ from .errors import (
 )
 from .status import Status
 
+_SUCCESS = Status.SUCCESS
+
 if TYPE_CHECKING:
     from .domain import Domain
     from .timeline import Timeline
@@ -270,8 +272,7 @@ class Subscriber(_Ring):
     def _hand_out(self, n: int, lost: int) -> Frame:
         self.lost += lost
         i = (n - 1) % self.depth
-        f = Frame(self, n, self._views[i], self._slots[i], lost)
-        self._frame = f
+        f = self._frame = Frame(self, n, self._views[i], self._slots[i], lost)
         return f
 
     def receive(self, timeout: float | None = None) -> Frame:
@@ -280,8 +281,26 @@ class Subscriber(_Ring):
         the wait): TimeoutError then.  ChannelClosed once the publisher closed or died and every
         frame it published was received.  With the ``"skip"`` policy the block's exit raises
         FrameOverwritten when the publisher overwrote the frame meanwhile."""
-        self._check_use()
+        if self._frame is not None or self._closed:
+            self._check_use()
+        n, word = self._next, self._word
         deadline = None if timeout is None else time.monotonic() + timeout
+        # wait for it (at once when it is published; SUCCESS: frame n was published, also when
+        # the publisher ended the channel after it)
+        if timeout is None:
+            st = self._pub.wait(n)
+        else:
+            try:
+                st = self._pub.wait(n, timeout)
+            except TimeoutError:
+                raise self._timeout(timeout) from None
+        # published and its slot not claimed for a later frame (a failed claimed word is larger
+        # than any frame number): hand it out; anything else, _ready's full look (skipping, the
+        # channel closed)
+        if st is _SUCCESS and word(self._claim_h) < n + self.depth:
+            i = (n - 1) % self.depth
+            f = self._frame = Frame(self, n, self._views[i], self._slots[i], 0)
+            return f
         while (r := self._ready(self._next)) is None:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -312,7 +331,9 @@ class Subscriber(_Ring):
     def _finish(self, f: Frame, ok: bool) -> None:
         self._frame = None
         n = f.seq
-        intact = self._intact(n)  # before the acknowledgement: after it the slot may be reused
+        # intact: read before the acknowledgement (after it the slot may be reused); a claimed
+        # word below n + depth is not failed (a failed word is larger than any frame number)
+        intact = self._word(self._claim_h) < n + self.depth or self._intact(n)
         if not self._closed:
             try:
                 self._ack.signal(n)  # (n is above every value this subscriber gave it)

@@ -276,6 +276,7 @@ def test_bench_channel_smoke(tmp_path: object) -> None:
     from pathlib import Path
 
     from hostless_tools.bench import channel as bench
+    from hostless_tools.bench import harness
 
     ice = importlib.util.find_spec("iceoryx2") is not None
     cfg = bench.ChannelBenchConfig(
@@ -283,10 +284,17 @@ def test_bench_channel_smoke(tmp_path: object) -> None:
     )
     r = bench.run(cfg)
     assert r["errors"] == {}, r["errors"]
-    want = {"hostless-spin/64B/1", "hostless-wait/64B/1"} | ({"iceoryx2-poll/64B/1"} if ice else set())
+    want = {"hostless-spin/64B/1", "hostless-wait/64B/1"} | (
+        {"iceoryx2-poll/64B/1", "iceoryx2-wait/64B/1"} if ice else set()
+    )
     assert set(r["figures"]) == want
     assert r["figures"]["hostless-wait/64B/1"]["throughput"]["frames"] == 60
     assert r["figures"]["hostless-spin/64B/1"]["latency"]["n"] == 40
+    # every figure says where it ran and what disturbed it; the run, the CPUs it had
+    for v in r["figures"].values():
+        assert v["cpus"]["allowed"] == len(harness.affinity())
+        assert "publisher_ivcsw" in v["disturbance"]["latency"]
+    assert r["cpu"]["usable"]["cpus"] == len(harness.affinity()) and r["cpu"]["usable"]["usable"] >= 0
     assert len(r["goals"]) == 5 and r["memcpy"]["bytes_per_s"] > 0
     js, md = bench.write_results(r, str(tmp_path))
     assert json.loads(Path(js).read_text())["benchmark"] == "channel"
