@@ -48,9 +48,15 @@ import numpy as np
 from . import names
 from ._abi import C
 from .buffer import Buffer, ShapeLike, normalize_layout
+from .channel_descriptor import (
+    _DESC_MAGIC,
+    _HDR,
+    _VERSION,
+    MAX_DEPTH,
+    _dead_channel,
+    _words,
+)
 from .errors import (
-    ChannelError,
-    CorruptChannel,
     HostlessError,
     InvalidOperation,
     NameTaken,
@@ -68,18 +74,13 @@ __all__ = ["Channel", "Frame", "MAX_SUBSCRIBERS", "MAX_DEPTH", "NAME_MAX_BYTES"]
 MAX_SUBSCRIBERS = 16
 """The most subscribers (live, or dead within their grace) a channel serves; each also takes one
 entry of the domain's name table."""
-MAX_DEPTH = 1024
-"""The most slots a channel's ring has."""
 NAME_MAX_BYTES = 20
 """Channel and subscriber names are 1..20 bytes of UTF-8 without ``/`` or NUL."""
 
 BLOCK, SKIP = 0, 1
 _POLICIES = {"block": BLOCK, "skip": SKIP}
 _STARTS = ("newest", "oldest", "next")
-_DESC_MAGIC = int.from_bytes(b"HLCHAN01", "little")
 _REC_MAGIC = int.from_bytes(b"HLCHSUB1", "little")
-_VERSION = 1
-_HDR = 8  # descriptor words before the slots' handles
 _REC_WORDS = 8
 _REC_SEEN = 5  # the record's word the publisher sets when it adopts it
 _SEEN = int.from_bytes(b"HLCHSEEN", "little")
@@ -96,11 +97,6 @@ def _check_name(name: object, what: str) -> str:
             f"a {what} name is 1..{NAME_MAX_BYTES} bytes of UTF-8 without '/' or NUL, got {name!r}"
         )
     return name
-
-
-def _words(buf: Buffer, count: int) -> list[int]:
-    """One snapshot of ``count`` u64 words of a host buffer (read once: a peer may rewrite it)."""
-    return [int(x) for x in np.frombuffer(buf.numpy().reshape(-1).view(np.uint8), "<u8", count)]
 
 
 class Frame:
@@ -544,67 +540,3 @@ def _drop(b: Buffer) -> _Sub | None:
     """Release ``b``; the None that :meth:`Channel._adopt` returns for a record that is not ours."""
     b.release()
     return None
-
-
-def _dead_channel(dom: Domain, key: str) -> bool:
-    """Whether the descriptor published as ``key`` belongs to a publisher that left or died
-    (or is not a channel at all: then it is not ours to keep either way, NameTaken stands)."""
-    try:
-        ring = _open_descriptor(dom, key, 0.0)
-    except (ChannelError, KeyError, TimeoutError):
-        return False
-    try:
-        return ring[0].failure is not None
-    finally:
-        for o in (ring[0], ring[1], *ring[2], ring[3]):
-            o.release()
-
-
-def _open_descriptor(
-    dom: Domain, key: str, timeout: float | None
-) -> tuple[Timeline, Timeline, list[Buffer], Buffer]:
-    """(published, claimed, slots, descriptor) of the channel published as ``key``, validated."""
-    try:
-        desc = names.lookup(dom, key, timeout)
-    except KeyError:
-        raise TimeoutError(f"no channel {key[3:]!r} in this domain (no publisher has created it)") from None
-    if not isinstance(desc, Buffer):
-        if hasattr(desc, "release"):
-            desc.release()
-        raise CorruptChannel(f"{key!r} names a {type(desc).__name__}, not a channel descriptor")
-    taken: list[Any] = []
-    try:
-        if desc.device != "cpu" or desc.nbytes < _HDR * 8 or desc.nbytes % 8:
-            raise CorruptChannel(f"{key!r}: a descriptor is a host buffer of u64 words, got {desc!r}")
-        words = desc.nbytes // 8
-        w = _words(desc, words)
-        if w[0] != _DESC_MAGIC or w[1] & 0xFFFFFFFF != _VERSION:
-            raise CorruptChannel(f"{key!r}: not a channel descriptor of version {_VERSION} (magic/version)")
-        depth = w[1] >> 32
-        if not 1 <= depth <= MAX_DEPTH or depth > words - _HDR:
-            raise CorruptChannel(f"{key!r}: depth {depth} is not in 1..{min(MAX_DEPTH, words - _HDR)}")
-        if w[2] == w[3] or len(set(w[_HDR : _HDR + depth])) != depth:
-            raise CorruptChannel(f"{key!r}: the descriptor repeats a handle")
-        pub = dom.import_timeline(w[2])
-        taken.append(pub)
-        claim = dom.import_timeline(w[3])
-        taken.append(claim)
-        slots: list[Buffer] = []
-        for h in w[_HDR : _HDR + depth]:
-            b = dom.import_buffer(h)
-            taken.append(b)
-            slots.append(b)
-            s0 = slots[0]
-            if (b.shape, b.dtype, b.device) != (s0.shape, s0.dtype, s0.device):
-                raise CorruptChannel(f"{key!r}: slot {b.handle:#x} differs from slot {s0.handle:#x}")
-    except HostlessError as e:
-        for o in (*taken, desc):
-            o.release()
-        if isinstance(e, ChannelError):
-            raise
-        raise CorruptChannel(f"{key!r}: {e}") from e
-    except BaseException:
-        for o in (*taken, desc):
-            o.release()
-        raise
-    return pub, claim, slots, desc

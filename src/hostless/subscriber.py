@@ -30,10 +30,9 @@ from .channel import (
     SKIP,
     Frame,
     _check_name,
-    _open_descriptor,
     _Ring,
-    _words,
 )
+from .channel_descriptor import _open_descriptor, _words
 from .errors import (
     AlreadySignaled,
     ChannelClosed,
