@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from hostless_tools.bench.harness import affinity, finish, new_result, set_affinity, summarize
+from hostless_tools.bench.harness import affinity, finish, new_result, set_affinity, summarize, temp_domain
+from hostless_tools.bench.pipeline import spawn_pair
+from hostless_tools.bench.pipeline_workloads import identity_chain
 from hostless_tools.bench.report import fmt_ns, header, markdown_table, write_results
 
 CHAINS = (("1 stage", 1), ("2 stages", 2), ("3 stages", 3))
@@ -43,17 +45,6 @@ class Config:
     spin: float = 0.2
 
 
-def _chain(dom: Any, stages: int, ags: list[Any]) -> Any:
-    from hostless.graph import Graph
-
-    g = Graph(dom).input("x", (16,), np.float32)
-    prev = "x"
-    for k in range(stages):
-        g.stage(f"s{k}", ags[k % len(ags)], "copy", [prev], (f"t{k}", (16,), np.float32))
-        prev = f"t{k}"
-    return g, prev
-
-
 def _setting(s: str) -> tuple[str, str] | None:
     if s == "default":
         return None
@@ -64,27 +55,20 @@ def _setting(s: str) -> tuple[str, str] | None:
 
 
 def _one_round(setting: str, cfg: Config, cpus: list[int]) -> dict[str, np.ndarray]:
-    import hostless as hl
-    from hostless import agents
-
     kv = _setting(setting)
     saved = os.environ.get(kv[0]) if kv else None
     if kv:
         os.environ[kv[0]] = kv[1]
     out: dict[str, np.ndarray] = {}
     try:
-        dom = hl.Domain.create(
-            f"hops-{os.getpid()}-{time.monotonic_ns() % 10**9}", heap=16 << 20, unlink_on_close=True
-        )
-        try:
-            cpu = agents.spawn(dom, "cpu", spin=cfg.spin, label="hops cpu")
-            npu = agents.spawn(dom, "npu", spin=cfg.spin, label="hops npu")
+        with temp_domain("hops", heap=16 << 20) as dom:
+            cpu, npu, _ = spawn_pair(dom, True, cfg.spin, "hops")
             try:
                 set_affinity(cpu.proc.pid, cpus[min(2, len(cpus) - 1)])
                 set_affinity(npu.proc.pid, cpus[min(4, len(cpus) - 1)])
                 x = np.arange(16, dtype=np.float32)
                 for label, stages in CHAINS:
-                    g, last = _chain(dom, stages, [cpu, npu])
+                    g, ref = identity_chain(dom, cpu, npu, 16, stages)
                     with g.compile("direct", "shared", inflight=1) as cg:
                         for _ in range(cfg.warmup):
                             cg.run({"x": x})
@@ -93,14 +77,12 @@ def _one_round(setting: str, cfg: Config, cpus: list[int]) -> dict[str, np.ndarr
                             t0 = time.perf_counter_ns()
                             r = cg.run({"x": x})
                             ts[i] = time.perf_counter_ns() - t0
-                        if not np.array_equal(r[last], x):
+                        if any(not np.array_equal(r[k], v) for k, v in ref(x).items()):
                             raise AssertionError(f"{label}: wrong output")
                         out[label] = ts
             finally:
                 cpu.stop()
                 npu.stop()
-        finally:
-            dom.close()
     finally:
         if kv:
             if saved is None:
