@@ -28,7 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from hostless_tools.bench.harness import affinity, finish, new_result, set_affinity, summarize, temp_domain
+from hostless_tools.bench.harness import (
+    affinity,
+    finish,
+    new_result,
+    pinned,
+    set_affinity,
+    summarize,
+    temp_domain,
+)
 from hostless_tools.bench.pipeline import spawn_pair
 from hostless_tools.bench.pipeline_workloads import identity_chain
 from hostless_tools.bench.report import fmt_ns, header, markdown_table, write_results
@@ -96,17 +104,17 @@ def run(cfg: Config) -> dict[str, Any]:
     started = time.monotonic()
     result = new_result("hops", cfg, figures={})
     cpus = affinity()
-    set_affinity(0, cpus[0])
     result["placement"] = {
         "host": cpus[0],
         "cpu": cpus[min(2, len(cpus) - 1)],
         "npu": cpus[min(4, len(cpus) - 1)],
     }
     rounds: dict[str, list[np.ndarray]] = {}
-    for _ in range(cfg.rounds):
-        for s in cfg.ab:
-            for label, ts in _one_round(s, cfg, cpus).items():
-                rounds.setdefault(f"{s} / {label}", []).append(ts)
+    with pinned(cpus[0]):  # this process for the run only (a caller's affinity comes back)
+        for _ in range(cfg.rounds):
+            for s in cfg.ab:
+                for label, ts in _one_round(s, cfg, cpus).items():
+                    rounds.setdefault(f"{s} / {label}", []).append(ts)
     for key, groups in rounds.items():
         allts = np.concatenate(groups)
         result["figures"][key] = {**summarize(allts, groups=groups), "p10": float(np.percentile(allts, 10))}
