@@ -45,6 +45,57 @@ for _folder in sorted(os.listdir(TESTS)):
 
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``make test``'s ``--dist loadfile`` with pytest-xdist's worker-crash hang mended.
+
+    When a worker dies (a test killed it: SIGKILL, ``os._exit``), xdist 3.8 reports the test
+    it was running as failed ("worker 'gwN' crashed while running ...") and puts the rest of
+    that worker's files back on the queue, but its ``loadfile`` scheduler then hangs for good
+    (pytest-xdist issues 784, 1323, 1327): it requeues finished files (a replacement worker
+    is sent an empty list and never reports), it starts the crashed test again, and a
+    replacement that gets a single test waits for a second one that never comes.  CI then
+    sat until its time limit with no summary, so nobody learned which test crashed.  Here a
+    crashed test is not run again, only files with tests left go back on the queue, and a
+    worker is topped up to more than one test (or told to finish) after every change, a
+    replacement only once it has collected; the
+    run ends and its summary names the crashed test.  Only for ``--dist loadfile``."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler.loadfile import LoadFileScheduling
+
+    class CrashSafeLoadFile(LoadFileScheduling):  # type: ignore[misc]
+        def remove_node(self, node: Any) -> str | None:
+            workload = self.assigned_work.pop(node)
+            pending = [(u, n) for u, unit in workload.items() for n, done in unit.items() if not done]
+            if not pending:
+                return None
+            crashed = pending[0][1]  # a worker runs its tests in order: the first pending one
+            workload[pending[0][0]][crashed] = True  # reported failed by xdist; never again
+            for unit, tests in workload.items():
+                if not all(tests.values()):
+                    self.workqueue[unit] = tests
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashed
+
+        def _reschedule(self, node: Any) -> None:
+            if node.shutting_down or node not in self.registered_collections:
+                return  # (a replacement still collecting: schedule() serves it when it is done)
+            while self.workqueue and self._pending_of(self.assigned_work[node]) <= 2:
+                self._assign_work_unit(node)
+            if not self.workqueue:
+                node.shutdown()  # the worker runs what it holds, then ends
+
+        def schedule(self) -> None:
+            if self.collection is not None:  # a replacement worker joined after a crash
+                for node in self.nodes:
+                    self._reschedule(node)
+                return
+            super().schedule()
+
+    return CrashSafeLoadFile(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test of ``tests/stress/`` (SIGKILL soaks, chaos) is ``slow``: ``-m "not slow"``
     leaves the folder out of a quick loop."""
