@@ -96,6 +96,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return CrashSafeLoadFile(config, log)
 
 
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """After a worker crash, say how its process ended (a signal's name or an exit code):
+    the crash's failure report names the test, this the cause."""
+    if not error:
+        return
+    import signal as _signal
+
+    try:
+        code = node.gateway._io.popen.wait(timeout=10)
+    except Exception as e:  # noqa: BLE001 - a diagnostic only
+        code = f"unknown ({type(e).__name__}: {e})"
+    if isinstance(code, int) and code < 0:
+        code = f"{code} ({_signal.Signals(-code).name})"
+    tr = node.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_line(f"[{node.gateway.id}] the worker process ended with status {code}")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test of ``tests/stress/`` (SIGKILL soaks, chaos) is ``slow``: ``-m "not slow"``
     leaves the folder out of a quick loop."""
