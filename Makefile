@@ -52,13 +52,18 @@ demo: tools
 # the suite in TEST_JOBS processes (pytest-xdist), a file's tests in one of them (--dist loadfile:
 # a file's module fixtures are made once, its tests see each other's order); TEST_JOBS=0: one
 # process.  HOSTLESS_TEST_FULL=1 runs the soaks and model-based tests at full size (tests/conftest.py).
+# tests/cluster runs in a pytest process of its own: ray.init() installs Ray's fatal-signal handlers
+# in the process for good (ray.shutdown() leaves them), which end a later crash without
+# faulthandler's traceback, so a crash in a test after them was silent (a worker "Not properly
+# terminated", no reason given); no other test shares a process with Ray.
 TEST_JOBS ?= 2
 $(VENV)/.test-deps: $(VENV)/.created
 	$(PIP) install -q "pytest-xdist>=3.5"
 	touch $@
 
 test: tools $(VENV)/.test-deps
-	$(PY) -m pytest -q -ra -n $(TEST_JOBS) --dist loadfile tests
+	$(PY) -m pytest -q -ra -n $(TEST_JOBS) --dist loadfile tests --ignore=tests/cluster
+	$(PY) -m pytest -q -ra -p no:xdist tests/cluster
 	$(PY) -m ruff check $(RUFF_PATHS)
 	$(PY) -m mypy
 	$(MAKE) --no-print-directory lint-imports

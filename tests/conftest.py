@@ -45,6 +45,7 @@ for _folder in sorted(os.listdir(TESTS)):
 
 
 
+@pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook: absent without it)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``make test``'s ``--dist loadfile`` with pytest-xdist's worker-crash hang mended.
 
@@ -96,6 +97,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return CrashSafeLoadFile(config, log)
 
 
+@pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook: absent without it)
 def pytest_testnodedown(node: Any, error: object) -> None:
     """After a worker crash, say how its process ended (a signal's name or an exit code):
     the crash's failure report names the test, this the cause."""
