@@ -77,6 +77,47 @@ def test_sigbus_guard_outlives_another_librarys_handler(domain_name: str) -> Non
     assert "error: CorruptDomain" in out.stdout and "closed" in out.stdout, out.stdout
 
 
+@pytest.mark.parametrize("how", ["watchdog", "guard_front"])
+def test_sigbus_guard_comes_back_in_front_without_another_open(domain_name: str, how: str) -> None:
+    """The same with no domain opened after the other handler: ``ray.init()`` in a driver that
+    already had its domain open (hostless.cluster's Cluster) left Ray's handler in front, and
+    a truncation of that domain killed the process (SIGBUS, exit 135).  The watchdog puts the
+    guard back on its next tick; ``_core.guard_front()`` (what Cluster calls after
+    ``ray.init``) does it at once."""
+    out = run_child(
+        """
+        import faulthandler
+        name, how = sys.argv[1], sys.argv[2]
+        wd = 0.02 if how == "watchdog" else 0
+        d = hl.Domain.create(name, fences=16, participants=2, watchdog_interval=wd)
+        hl.Domain.unlink(name)
+        f = d.fence()
+        faulthandler.enable()  # SIGBUS is now faulthandler's, as ray.init makes it Ray's
+        if how == "watchdog":
+            time.sleep(0.2)  # a few ticks
+        else:
+            hl._core.guard_front()
+        os.ftruncate(d.fileno(), 4096)
+        try:
+            f.signal()  # (reads the zero page: its slot's generation is gone)
+        except hl.HostlessError:
+            pass
+        try:
+            d.fence()
+            print("no error")
+        except hl.HostlessError as e:
+            print("error:", type(e).__name__)
+        d.close()
+        print("closed")
+        """,
+        domain_name,
+        how,
+        timeout=60,
+    )
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert "error: CorruptDomain" in out.stdout and "closed" in out.stdout, out.stdout
+
+
 def test_sigbus_guard_covers_every_open_domain(domain_name: str) -> None:
     """With more domains open than the guard's first table (256), a truncated file killed
     the process with SIGBUS: the guard grows and every mapping stays guarded."""

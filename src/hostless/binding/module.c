@@ -199,6 +199,14 @@ static PyObject *py_view_guard_remove(PyObject *m, PyObject *cap) {
     Py_RETURN_NONE;
 }
 
+/* guard_front(): the SIGBUS guard's handler back in front of one a library installed since. */
+static PyObject *py_guard_front(PyObject *m, PyObject *unused) {
+    (void)m;
+    (void)unused;
+    hle_guard_front();
+    Py_RETURN_NONE;
+}
+
 /* version_error(path, found) -> str: the message of a domain of ABI version `found` (hle_version_fail). */
 static PyObject *py_version_error(PyObject *self, PyObject *args) {
     const char *path;
@@ -212,6 +220,7 @@ static PyMethodDef module_methods[] = {
     {"view_guard", py_view_guard, METH_O, "view_guard(buffer) -> guard: a read-only view's mapping under the SIGBUS guard"},
     {"view_guard_hit", py_view_guard_hit, METH_O, "view_guard_hit(guard) -> whether a truncation was seen"},
     {"view_guard_remove", py_view_guard_remove, METH_O, "view_guard_remove(guard): before unmapping"},
+    {"guard_front", py_guard_front, METH_NOARGS, "guard_front(): the SIGBUS guard in front of a handler a library installed since"},
     {"version_error", py_version_error, METH_VARARGS, "version_error(path, found) -> message for a domain of another ABI version"},
     {"host_wake_fn", py_host_wake_fn, METH_NOARGS, "address of void hl_host_wake(void *futex_word)"},
     {"host_push_fn", py_host_push_fn, METH_NOARGS, "address of void hle_host_push(void *rec)"},

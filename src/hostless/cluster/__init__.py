@@ -35,6 +35,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import _core
 from ..agents import Agent
 from ..agents.kinds import AgentSpec, spec_for
 from ..errors import HostlessError
@@ -107,6 +108,9 @@ class Cluster:
             init.setdefault("logging_level", "ERROR")
             self._ray.init(address=address, **init)
             self._owns_ray = True
+        # ray.init installs Ray's fatal-signal handlers in front of hostless's SIGBUS guard: put
+        # the guard back now (a domain of this process truncated by another would kill it)
+        _core.guard_front()
         self.heap = heap
         self._prefix = f"hlc-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._hosts: dict[str, Any] = {}

@@ -568,5 +568,9 @@ void hle_guard_remove(hle_ctx *c);
  * unmapping.  *flag must outlive the regions. */
 int hle_guard_add_flag(uintptr_t lo, uintptr_t hi, int *flag);
 void hle_guard_remove_flag(int *flag);
+/* Put the guard's handler back in front if a library installed its own SIGBUS handler since
+ * (one sigaction query when it is there).  Every add does it; the watchdog does it on each
+ * tick, and the binding after code known to install handlers (ray.init). */
+void hle_guard_front(void);
 
 #endif /* HOSTLESS_CORE_ENGINE_H */

@@ -91,22 +91,33 @@ static struct guard_tab *room(void) {
 
 int hle_guard_add_region(hle_ctx *c, uintptr_t lo, uintptr_t hi) { return hle_guard_add_flag(lo, hi, &c->truncated); }
 
-int hle_guard_add_flag(uintptr_t lo, uintptr_t hi, int *flag) {
-    pthread_mutex_lock(&g_guard_mu);
-    /* ours, unless a library installed its own since (Ray, faulthandler): then ours again, in
-     * front of that one, which gets what is not ours (a SIGBUS of a truncated domain would
-     * otherwise kill the process) */
+/* Under g_guard_mu: the handler in front, unless it is there.  A library that installs its own
+ * SIGBUS handler after us (Ray's ray.init, faulthandler.enable) takes our place, and its
+ * handler does not hand a fault back with its address (it re-raises): a truncated domain
+ * then killed the process.  Ours goes back in front of it, and it gets what is not ours. */
+static void front_locked(void) {
     struct sigaction cur;
     int ours = g_guard_installed && sigaction(SIGBUS, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) &&
                cur.sa_sigaction == bus_handler;
-    if (!ours) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_sigaction = bus_handler;
-        sa.sa_flags = SA_SIGINFO | SA_NODEFER;
-        sigemptyset(&sa.sa_mask);
-        if (sigaction(SIGBUS, &sa, &g_prev_bus) == 0) g_guard_installed = 1;
-    }
+    if (ours) return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = bus_handler;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, &g_prev_bus) == 0) g_guard_installed = 1;
+}
+
+void hle_guard_front(void) {
+    if (!__atomic_load_n(&g_tab, __ATOMIC_ACQUIRE)) return; /* nothing guarded yet: nothing to put back */
+    pthread_mutex_lock(&g_guard_mu);
+    front_locked();
+    pthread_mutex_unlock(&g_guard_mu);
+}
+
+int hle_guard_add_flag(uintptr_t lo, uintptr_t hi, int *flag) {
+    pthread_mutex_lock(&g_guard_mu);
+    front_locked();
     struct guard_tab *t = room();
     for (int i = 0; t && i < t->cap; i++) {
         if (t->e[i].lo) continue;

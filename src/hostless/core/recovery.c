@@ -280,6 +280,7 @@ static void *watchdog_main(void *arg) {
         if (c->wd_stop) break;
         pthread_mutex_unlock(&c->wd_mu);
         uint64_t ids[HL_MAX_PARTICIPANTS];
+        hle_guard_front(); /* a library's SIGBUS handler installed since the open: ours in front again */
         if (!__atomic_load_n(&c->truncated, __ATOMIC_SEQ_CST)) {
             hle_reap_all(c, ids, HL_MAX_PARTICIPANTS);
             hle_sweep(c);
