@@ -281,13 +281,15 @@ def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
         parts = figs.get(ours, {}).get("part_ns")
         one = _p50(figs, f"one machine {n}")
         part = None if not parts else max(float(p["p50"]) for p in parts)
+        # (goal, value's numerator, denominator, bound, the value must be >= the bound): every
+        # value reads as its goal says (latency: Ray's over ours; an edge: ours over Ray's hop)
         rows = [
-            (f"{n} floats: latency >= 3x lower than Ray CG, same placement", cg_lat, hl_lat, 3.0),
-            (f"{n} floats: throughput >= 2x Ray CG, same placement", hl_fps, cg_fps, 2.0),
-            (f"{n} floats: a cross-node edge <= 1.3x a bare Ray CG hop", hop, edge, 1 / 1.3),
-            (f"{n} floats: a node's part within 1.2x one machine's", one, part, 1 / 1.2),
+            (f"{n} floats: latency >= 3x lower than Ray CG, same placement", cg_lat, hl_lat, 3.0, True),
+            (f"{n} floats: throughput >= 2x Ray CG, same placement", hl_fps, cg_fps, 2.0, True),
+            (f"{n} floats: a cross-node edge <= 1.3x a bare Ray CG hop", edge, hop, 1.3, False),
+            (f"{n} floats: a node's part <= 1.2x one machine's", part, one, 1.2, False),
         ]
-        for goal, num, den, limit in rows:
+        for goal, num, den, limit, at_least in rows:
             r = None if num is None or den is None or den <= 0 else num / den
             why = None if r is not None else "not measured: see the errors"
             out.append(
@@ -295,7 +297,7 @@ def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
                     "goal": goal,
                     "value": r,
                     "limit": limit,
-                    "met": None if r is None else r >= limit,
+                    "met": None if r is None else (r >= limit if at_least else r <= limit),
                     "why": why,
                 }
             )
@@ -312,6 +314,10 @@ def report(result: dict[str, Any]) -> str:
             f"per latency, {cfg['stream_frames']} streamed with {cfg['inflight']} in flight",
             "edge = (cluster frame latency - the nodes' local part times) / 3 hops; a bare CG hop = its "
             "driver -> a -> b -> driver latency / 3",
+            "bound: with this placement a frame crosses 5 Ray channels in the Ray Compiled Graph (driver -> "
+            "a1 -> a2 -> b1 -> b2 -> driver) and 3 in hostless (driver -> node a -> node b -> driver, the "
+            "hops inside a node in shared memory); with hostless's edges costing a Ray CG hop, the latency "
+            "ratio is at most 5/3 = 1.67x, whatever the parts cost",
         ],
     )
     rows = []
@@ -348,12 +354,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--out", default="benchmarks/results")
     ap.add_argument("--address", default=None, help="an existing Ray cluster (nodes with bench_a, bench_b)")
     ap.add_argument("--frames", type=int, default=300)
+    ap.add_argument("--stream-frames", type=int, default=300, help="frames streamed for the throughput")
+    ap.add_argument("--floats", type=int, nargs="+", default=None,
+                    help="float32 per tensor, one run each (default: 16 and 262144)")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="a few frames, one small size (a smoke run)")
     a = ap.parse_args(argv)
+    if a.frames < 1 or a.stream_frames < 1 or (a.floats is not None and min(a.floats) < 1):
+        ap.error("--frames, --stream-frames and --floats take positive counts")
     if a.quick:
         cfg = Config(frames=5, warmup=2, stream_frames=8, floats=(16,), address=a.address, quick=True)
     else:
-        cfg = Config(frames=a.frames, address=a.address)
+        cfg = Config(frames=a.frames, stream_frames=a.stream_frames, address=a.address)
+        if a.floats is not None:
+            cfg.floats = tuple(a.floats)
     result = run(cfg)
     md = report(result)
     js, mdp = write_results("cluster", result, md, a.out)
