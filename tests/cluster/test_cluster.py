@@ -295,3 +295,18 @@ def test_a_cluster_driver_survives_a_truncated_domain_opened_before_ray() -> Non
     )
     assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
     assert "error: CorruptDomain" in out.stdout and "closed" in out.stdout, out.stdout
+
+
+def test_a_closed_cluster_refuses_use_and_starts_no_ray(cluster: Cluster) -> None:
+    """After close() (or a ray.shutdown() under it) Ray's calls would run ray.init() by
+    themselves: a Cluster refuses instead.  (A second Cluster on the running Ray: closing it
+    leaves Ray up, as it did not start it.)"""
+    import ray as ray_mod
+
+    other = Cluster(heap="8M")
+    other.close()
+    other.close()  # idempotent
+    for use in (other.nodes, lambda: other.node("hl_a"), other.graph, lambda: other.spawn("cpu")):
+        with pytest.raises(hl.InvalidOperation, match="closed: make a new Cluster"):
+            use()
+    assert ray_mod.is_initialized() and cluster.nodes()  # the shared one still works

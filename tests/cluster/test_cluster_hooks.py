@@ -128,3 +128,27 @@ def test_a_node_host_replaces_the_domain_a_killed_one_left(tmp_path: Path) -> No
             p.kill()
         if os.path.exists(f"/dev/shm/{name}"):
             os.unlink(f"/dev/shm/{name}")
+
+
+def test_node_host_info_outside_ray_starts_no_ray() -> None:
+    """``NodeHost.info()`` called outside a Ray worker asked Ray's runtime context for the node,
+    which runs ``ray.init()`` by itself: it joined whatever cluster /tmp/ray named (in a test
+    run, another pytest worker's; once that cluster stopped Ray ended this process, and a
+    stopped one hung it for minutes) or started a local Ray.  It must not touch Ray."""
+    name = f"hlclinfo-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    code = (
+        "import os, sys, time\n"
+        "import ray\n"
+        "from hostless.cluster.host import NodeHost\n"
+        f"h = NodeHost('n1', {name!r}, '8M')\n"
+        "t0 = time.monotonic()\n"
+        "info = h.info()\n"
+        "print(repr(info['node_id']), ray.is_initialized(), round(time.monotonic() - t0, 1), flush=True)\n"
+        "h.shutdown()\n"
+    )
+    env = dict(os.environ, RAY_ADDRESS="127.0.0.1:9")  # what an auto-init would join: nothing
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    node, initialized, took = r.stdout.split()
+    assert node == "''" and initialized == "False", r.stdout
+    assert float(took) < 5, r.stdout

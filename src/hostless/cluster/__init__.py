@@ -38,7 +38,7 @@ from typing import Any
 from .. import _core
 from ..agents import Agent
 from ..agents.kinds import AgentSpec, spec_for
-from ..errors import HostlessError
+from ..errors import HostlessError, InvalidOperation
 from ..graph import Graph
 from .compiled import ClusterCompiledGraph, NodeLost, RemoteStageFailed
 from .host import FRAME_KEY, NodeHost
@@ -117,17 +117,28 @@ class Cluster:
         self._labels: dict[str, str] = {}
         self._keys = itertools.count(1)
         self._graphs = itertools.count(1)
+        self._closed = False
         self._actor = self._ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(NodeHost)
+
+    def _up(self) -> Any:
+        """Ray, while this cluster can use it.  Ray's calls outside an initialized Ray run
+        ``ray.init()`` by themselves (a new local Ray, or one named in /tmp/ray), so after
+        :meth:`close` or a ``ray.shutdown()`` they are refused here instead."""
+        if self._closed:
+            raise InvalidOperation("this Cluster is closed: make a new Cluster()")
+        if not self._ray.is_initialized():
+            raise HostlessError("Ray was shut down under this Cluster (ray.shutdown()): make a new Cluster()")
+        return self._ray
 
     # ------------------------------------------------------------ nodes
     def nodes(self) -> list[str]:
         """The ids of the Ray nodes alive now (hex), in Ray's order."""
-        return [str(n["NodeID"]) for n in self._ray.nodes() if n.get("Alive")]
+        return [str(n["NodeID"]) for n in self._up().nodes() if n.get("Alive")]
 
     def node(self, where: str | None = None) -> str:
         """A node id from ``where``: a node id (or a unique prefix of one), the name of a
         custom resource that exactly one alive node has, or None (the driver's node)."""
-        alive = [n for n in self._ray.nodes() if n.get("Alive")]
+        alive = [n for n in self._up().nodes() if n.get("Alive")]
         if where is None:
             return str(self._ray.get_runtime_context().get_node_id())
         ids = [str(n["NodeID"]) for n in alive if str(n["NodeID"]).startswith(where)]
@@ -147,7 +158,7 @@ class Cluster:
         """A short name for a node: its first custom resource's name, else its id's first 8 digits."""
         if node not in self._labels:
             lab = node[:8]
-            for n in self._ray.nodes():
+            for n in self._up().nodes():
                 if str(n["NodeID"]) == node:
                     own = sorted(
                         r
@@ -164,6 +175,7 @@ class Cluster:
         """The node host actor of ``node`` (a node id), started on first use and pinned there."""
         h = self._hosts.get(node)
         if h is None:
+            self._up()
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
@@ -201,10 +213,13 @@ class Cluster:
 
     def graph(self) -> ClusterGraph:
         """A new graph whose stages run on this cluster's remote agents."""
+        self._up()
         return ClusterGraph(self)
 
     def close(self) -> None:
-        """Stop every node host (agents, parts and domains), then Ray if this cluster started it."""
+        """Stop every node host (agents, parts and domains), then Ray if this cluster started it.
+        Idempotent; the cluster refuses every later use (InvalidOperation)."""
+        self._closed = True
         for node in list(self._hosts):
             h = self._hosts.pop(node)
             try:

@@ -21,6 +21,7 @@ This class is plain Python; :mod:`hostless.cluster` makes it a Ray actor.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -101,12 +102,16 @@ class NodeHost:
     def info(self) -> dict[str, Any]:
         """The host's node, process, domain and agents (for the driver's checks and plan)."""
         node = ""
-        try:
-            import ray  # the actor runs under Ray; called directly (tests), there is no node
-
-            node = ray.get_runtime_context().get_node_id()
-        except Exception:  # noqa: BLE001 - outside Ray
-            node = ""
+        # the actor runs under Ray; called directly (tests, a process of its own) there is no
+        # node.  Never ask Ray's runtime context first: outside Ray that call runs ray.init(),
+        # which joins whatever cluster /tmp/ray/ray_current_cluster names (another process's,
+        # perhaps gone: it hung; when that cluster stopped, Ray ended this process) or starts one
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            try:
+                node = ray.get_runtime_context().get_node_id()
+            except Exception:  # noqa: BLE001 - a driver, or Ray shutting down
+                node = ""
         return {
             "label": self.label,
             "node_id": node,
