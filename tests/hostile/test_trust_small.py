@@ -7,6 +7,7 @@ import math
 import mmap
 import os
 import subprocess
+import textwrap
 
 import pytest
 
@@ -42,11 +43,36 @@ def test_failure_records_leave_the_name_table_to_the_user(dom: hl.Domain) -> Non
         hl.Domain.unlink(f"{dom.name}-r")
 
 
+PROBE_TRUNCATED = """
+os.ftruncate(d.fileno(), 4096)
+try:
+    f.signal()  # its slot is past the new end: the fault (the guard maps a zero page there)
+except hl.HostlessError:
+    pass
+try:
+    d.fence()
+    print("no error")
+except hl.HostlessError as e:
+    print("error:", type(e).__name__)
+d.close()
+"""
+
+
+def survives_truncation(setup: str, after: str, *args: object) -> None:
+    """A child runs ``setup`` (which leaves a domain ``d`` and a fence ``f`` of it), truncates
+    the domain's file under it and uses it, then ``after``: it must live on and see
+    CorruptDomain (killed by SIGBUS: exit -7)."""
+    code = textwrap.dedent(setup) + PROBE_TRUNCATED + textwrap.dedent(after) + '\nprint("closed")\n'
+    out = run_child(code, *args, timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert "error: CorruptDomain" in out.stdout and "closed" in out.stdout, out.stdout
+
+
 def test_sigbus_guard_outlives_another_librarys_handler(domain_name: str) -> None:
     """A library that installs its own SIGBUS handler after hostless did (Ray does; here
     faulthandler) took the guard's place, and a truncated domain then killed the process (a
     merged test run saw it): opening a domain puts the guard back in front."""
-    out = run_child(
+    survives_truncation(
         """
         import faulthandler
         name = sys.argv[1]
@@ -56,25 +82,10 @@ def test_sigbus_guard_outlives_another_librarys_handler(domain_name: str) -> Non
         for n in ("a", "b"):
             hl.Domain.unlink(f"{name}-{n}")
         f = d.fence()
-        os.ftruncate(d.fileno(), 4096)
-        try:
-            f.signal()
-        except hl.HostlessError:
-            pass
-        try:
-            d.fence()
-            print("no error")
-        except hl.HostlessError as e:
-            print("error:", type(e).__name__)
-        d.close()
-        first.close()
-        print("closed")
         """,
+        "first.close()",
         domain_name,
-        timeout=60,
     )
-    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
-    assert "error: CorruptDomain" in out.stdout and "closed" in out.stdout, out.stdout
 
 
 @pytest.mark.parametrize("how", ["watchdog", "guard_front"])
@@ -84,7 +95,7 @@ def test_sigbus_guard_comes_back_in_front_without_another_open(domain_name: str,
     a truncation of that domain killed the process (SIGBUS, exit 135).  The watchdog puts the
     guard back on its next tick; ``_core.guard_front()`` (what Cluster calls after
     ``ray.init``) does it at once."""
-    out = run_child(
+    survives_truncation(
         """
         import faulthandler
         name, how = sys.argv[1], sys.argv[2]
@@ -97,25 +108,11 @@ def test_sigbus_guard_comes_back_in_front_without_another_open(domain_name: str,
             time.sleep(0.2)  # a few ticks
         else:
             hl._core.guard_front()
-        os.ftruncate(d.fileno(), 4096)
-        try:
-            f.signal()  # (reads the zero page: its slot's generation is gone)
-        except hl.HostlessError:
-            pass
-        try:
-            d.fence()
-            print("no error")
-        except hl.HostlessError as e:
-            print("error:", type(e).__name__)
-        d.close()
-        print("closed")
         """,
+        "",
         domain_name,
         how,
-        timeout=60,
     )
-    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
-    assert "error: CorruptDomain" in out.stdout and "closed" in out.stdout, out.stdout
 
 
 def test_sigbus_guard_covers_every_open_domain(domain_name: str) -> None:
