@@ -58,6 +58,12 @@ def test_a_crashed_worker_fails_its_test_and_the_run_ends(tmp_path: Path, jobs: 
 
 
 def test_the_stock_scheduler_hangs_there(tmp_path: Path) -> None:
+    """Why the hook is there (pytest-xdist 3.8); a release that mends the scheduler ends this
+    run, and the test says the hook can go."""
     _toy(tmp_path, hook=False)
-    with pytest.raises(subprocess.TimeoutExpired):
-        _run(tmp_path, 1, timeout=20)
+    try:
+        r = _run(tmp_path, 1, timeout=20)
+    except subprocess.TimeoutExpired:
+        return  # hung, as 3.8 does
+    pytest.skip(f"this pytest-xdist ends a run after a worker crash (exit {r.returncode}): "
+                "tests/conftest.py's pytest_xdist_make_scheduler can go")  # fmt: skip
