@@ -264,11 +264,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_cluster_driver_survives_a_truncated_domain_opened_before_ray() -> None:
+def test_a_cluster_driver_survives_a_truncated_domain_opened_before_ray(cluster: Cluster) -> None:
     """``Cluster()`` runs ``ray.init()``, which installs Ray's fatal-signal handlers in front
     of hostless's SIGBUS guard: a domain the driver had open before, truncated by another
     process, then killed the driver with SIGBUS (exit -7).  Cluster puts the guard back in
-    front (no watchdog here, so nothing else would)."""
+    front (no watchdog here, so nothing else would).  The child joins the module's cluster
+    as a second driver (a Ray of its own would rewrite /tmp/ray's current-cluster file)."""
     survives_truncation(
         """
         from hostless.cluster import Cluster
@@ -276,9 +277,10 @@ def test_a_cluster_driver_survives_a_truncated_domain_opened_before_ray() -> Non
         d = hl.Domain.create(name, fences=16, participants=2, watchdog_interval=0)
         hl.Domain.unlink(name)
         f = d.fence()
-        cl = Cluster(address="local", num_cpus=1)
+        cl = Cluster(address=sys.argv[1])
         """,
         "cl.close()",
+        ray.get_runtime_context().gcs_address,
     )
 
 
