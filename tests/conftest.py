@@ -58,8 +58,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     sat until its time limit with no summary, so nobody learned which test crashed.  Here a
     crashed test is not run again, only files with tests left go back on the queue, and a
     worker is topped up to more than one test (or told to finish) after every change, a
-    replacement only once it has collected; the
-    run ends and its summary names the crashed test.  Only for ``--dist loadfile``."""
+    replacement only once it has collected; the run ends and its summary names the crashed
+    test.  Only for ``--dist loadfile``."""
     if config.getoption("dist", None) != "loadfile":
         return None
     from xdist.scheduler.loadfile import LoadFileScheduling
