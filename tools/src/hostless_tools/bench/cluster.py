@@ -77,15 +77,19 @@ class Config:
     quick: bool = False
 
 
-def _lat(run: Callable[[], Any], frames: int, warmup: int) -> list[int]:
-    for _ in range(warmup):
-        run()
+def _lat(run: Callable[[], Any], frames: int, warmup: int, gap_ns: float = 0.0) -> list[int]:
+    """Each of ``frames`` calls' time, after ``warmup`` calls; ``gap_ns`` > 0: one call every
+    ``gap_ns`` (warm-up included; the rest of each gap is slept)."""
     out = []
     pc = time.perf_counter_ns
-    for _ in range(frames):
+    for i in range(warmup + frames):
         t0 = pc()
         run()
-        out.append(pc() - t0)
+        took = pc() - t0
+        if i >= warmup:
+            out.append(took)
+        if gap_ns > took:
+            time.sleep((gap_ns - took) / 1e9)
     return out
 
 
@@ -141,18 +145,8 @@ def _one_machine(n: int, cfg: Config, gap_ns: float = 0.0) -> dict[str, Any]:
         ags = [agents.spawn(dom, "cpu"), agents.spawn(dom, "cpu")]
         try:
             with _graph(Graph(dom), ags, n).compile() as cg:
-                if gap_ns <= 0:
-                    return {"latency_ns": summarize(_lat(lambda: cg.run({"x": x}), cfg.frames, cfg.warmup))}
-                lat = []
-                for i in range(cfg.warmup + cfg.frames):
-                    t0 = time.perf_counter_ns()
-                    cg.run({"x": x})
-                    if i >= cfg.warmup:
-                        lat.append(time.perf_counter_ns() - t0)
-                    left = gap_ns - (time.perf_counter_ns() - t0)
-                    if left > 0:
-                        time.sleep(left / 1e9)
-                return {"latency_ns": summarize(lat), "gap_ns": gap_ns}
+                lat = _lat(lambda: cg.run({"x": x}), cfg.frames, cfg.warmup, gap_ns)
+                return {"latency_ns": summarize(lat), **({"gap_ns": gap_ns} if gap_ns > 0 else {})}
         finally:
             for a in ags:
                 a.stop()
