@@ -208,7 +208,7 @@ static int check(struct agent *a, const struct hl_packet *p) {
 
 /* SUCCESS, or the first failed input's status (ERROR: timeout, bad word). */
 static uint64_t wait_inputs(struct agent *a, const struct hl_packet *p) {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = 0; /* read when an input is not complete at once (its first wait timed out) */
     int64_t limit = a->cfg->wait_timeout_ns;
     for (int i = 0; i < 2; i++) {
         uint64_t h = p->wait[i];
@@ -217,13 +217,16 @@ static uint64_t wait_inputs(struct agent *a, const struct hl_packet *p) {
         uint64_t thr = tl ? p->wait_value[i] : 1, w = 0;
         for (;;) {
             int64_t slice = AGENT_WAIT_SLICE;
-            if (limit >= 0) {
+            if (limit >= 0 && t0) {
                 int64_t left = limit - (int64_t)(now_ns() - t0);
                 if (left < slice) slice = left > 0 ? left : 0;
+            } else if (limit >= 0 && limit < slice) {
+                slice = limit;
             }
             int r = hle_wait(a->c, h, thr, slice, a->cfg->spin_ns, &w);
             if (r == HL_OK) break;
             if (r != HL_E_TIMEOUT) return HL_STATUS_ERROR; /* closed, released under us */
+            if (!t0) t0 = now_ns() - (uint64_t)slice; /* the first slice waited in full */
             if (limit >= 0 && (int64_t)(now_ns() - t0) >= limit) {
                 char why[160];
                 snprintf(why, sizeof why, "TimeoutError: input 0x%llx not complete within %g s (the agent's wait_timeout)",
@@ -284,7 +287,10 @@ static uint8_t hops_take(struct agent *a, uint64_t idx) {
 }
 
 static void push_follow(struct agent *a, const struct kargs *k, uint8_t hops) {
-    uint64_t deadline = now_ns() + (uint64_t)(a->cfg->follow_timeout_ns > 0 ? a->cfg->follow_timeout_ns : 0);
+    /* follow_timeout bounds the pushes of the packet together: the clock is read only
+     * when there are several (a push into a free cell reads none) */
+    int64_t total = a->cfg->follow_timeout_ns > 0 ? a->cfg->follow_timeout_ns : 0;
+    uint64_t deadline = k->nfollow > 1 ? now_ns() + (uint64_t)total : 0;
     int budget = HLE_AGENT_FAIL_BUDGET;
     for (uint32_t i = 0; i < k->nfollow; i++) {
         struct hl_follow f;
@@ -302,8 +308,12 @@ static void push_follow(struct agent *a, const struct kargs *k, uint8_t hops) {
         } else if (HL_HANDLE_KIND(f.queue) != HL_KIND_QUEUE) {
             r = hle_fail(HL_E_HANDLE, "follow-up queue 0x%llx is not a queue", (unsigned long long)f.queue);
         } else if ((r = hle_import(a->c, f.queue, HL_KIND_QUEUE)) == HL_OK) {
-            uint64_t now = now_ns();
-            r = hle_queue_push(a->c, f.queue, &f.packet, now < deadline ? (int64_t)(deadline - now) : 0, &w);
+            int64_t left = total;
+            if (deadline) {
+                uint64_t now = now_ns();
+                left = now < deadline ? (int64_t)(deadline - now) : 0;
+            }
+            r = hle_queue_push(a->c, f.queue, &f.packet, left, &w);
             hle_release(a->c, f.queue);
         }
         if (r != HL_OK) {
@@ -351,7 +361,6 @@ static void execute(struct agent *a, uint64_t idx, const struct hl_packet *p, ui
     }
     agent_keep(a, 0);
     release_all(a);
-    if (a->nkept) drop_kept(a, 0);
 }
 
 /* A packet queued for the dead consumer this agent replaced (hle_queue_stale_below):
@@ -437,7 +446,7 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
     if ((r = hle_queue_view(c, queue, &v))) goto out;
     a->qs = v.q;
     __atomic_fetch_or(&v.q->flags, HL_QUEUE_COUNTS, __ATOMIC_SEQ_CST); /* monitors: these figures are kept */
-    uint64_t last_packet = now_ns();
+    uint64_t last_packet = now_ns(), last_sweep = last_packet;
     int device_seen = 0;
     int waiting = 0;   /* a wait for the next packet is under way (sliced while keeping) */
     int64_t spin = 0;  /* that wait's spin budget */
@@ -492,7 +501,14 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
             break;
         }
         execute(a, idx, &p, hops);
-        __atomic_add_fetch(&v.q->busy_ns, now_ns() - last_packet, __ATOMIC_RELAXED);
+        uint64_t done = now_ns();
+        __atomic_add_fetch(&v.q->busy_ns, done - last_packet, __ATOMIC_RELAXED);
+        /* the kept objects no one else holds: swept at most every keep slice while packets
+         * come (each look reads a slot's line, which its signaller has just written) */
+        if (a->nkept && done - last_sweep >= (uint64_t)HLE_AGENT_KEEP_SLICE_NS) {
+            drop_kept(a, 0);
+            last_sweep = done;
+        }
         cfg->packets++;
         if ((cfg->packets & 63) == 0 && cfg->should_stop && cfg->should_stop(cfg->ud)) break;
         __atomic_add_fetch(&v.q->completed, 1, __ATOMIC_SEQ_CST);

@@ -262,8 +262,9 @@ uint32_t hle_name_seq(hle_ctx *c);
  * naming them import them from the local count alone: no write to their
  * shared slots, whose lines the host and the other agents read (an import
  * and a release are two atomic writes to a slot's line each).  A kept object
- * that no other participant holds any more is released after the next
- * packet or within HLE_AGENT_KEEP_SLICE_NS of idle polling; all are released
+ * that no other participant holds any more is released within
+ * HLE_AGENT_KEEP_SLICE_NS, busy or idle (a look after a packet at most that
+ * often, and between the slices of idle polling); all are released
  * once no packet came for keep_ns, and when the loop ends.  So an object
  * released by its last other holder while the agent is busy is freed at
  * most that much later (as an object a running packet names is freed after
