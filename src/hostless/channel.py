@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import names
+from . import _core, names
 from ._abi import C
 from .buffer import Buffer, ShapeLike, normalize_layout
 from .channel_descriptor import (
@@ -99,32 +99,32 @@ def _check_name(name: object, what: str) -> str:
     return name
 
 
-class Frame:
+class Frame(_core.ChannelFrame):
     """A loaned slot: ``seq`` (frame number), ``data`` (a NumPy view of the slot, read-only for a
     subscriber; the slot's :class:`~hostless.Buffer` for a device channel, for DLPack), ``buffer``
     (the slot's Buffer), ``lost`` (frames a subscriber skipped just before this one).  Use it as a
     ``with`` block; the views are valid only inside it.  Device data must be complete (stream
     synchronized) when the block exits."""
 
-    __slots__ = ("seq", "data", "buffer", "lost", "_owner", "_open")
+    # The fields, ``__enter__`` and ``__exit__`` are C (binding/channel.c: the exit publishes or
+    # acknowledges in C, and calls the owner's _finish for anything unusual).
+    __slots__ = ()
 
-    def __init__(self, owner: _Ring, seq: int, data: Any, buffer: Buffer, lost: int) -> None:
-        self.seq = seq  # (one store a line: the hot path's cost, half that of tuple assignments)
-        self.data = data
-        self.buffer = buffer
-        self.lost = lost
-        self._owner = owner
-        self._open = True
+    if TYPE_CHECKING:
+        seq: int
+        data: Any
+        buffer: Buffer
+        lost: int
+        _owner: _Ring
+        _open: bool
 
-    def __enter__(self) -> Frame:
-        return self
+        def __init__(self, owner: _Ring, seq: int, data: Any, buffer: Buffer, lost: int) -> None: ...
 
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._open:
-            self._open = False
-            self._owner._finish(self, et is None)
+        def __enter__(self) -> Frame: ...
+
+        def __exit__(
+            self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+        ) -> None: ...
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         a = np.asarray(self.data, dtype=dtype)
@@ -137,6 +137,9 @@ class Frame:
 
     def __repr__(self) -> str:
         return f"<hostless.channel.Frame {self.seq}{'' if self._open else ' released'}>"
+
+
+_core.channel_frame_type(Frame)  # the class the C fast paths make frames of
 
 
 class _Sub:
@@ -156,8 +159,11 @@ class _Sub:
                 pass
 
 
-class _Ring:
-    """What both sides hold: the domain, the timelines and the slots."""
+class _Ring(_core.ChannelRing):
+    """What both sides hold: the domain, the timelines and the slots.  The hot state (``_frame``,
+    ``_closed``, ``_next``, ``_claimed``, ``_seen``, ``_fast``) lives in the C base
+    (binding/channel.c), whose ``loan`` / ``receive`` take the common case without a Python
+    frame and call ``_loan`` / ``_receive`` (the general paths) for the rest."""
 
     _dom: Domain
     name: str
@@ -178,6 +184,7 @@ class _Ring:
         self._views = [b if b.device != "cpu" else b.numpy(readonly=ro) for b in slots]
         self._frame, self._closed = None, False
         self._word = self._core.word  # (bound once: the hot paths read words with it)
+        self._bind(self._core, pub, claim, tuple(self._views), tuple(slots), ro)
 
     def _value(self, h: int) -> int:
         w = int(self._core.word(h))
@@ -443,21 +450,23 @@ class Channel(_Ring):
         f = self._frame = Frame(self, n, self._views[i], self._slots[i], 0)
         return f
 
-    def loan(self, timeout: float | None = -1.0) -> Frame:
-        """The next slot as a writable :class:`Frame`, published when its ``with`` block exits
-        (not when it raises: the next loan reuses the slot and the frame number).  Waits up to
-        ``timeout`` seconds (default: the channel's) for ``"block"`` subscribers to release it:
-        :class:`~hostless.SlowSubscriber` then.  Ctrl-C ends the wait."""
-        # the fast path: no new record, and every subscriber alive and, if it blocks, past frame
-        # next - depth (else _step looks at them one by one: adoption, the dead, the wait)
-        if self._frame is None and not self._closed and self._core.name_seq() == self._seen:
-            need, word = self._next - self.depth, self._word
-            for h, blocks in self._fast:
-                w = word(h)
-                if w >= _FAILED or (blocks and w < need):
-                    break
-            else:
-                return self._start()
+    if TYPE_CHECKING:
+
+        def loan(self, timeout: float | None = -1.0) -> Frame:
+            """The next slot as a writable :class:`Frame`, published when its ``with`` block exits
+            (not when it raises: the next loan reuses the slot and the frame number).  Waits up to
+            ``timeout`` seconds (default: the channel's) for ``"block"`` subscribers to release it:
+            :class:`~hostless.SlowSubscriber` then.  Ctrl-C ends the wait."""
+
+    else:
+        # C (binding/channel.c), named and documented loan: the fast path (no new record, and
+        # every subscriber alive and, if it blocks, past frame next - depth: the claim signaled
+        # and the frame made in C), else _loan
+        loan = _core.channel_method(0)
+
+    def _loan(self, timeout: float | None = -1.0) -> Frame:
+        """:meth:`loan`'s general path: _step looks at the subscribers one by one (adoption,
+        the dead, the wait)."""
         self._check_use()
         t = self.timeout if timeout is not None and timeout < 0 else timeout
         deadline = None if t is None else time.monotonic() + t

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import names
+from . import _core, names
 from .buffer import Buffer, normalize_layout
 from .channel import (
     _FAILED,
@@ -231,6 +231,7 @@ class Subscriber(_Ring):
             _release(ack, rec)
             raise ChannelFull(f"channel {self.name!r} has {MAX_SUBSCRIBERS} subscribers already")
         self._ack, self._rec, self._ack_h = ack, rec, int(ack.handle)
+        self._bind_ack(ack)
         self._next, self.resumed = first, resumed
         return True
 
@@ -274,12 +275,23 @@ class Subscriber(_Ring):
         f = self._frame = Frame(self, n, self._views[i], self._slots[i], lost)
         return f
 
-    def receive(self, timeout: float | None = None) -> Frame:
-        """The next frame as a read-only :class:`Frame`, acknowledged when its ``with`` block exits
-        (also when the block raises).  Waits up to ``timeout`` seconds (None: no limit; Ctrl-C ends
-        the wait): TimeoutError then.  ChannelClosed once the publisher closed or died and every
-        frame it published was received.  With the ``"skip"`` policy the block's exit raises
-        FrameOverwritten when the publisher overwrote the frame meanwhile."""
+    if TYPE_CHECKING:
+
+        def receive(self, timeout: float | None = None) -> Frame:
+            """The next frame as a read-only :class:`Frame`, acknowledged when its ``with`` block exits
+            (also when the block raises).  Waits up to ``timeout`` seconds (None: no limit; Ctrl-C ends
+            the wait): TimeoutError then.  ChannelClosed once the publisher closed or died and every
+            frame it published was received.  With the ``"skip"`` policy the block's exit raises
+            FrameOverwritten when the publisher overwrote the frame meanwhile."""
+
+    else:
+        # C (binding/channel.c), named and documented receive: the fast path (the engine's wait
+        # for frame next, as Timeline.wait's; the frame made in C when it is published and its
+        # slot not claimed again), else _receive
+        receive = _core.channel_method(1)
+
+    def _receive(self, timeout: float | None = None) -> Frame:
+        """:meth:`receive`'s general path (skipping, the channel closed, unusual timeouts)."""
         if self._frame is not None or self._closed:
             self._check_use()
         n, word = self._next, self._word

@@ -168,6 +168,13 @@ extern PyMethodDef hlpy_point_methods[];
 /* Timeline.point(value) (handle_method(4)) */
 PyObject *hlpy_timeline_point(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
+/* channel.c: hostless._core.ChannelRing and ChannelFrame, the C bases of a channel's
+ * _Ring (publisher and subscribers) and of hostless.Frame: the fast loan / receive / exit */
+extern PyTypeObject *ChannelRingType, *ChannelFrameType;
+extern PyType_Spec hlpy_channel_ring_spec, hlpy_channel_frame_spec;
+extern PyMethodDef hlpy_channel_methods[];
+int hlpy_channel_init(void);
+
 /* codecs.c: ERT decoding, failure and trace records (module functions) */
 extern PyMethodDef hlpy_codec_methods[];
 #ifdef HOSTLESS_TEST_HOOKS

@@ -365,7 +365,9 @@ PyMODINIT_FUNC PyInit__core(void) {
         add_type(m, "Handle", &hlpy_handle_spec, &HandleType) < 0 ||
         add_type(m, "FrameProgram", &hlpy_frame_program_spec, &FrameProgramType) < 0 ||
         add_type(m, "WaitSet", &hlpy_wait_set_spec, &WaitSetType) < 0 ||
-        add_type(m, "Point", &hlpy_point_spec, &PointType) < 0) {
+        add_type(m, "Point", &hlpy_point_spec, &PointType) < 0 ||
+        add_type(m, "ChannelRing", &hlpy_channel_ring_spec, &ChannelRingType) < 0 ||
+        add_type(m, "ChannelFrame", &hlpy_channel_frame_spec, &ChannelFrameType) < 0 || hlpy_channel_init() < 0) {
         Py_DECREF(m);
         return NULL;
     }
@@ -382,7 +384,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     }
 #endif
     if (hlpy_add_abi_constants(m) < 0 || PyModule_AddFunctions(m, hlpy_codec_methods) < 0 ||
-        PyModule_AddFunctions(m, hlpy_wait_methods) < 0 || PyModule_AddFunctions(m, hlpy_point_methods) < 0) {
+        PyModule_AddFunctions(m, hlpy_wait_methods) < 0 || PyModule_AddFunctions(m, hlpy_point_methods) < 0 ||
+        PyModule_AddFunctions(m, hlpy_channel_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }
