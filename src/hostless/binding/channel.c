@@ -451,11 +451,13 @@ static PyObject *Ring_receive(Ring *r, PyObject *const *args, Py_ssize_t nargs, 
     if (rc == HL_E_TIMEOUT) {
         Py_DECREF((PyObject *)core);
         PyObject *e = PyObject_CallMethodObjArgs((PyObject *)r, s_timeout, t, NULL);
-        if (e) { /* raise self._timeout(timeout) from None */
+        if (e && PyExceptionInstance_Check(e)) { /* raise self._timeout(timeout) from None */
             PyException_SetCause(e, NULL);
             PyErr_SetObject((PyObject *)Py_TYPE(e), e);
-            Py_DECREF(e);
+        } else if (e) {
+            PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
         }
+        Py_XDECREF(e);
         return NULL;
     }
     if (rc) {
