@@ -167,7 +167,7 @@ def arm_plan(
     """Which segments a direct, shared-data graph arms, and which stages the host then pushes.
 
     An *armed* segment (``captured``: its graph was captured; at most 15 predecessors) has its
-    frames queued ahead on the GPU (:class:`hostless.agents.cuda_agent.Armed`), behind a wait
+    frames queued ahead on the GPU (:class:`hostless.agents.cuda_armed.Armed`), behind a wait
     on the graph's host word and on its predecessors' points; nobody pushes its packets.
 
     The GPU then pushes nothing into a queue: on a PCIe machine without PCIe atomics its

@@ -185,7 +185,7 @@ class Agent:
         wait on the u64 of the host buffer ``host_word`` (the host stores the frame number there
         once it wrote the frame) and a wait on the ``waits`` timelines reaching the frame
         number, then committed and signalled on ``signal``
-        (:class:`hostless.agents.cuda_agent.Armed`; it pushes nothing).  A slot armed already is
+        (:class:`hostless.agents.cuda_armed.Armed`; it pushes nothing).  A slot armed already is
         re-armed.  ``fed`` is a timeline of the graph's host: when it fails (the graph closed or
         invalidated, or its host died) the agent disarms the graph's slots."""
         req = {

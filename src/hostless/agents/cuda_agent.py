@@ -13,20 +13,20 @@ reference to the block until the stream has passed the push.
 
 from __future__ import annotations
 
+import os
 import queue as _queue
 import threading
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
-
-from .. import lowlevel, stagefn
+from .. import stagefn
 from .._abi import C
 from ..domain import Domain
 from ..kernels import Kernel
 from ..queue import Queue
 from ..status import Status
 from ..wire import FO_PACKET, BadPacket, Packet, PacketType, follow_offset
+from .cuda_armed import Armed, pass_frames
 from .gpufn import MAX_RUNNERS, Runner, Segment
 from .kinds import FLAG_STAGE_COPY
 from .loop import _EV_END, _EV_START, _SIGNALABLE, _WAITABLE, FAIL_BUDGET, AgentLoop, _debug, _kind
@@ -80,6 +80,10 @@ class CudaLoop(AgentLoop):
         self.runners: dict[int, OrderedDict[tuple[int, ...], Runner]] = {}
         self.requests: _queue.Queue[tuple[dict[str, Any], list[Any], threading.Event]] = _queue.Queue()
         self.armed: dict[tuple[int, int], Armed] = {}  # armed segments' frame slots: by (id, slot)
+        # an armed slot wakes the host sleepers of its timeline from a stream of its own, so
+        # that the host function never holds up the slot's next frame; "inline" (the old way,
+        # for A/B runs of the benchmarks) queues it on the slot's stream
+        self.wake_inline = os.environ.get("HOSTLESS_CUDA_ARMED_WAKE", "") == "inline"
 
     ARMED_POLL_NS = 100_000
     """While segments are armed the loop looks at them this often (it queues their next frames):
@@ -435,157 +439,3 @@ class _Keep:
 
     def release(self) -> None:
         self.objs = []
-
-
-class Armed:
-    """One frame slot of a segment armed by its graph (direct dispatch, shared data): the GPU
-    work of the slot's next frames is queued ahead on a stream of its own, so neither a packet
-    nor this process is on a frame's path.
-
-    The slot runs frames ``start``, ``start + step``, ... (``step``: the graph's slots, each
-    with its own buffers and timelines), each queued as: a stream wait
-    (``cuStreamWaitValue64``) until the graph's *host word* (a u64 of a heap buffer that the
-    host's frame program stores the frame number into, a release store after the frame's
-    inputs) reaches the frame; ``hl_wait_points``, one thread waiting for the predecessors'
-    points in this slot's timelines (bounded: the frame was submitted) and computing the gate;
-    the slot's captured graph (its result into device scratch); the gated commit of the
-    scratch into the output buffer; the gated signal of the slot's timeline of the stage and a
-    host function that wakes its sleepers.  It pushes nothing: the GPU's atomics on host
-    memory are not atomic against the host's on a PCIe machine without PCIe atomics, so the
-    graph's host pushes the stages it feeds (:func:`hostless.segments.arm_plan`).
-    :meth:`pump` (the agent's loop, every 100 us) keeps up to ``WINDOW`` of the slot's frames
-    queued past the last one it signalled.  What waits indefinitely (for frames the host has
-    not submitted) is only the stream wait on the host word: the GPU front end's, no SM.
-
-    Before anything in this process that may synchronize the whole device (a load, a capture,
-    a kernel's first run), and when a slot is closed or re-armed, the queued frames of the
-    graph's armed slots pass without effect (:func:`pass_frames`) and the ones not signalled
-    are queued again by the next :meth:`pump`.  The agent closes the slots of a graph that
-    dropped the segment or whose ``fed`` timeline failed (the graph closed or invalidated, or
-    its host died).
-    """
-
-    WINDOW = 8
-    """The slot's frames queued ahead past the last one signalled: each is six stream
-    operations, and a stream holds a bounded number before a launch blocks."""
-    PAST = 2**63 - 1
-
-    def __init__(self, loop: CudaLoop, req: dict[str, Any], runner: Runner) -> None:
-        import cupyx
-
-        cp, dom, peer = loop.cp, loop.dom, loop.peer
-        self.loop, self.runner = loop, runner
-        held: list[Any] = []
-        try:
-            start, step = req.get("start"), req.get("step")
-            if not isinstance(start, int) or not 0 < start < 2**62:
-                raise ValueError("arm: start is a frame number")
-            if not isinstance(step, int) or not 0 < step <= 64:
-                raise ValueError("arm: step is the graph's number of frame slots")
-            waits = req.get("waits")
-            if not isinstance(waits, list) or len(waits) > 16:
-                raise ValueError("arm: at most 16 wait timelines")
-            for h in [*waits, req.get("fed"), req.get("signal")]:
-                if not isinstance(h, int) or _kind(h) != _KIND_TIMELINE:
-                    raise ValueError(f"arm: {h!r} is not a timeline handle")
-                held.append(dom.import_timeline(h))
-            self.waits, self.fed, self.signal = held[: len(waits)], held[-2], held[-1]
-            hw = req.get("host_word")
-            if not isinstance(hw, int) or _kind(hw) != _KIND_BUFFER:
-                raise ValueError("arm: host_word is a buffer handle")
-            word = dom.import_buffer(hw)
-            held.append(word)
-            if word.device != "cpu" or word.nbytes < 8:
-                raise ValueError("arm: the host word is a host buffer of at least 8 bytes")
-            self.word = peer.buffer_dptr(word)
-            self.hostword = word.numpy().view(np.uint64)[:1]  # the host's atomics on it (pass_frames)
-        except BaseException:
-            for o in held:
-                o.release()
-            raise
-        self.held = held
-        self.start, self.step, self.next = start, step, start
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        self.cancel = cupyx.zeros_pinned((1,), np.int32)  # mapped: its host address is its device one
-        self.gates = cp.zeros(self.WINDOW, dtype=cp.int32)
-        self.addrs = cp.asarray(np.array([peer.word_addr(t) for t in self.waits] or [0], dtype=np.uint64))
-        self.kinds = cp.asarray(np.full(max(1, len(self.waits)), 2, dtype=np.int32))
-
-    def _done(self) -> int:
-        """The slot's last frame signalled (``start - step`` before the first)."""
-        v = self.signal.value
-        return v if v >= self.start else self.start - self.step
-
-    def pump(self) -> bool:
-        """Queue the slot's frames up to ``WINDOW`` past the last one signalled; False when
-        the graph is over (its ``fed`` timeline failed).  After a failed frame (the slot's
-        timeline failed) nothing more is queued: the graph renews the slot and re-arms it."""
-        if self.fed.failure is not None:
-            return False
-        if self.signal.failure is not None:
-            return True
-        peer, st, r = self.loop.peer, self.stream, self.runner
-        while self.next <= self._done() + self.WINDOW * self.step:
-            f = self.next
-            i = (f // self.step) % self.WINDOW
-            gate = self.gates[i : i + 1]
-            peer.wait_word(self.word, f, st)
-            peer.k_wait_points(
-                (1,),
-                (1,),
-                (
-                    self.addrs,
-                    self.kinds,
-                    np.int32(len(self.waits)),
-                    np.uint64(f),
-                    np.uint64(self.cancel.ctypes.data),
-                    gate,
-                ),
-                stream=st,
-            )
-            r.launch(int(st.ptr))
-            peer.commit(r.buffers[-1], r.scratch, gate, st)
-            peer.signal(self.signal, f, gate, st)
-            self.next = f + self.step
-        return True
-
-    def queued(self) -> bool:
-        """Whether frames are queued on the slot's stream past the last one signalled."""
-        return self.signal.failure is not None or self.next > self._done() + self.step
-
-    def requeue(self) -> None:
-        """After a pass (:func:`pass_frames`): the frames not signalled are queued again."""
-        if self.signal.failure is None:
-            self.next = self._done() + self.step
-
-    def release(self) -> None:
-        for o in self.held:
-            try:
-                o.release()
-            except Exception:
-                pass
-        self.held = []
-
-
-def pass_frames(group: list[Armed], restore: bool) -> None:
-    """Let every frame queued by ``group`` (the armed slots of one graph: one host word) pass
-    without effect: their cancel flags set, the host word exchanged for a value past every
-    frame, their streams drained (each frame's gate is -1: nothing committed or signalled);
-    then (``restore``) the host word put back unless the host stored a newer frame meanwhile,
-    and the flags cleared.  All of a graph's slots at once: a frame passing the host word
-    while its flag is clear could run before the host wrote it.  The exchange and the
-    compare-exchange are the host's atomics, in this process: the host's frame program
-    stores the word, and a GPU atomic on host memory is not atomic against a host store
-    where the GPU lacks host-native atomics."""
-    if not group:
-        return
-    a0 = group[0]
-    for a in group:
-        a.cancel[0] = 1
-    old = lowlevel.word_exchange(a0.hostword, Armed.PAST)
-    for a in group:
-        a.stream.synchronize()
-    if restore:
-        lowlevel.word_compare_exchange(a0.hostword, Armed.PAST, old)
-        for a in group:
-            a.cancel[0] = 0

@@ -362,7 +362,7 @@ class Runner:
 
     ``gated``: the result goes to device ``scratch`` (a CuPy array), which the caller commits
     into the output buffer only when the frame's gate is open (an armed segment's frames,
-    :class:`hostless.agents.cuda_agent.Armed`); otherwise straight into the output buffer."""
+    :class:`hostless.agents.cuda_armed.Armed`); otherwise straight into the output buffer."""
 
     def __init__(self, seg: Segment, peer: Any, buffers: Sequence[Any], gated: bool = False) -> None:
         lib = seg.lib
