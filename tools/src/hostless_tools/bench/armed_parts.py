@@ -7,8 +7,12 @@ host word, a one-thread gate kernel, the captured chain (its input read from map
 memory), a commit kernel into mapped host memory, a signal kernel and a host function
 (hostless's C wake function), frames queued 8 ahead, the host writing the input and the word
 and spinning on the signal word.  Variants leave parts out or move the host function to a
-second stream; the anchor is the whole-chain CUDA graph replay with pinned host I/O.  Two
-rounds; p50 [p10-p90] per variant; JSON ``armed-parts-<time>.json`` under DIR.
+second stream (``full``: everything, the host function on the frame's stream; ``wake_side``: it
+on a second stream behind an event; ``no_wake``: none; ``no_wake_gate``: no gate kernel either;
+``no_wake_gate_commit``: nor a commit; ``no_wake_memop_signal``: the signal a stream write;
+``minimal``: the wait, the graph and a stream-write signal alone); ``anchor``: the whole-chain
+CUDA graph replay with pinned host I/O.  Two rounds; p50 [p10-p90] per variant; JSON
+``armed-parts-<time>.json`` under DIR.
 """
 
 from __future__ import annotations
@@ -27,13 +31,13 @@ from hostless_tools.bench.gpu_stage_anchors import SMALL, _apply, chain_weights,
 N = 64
 AHEAD = 8
 VARIANTS: dict[str, dict[str, Any]] = {
-    "full (host function on the stream)": {},
-    "host function on a second stream": {"hostfn": "side"},
-    "no host function": {"hostfn": "none"},
-    "no host function, no gate kernel": {"hostfn": "none", "gate": False},
-    "no host function, no gate, no commit": {"hostfn": "none", "gate": False, "commit": False},
-    "no host function, signal by a stream write": {"hostfn": "none", "signal": "memop"},
-    "wait + graph + stream-write signal only": {
+    "full": {},
+    "wake_side": {"hostfn": "side"},
+    "no_wake": {"hostfn": "none"},
+    "no_wake_gate": {"hostfn": "none", "gate": False},
+    "no_wake_gate_commit": {"hostfn": "none", "gate": False, "commit": False},
+    "no_wake_memop_signal": {"hostfn": "none", "signal": "memop"},
+    "minimal": {
         "hostfn": "none",
         "gate": False,
         "commit": False,
@@ -165,7 +169,7 @@ def run(frames: int, rounds: int = 2) -> dict[str, Any]:
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "gpu": torch.cuda.get_device_name(0),
         "frames": frames,
-        "anchor: whole-chain graph replay, pinned I/O": torch_anchor(SMALL, (N, N), N, frames, True)[0],
+        "anchor": torch_anchor(SMALL, (N, N), N, frames, True)[0],
     }
     rig = _Rig()
     for _ in range(rounds):
