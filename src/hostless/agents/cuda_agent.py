@@ -206,9 +206,10 @@ class CudaLoop(AgentLoop):
                 b.requeue()
 
     def _runner(self, kid: int, seg: Segment, hs: tuple[int, ...], gated: bool = False) -> Runner:
-        """The runner of segment ``kid`` over buffers ``hs`` (``gated``: its result into
-        scratch, for an armed segment's gated commit): prepared at compile time, or captured
-        now (the stream drained first: never capture behind a pending wait)."""
+        """The runner of segment ``kid`` over buffers ``hs`` (``gated``: an armed segment's,
+        whose graph commits its result gated: :class:`~hostless.agents.gpufn.Runner`): prepared
+        at compile time, or captured now (the stream drained first: never capture behind a
+        pending wait)."""
         rs = self.runners[kid]
         key = (*hs, int(gated))
         r = rs.get(key)

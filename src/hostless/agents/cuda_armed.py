@@ -32,8 +32,9 @@ class Armed:
     host's frame program stores the frame number into, a release store after the frame's
     inputs) reaches the frame; ``hl_wait_points``, one thread waiting for the predecessors'
     points in this slot's timelines (bounded: the frame was submitted) and computing the gate;
-    the slot's captured graph (its result into device scratch); the gated commit of the
-    scratch into the output buffer; the gated signal of the slot's timeline of the stage; and,
+    the slot's captured graph, which ends with the gated commit of its result into the output
+    buffer (the gate: one device int of the runner, written by the wait: a slot's frames run in
+    stream order); the gated signal of the slot's timeline of the stage; and,
     on a second stream behind an event of the signal, a host function that wakes its sleepers
     (a host function holds its stream until it returns: on the slot's stream it would delay
     the next frame).  It pushes nothing: the GPU's atomics on host
@@ -120,7 +121,7 @@ class Armed:
         while self.next <= self._done() + self.WINDOW * self.step:
             f = self.next
             i = (f // self.step) % self.WINDOW
-            gate = self.gates[i : i + 1]
+            gate = r.gate if r.commits else self.gates[i : i + 1]
             peer.wait_word(self.word, f, st)
             peer.k_wait_points(
                 (1,),
@@ -135,8 +136,9 @@ class Armed:
                 ),
                 stream=st,
             )
-            r.launch(int(st.ptr))
-            peer.commit(r.buffers[-1], r.scratch, gate, st)
+            r.launch(int(st.ptr))  # (a gated graph commits its result itself)
+            if not r.commits:
+                peer.commit(r.buffers[-1], r.scratch, gate, st)
             if self.loop.wake_inline:
                 peer.signal(self.signal, f, gate, st)
             else:

@@ -360,9 +360,11 @@ def _clear_capture_error() -> None:
 class Runner:
     """A segment bound to one frame slot's buffers: a captured graph (or the eager body).
 
-    ``gated``: the result goes to device ``scratch`` (a CuPy array), which the caller commits
-    into the output buffer only when the frame's gate is open (an armed segment's frames,
-    :class:`hostless.agents.cuda_armed.Armed`); otherwise straight into the output buffer."""
+    ``gated`` (an armed segment's frames, :class:`hostless.agents.cuda_armed.Armed`): the result
+    reaches the output buffer only when the frame's gate is open: a captured graph commits it
+    itself, gated by the device int ``gate`` (``commits``); an eager body leaves it in device
+    ``scratch`` (a CuPy array) for the caller to commit.  Otherwise straight into the output
+    buffer."""
 
     def __init__(self, seg: Segment, peer: Any, buffers: Sequence[Any], gated: bool = False) -> None:
         lib = seg.lib
@@ -393,21 +395,42 @@ class Runner:
         self.out_dev = out.device != "cpu"
         self.out_arr = lib.wrap(peer.array(out)) if self.out_dev else None
         self.out_ptr, self.out_bytes = peer.buffer_dptr(out), out.nbytes
+        self.peer = peer
         self.scratch: Any = None
         self.scratch_arr: Any = None
-        if gated:
-            self.scratch = peer.cp.empty(tuple(out.shape), np.dtype(out.dtype))
-            self.scratch_arr = lib.wrap(self.scratch)
+        # gated and captured: the graph ends with the gated commit of its result, read where the
+        # capture left it (a captured graph writes the same memory on every replay), into the
+        # output buffer; `gate` (device int32, closed while capturing) is written before each
+        # replay by the armed slot's wait (hostless.agents.cuda_armed.Armed).  Gated and eager:
+        # the result goes to `scratch`, committed by the caller.
+        self.gate: Any = peer.cp.full(1, -1, dtype=np.int32) if gated else None
+        self.commits = False
+        self._result: Any = None
         self.outs = seg._outs()
         self.mode, self.why = seg.mode, seg.why
         self.launch: Callable[[int], None] = self._eager
         if seg.mode == "graph":
-            replay, self.why = _capture(lib, self._body)
+            replay, self.why = _capture(lib, self._body_committing if gated else self._body)
             if replay is not None:
                 self.launch = replay
+                self.commits = gated
             else:
                 self.mode = "eager"
+        if gated and not self.commits:
+            self.scratch = peer.cp.empty(tuple(out.shape), np.dtype(out.dtype))
+            self.scratch_arr = lib.wrap(self.scratch)
         _sync()
+
+    def _body_committing(self, stream: int) -> None:
+        """A gated frame's work as captured: the body, then the gated commit of its result."""
+        for dst, src, n in self.copy_in:
+            _memcpy(dst, src, n, stream)
+        r = self.seg.compute(self.dins, self.outs)
+        self._result = r  # kept: the graph's commit reads its memory
+        cp = self.peer.cp
+        mem = cp.cuda.UnownedMemory(self.seg.lib.ptr(r), self.out_bytes, r, self.seg.device)
+        view = cp.ndarray((self.out_bytes,), np.uint8, cp.cuda.MemoryPointer(mem, 0))
+        self.peer.commit(self.buffers[-1], view, self.gate, cp.cuda.ExternalStream(stream))
 
     def _body(self, stream: int) -> None:
         """One frame's work on ``stream`` (the current stream of the library too)."""
@@ -429,7 +452,7 @@ class Runner:
         """Drop the graph and the buffers (after the stream passed its last launch)."""
         self.launch = self._eager
         self.dins, self.outs, self.out_arr = [], [], None
-        self.scratch = self.scratch_arr = None
+        self.scratch = self.scratch_arr = self._result = None
         for b in self.buffers:
             try:
                 b.release()
