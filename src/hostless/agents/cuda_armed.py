@@ -53,8 +53,9 @@ class Armed:
     """
 
     WINDOW = 8
-    """The slot's frames queued ahead past the last one signalled: each is six stream
-    operations, and a stream holds a bounded number before a launch blocks."""
+    """The slot's frames queued ahead past the last one signalled: each is five or six stream
+    operations (and a host function on the wake stream), and a stream holds a bounded number
+    before a launch blocks."""
     PAST = 2**63 - 1
 
     def __init__(self, loop: CudaLoop, req: dict[str, Any], runner: Runner) -> None:
