@@ -40,8 +40,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ContextDecorator
 from typing import Any
 
 import numpy as np
@@ -63,6 +62,7 @@ from .wire import unpack_text as _unpack
 __all__ = ["events", "export", "to_chrome", "track_of", "span", "instant", "name", "USER_MAGIC"]
 
 _EV_USER = int(C.EV_USER)
+_trace_user = C.trace_user  # (bound once: spans call it twice each)
 _span_ids = itertools.count(1)
 _span_lock = threading.Lock()
 
@@ -96,24 +96,39 @@ def name_kernel(dom: Domain, kernel: int, text: str) -> None:
     _emit(dom, _NAME_KERNEL, kernel, text)
 
 
-@contextmanager
-def span(text: str, dom: Domain | None = None) -> Iterator[None]:
+class span(ContextDecorator):  # noqa: N801 (a function to its callers: ``with trace.span(...)``)
     """A slice named ``text`` on this participant's track, from entering the
     block to leaving it (also when it raises).  ``dom`` defaults to the one
     traced domain this process has open; without any, nothing is recorded.
     Spans nest; they may overlap across threads of one participant, and each
-    is matched by its own id.  Names longer than 24 bytes are cut."""
-    d = _traced_domain(dom)
-    if d is None:
-        yield
-        return
-    with _span_lock:
-        sid = next(_span_ids)
-    _emit(d, _SPAN_BEGIN, sid, text)
-    try:
-        yield
-    finally:
-        _emit(d, _SPAN_END, sid, text)
+    is matched by its own id.  Names longer than 24 bytes are cut.  Also a
+    decorator (each call a span of its own).
+
+    Entering and leaving are one call into the engine each (which records
+    nothing for a domain closed since, or without a trace ring), so that what
+    the span times is its block."""
+
+    __slots__ = ("_arg", "_core", "_text", "_sid")
+
+    def __init__(self, text: str, dom: Domain | None = None) -> None:
+        d = _traced_domain(dom)
+        self._arg = dom
+        self._core = d._core if d is not None else None
+        self._text = text.replace("\0", " ")
+        self._sid = 0
+
+    def _recreate_cm(self) -> span:  # ContextDecorator: a fresh span for each decorated call
+        return span(self._text, self._arg)
+
+    def __enter__(self) -> None:
+        if self._core is not None:
+            with _span_lock:
+                self._sid = sid = next(_span_ids)
+            _trace_user(self._core, _SPAN_BEGIN, sid, self._text)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._sid:
+            _trace_user(self._core, _SPAN_END, self._sid, self._text)
 
 
 def instant(text: str, dom: Domain | None = None, value: int = 0) -> None:

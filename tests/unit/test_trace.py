@@ -46,6 +46,28 @@ def test_spans_and_instants_on_this_participants_track(domain_name: str) -> None
     assert track["args"]["name"].startswith("camera")
 
 
+def test_a_span_as_a_decorator_is_a_span_per_call_also_when_recursive(domain_name: str) -> None:
+    with hl.Domain.create(domain_name, fences=16, trace="1M") as d:
+
+        @hl.trace.span("walk", dom=d)
+        def walk(n: int) -> int:
+            return 0 if n == 0 else 1 + walk(n - 1)
+
+        assert walk(2) == 2 and walk(0) == 0
+        ev = [e for e in _export(d) if e.get("cat") == "user"]
+    assert [e["ph"] for e in ev] == ["b", "b", "b", "e", "e", "e", "b", "e"]
+    opened = [e["id"] for e in ev if e["ph"] == "b"]
+    assert len(set(opened)) == 4  # each call its own id, the nested ones too
+    assert [e["id"] for e in ev if e["ph"] == "e"] == [opened[2], opened[1], opened[0], opened[3]]
+
+
+def test_a_span_whose_domain_closes_inside_it_records_no_end_and_raises_nothing(domain_name: str) -> None:
+    d = hl.Domain.create(domain_name, fences=16, trace="1M")
+    with hl.trace.span("closing", dom=d):
+        d.close()  # the end is not recorded (the ring is gone) and leaving raises nothing
+    hl.Domain.unlink(domain_name)
+
+
 def test_spans_without_a_traced_domain_record_nothing(domain_name: str) -> None:
     with hl.Domain.create(domain_name, fences=16) as d:  # no trace ring
         with hl.trace.span("x"):
