@@ -101,7 +101,6 @@ class Armed:
         self.signalled = cp.cuda.Event(block=False, disable_timing=True)
         self.wake_addr = peer.word_addr(self.signal) - peer.dbase + peer.base
         self.cancel = cupyx.zeros_pinned((1,), np.int32)  # mapped: its host address is its device one
-        self.gates = cp.zeros(self.WINDOW, dtype=cp.int32)
         self.addrs = cp.asarray(np.array([peer.word_addr(t) for t in self.waits] or [0], dtype=np.uint64))
         self.kinds = cp.asarray(np.full(max(1, len(self.waits)), 2, dtype=np.int32))
 
@@ -121,8 +120,7 @@ class Armed:
         peer, st, r = self.loop.peer, self.stream, self.runner
         while self.next <= self._done() + self.WINDOW * self.step:
             f = self.next
-            i = (f // self.step) % self.WINDOW
-            gate = r.gate if r.commits else self.gates[i : i + 1]
+            gate = r.gate  # (an armed runner is captured: its graph commits, gated by it)
             peer.wait_word(self.word, f, st)
             peer.k_wait_points(
                 (1,),
@@ -137,9 +135,7 @@ class Armed:
                 ),
                 stream=st,
             )
-            r.launch(int(st.ptr))  # (a gated graph commits its result itself)
-            if not r.commits:
-                peer.commit(r.buffers[-1], r.scratch, gate, st)
+            r.launch(int(st.ptr))
             if self.loop.wake_inline:
                 peer.signal(self.signal, f, gate, st)
             else:

@@ -362,9 +362,8 @@ class Runner:
 
     ``gated`` (an armed segment's frames, :class:`hostless.agents.cuda_armed.Armed`): the result
     reaches the output buffer only when the frame's gate is open: a captured graph commits it
-    itself, gated by the device int ``gate`` (``commits``); an eager body leaves it in device
-    ``scratch`` (a CuPy array) for the caller to commit.  Otherwise straight into the output
-    buffer."""
+    itself, gated by the device int ``gate``; an eager body (not armed) leaves it in device
+    ``scratch`` (a CuPy array).  Otherwise straight into the output buffer."""
 
     def __init__(self, seg: Segment, peer: Any, buffers: Sequence[Any], gated: bool = False) -> None:
         lib = seg.lib
@@ -401,10 +400,10 @@ class Runner:
         # gated and captured: the graph ends with the gated commit of its result, read where the
         # capture left it (a captured graph writes the same memory on every replay), into the
         # output buffer; `gate` (device int32, closed while capturing) is written before each
-        # replay by the armed slot's wait (hostless.agents.cuda_armed.Armed).  Gated and eager:
-        # the result goes to `scratch`, committed by the caller.
+        # replay by the armed slot's wait (hostless.agents.cuda_armed.Armed).  Gated and eager
+        # (a segment the agent does not arm): the result goes to `scratch`, never ungated into
+        # the output.
         self.gate: Any = peer.cp.full(1, -1, dtype=np.int32) if gated else None
-        self.commits = False
         self._result: Any = None
         self.outs = seg._outs()
         self.mode, self.why = seg.mode, seg.why
@@ -413,20 +412,22 @@ class Runner:
             replay, self.why = _capture(lib, self._body_committing if gated else self._body)
             if replay is not None:
                 self.launch = replay
-                self.commits = gated
             else:
                 self.mode = "eager"
-        if gated and not self.commits:
+        if gated and self.mode != "graph":
             self.scratch = peer.cp.empty(tuple(out.shape), np.dtype(out.dtype))
             self.scratch_arr = lib.wrap(self.scratch)
         _sync()
 
-    def _body_committing(self, stream: int) -> None:
-        """A gated frame's work as captured: the body, then the gated commit of its result."""
+    def _compute(self, stream: int) -> Any:
+        """The inputs copied in on ``stream``, then the segment's functions: their result."""
         for dst, src, n in self.copy_in:
             _memcpy(dst, src, n, stream)
-        r = self.seg.compute(self.dins, self.outs)
-        self._result = r  # kept: the graph's commit reads its memory
+        return self.seg.compute(self.dins, self.outs)
+
+    def _body_committing(self, stream: int) -> None:
+        """A gated frame's work as captured: the body, then the gated commit of its result."""
+        r = self._result = self._compute(stream)  # kept: the graph's commit reads its memory
         cp = self.peer.cp
         mem = cp.cuda.UnownedMemory(self.seg.lib.ptr(r), self.out_bytes, r, self.seg.device)
         view = cp.ndarray((self.out_bytes,), np.uint8, cp.cuda.MemoryPointer(mem, 0))
@@ -434,9 +435,7 @@ class Runner:
 
     def _body(self, stream: int) -> None:
         """One frame's work on ``stream`` (the current stream of the library too)."""
-        for dst, src, n in self.copy_in:
-            _memcpy(dst, src, n, stream)
-        r = self.seg.compute(self.dins, self.outs)
+        r = self._compute(stream)
         if self.scratch_arr is not None:
             self.seg.lib.copy(self.scratch_arr, r)
         elif self.out_arr is not None:
