@@ -29,10 +29,8 @@ def run(frames: int) -> dict[str, Any]:
 
     import hostless as hl
     from hostless import agents
-    from hostless.graph import Graph
-    from hostless_tools.bench import gpu_stage_ops as ops
     from hostless_tools.bench.gpu_stage_anchors import SMALL, torch_anchor
-    from hostless_tools.bench.gpu_stages import _graph, hostless_rows
+    from hostless_tools.bench.gpu_stages import _graph, chain16, hostless_rows
 
     torch.backends.cuda.matmul.allow_tf32 = False
     res: dict[str, Any] = {
@@ -46,7 +44,6 @@ def run(frames: int) -> dict[str, Any]:
     name = f"hlab-{os.getpid()}"
     dom = hl.Domain.create(name, heap="1G", device_heaps={"cuda:0": 1 << 30}, spin=500e-6)
     x = np.random.default_rng(1).standard_normal((N, N)).astype(np.float32)
-    x16 = np.arange(16, dtype=np.float32)
     try:
         gpu = agents.spawn(dom, "cuda", device=0, timeout=120, spin=50e-6)
         cpu = agents.spawn(dom, "cpu", spin=50e-6)
@@ -55,14 +52,7 @@ def run(frames: int) -> dict[str, Any]:
             g = _graph(dom, gpu, SMALL, (N, N), N, "torch")
             rows["small"] = hostless_rows(g, {"x0": x}, f"x{len(SMALL)}", frames, direct)["direct+shared"]
             for nm, kinds in (("cpu-gpu-cpu", "cgc"), ("cpu-cpu", "cc"), ("gpu", "g")):
-                gc = Graph(dom).input("x0", (16,), "f4")
-                for j, kd in enumerate(kinds):
-                    out = (f"x{j + 1}", (16,), "f4")
-                    if kd == "c":
-                        gc.stage(f"s{j}", cpu, "copy", [f"x{j}"], out)
-                    else:
-                        gc.stage(f"s{j}", gpu, ops.add1, [f"x{j}"], out, arrays="torch")
-                rows[nm] = hostless_rows(gc, {"x0": x16}, f"x{len(kinds)}", frames, direct)["direct+shared"]
+                rows[nm] = chain16(dom, cpu, gpu, kinds, frames)
             for k in rows:
                 rows[k] = {kk: vv for kk, vv in rows[k].items() if kk not in ("out", "plan")}
             res["rows"] = rows

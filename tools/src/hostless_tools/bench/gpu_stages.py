@@ -80,6 +80,23 @@ def hostless_rows(
     return res
 
 
+def chain16(dom: hl.Domain, cpu: Any, gpu: Any, kinds: str, frames: int) -> dict[str, Any]:
+    """A chain of 16 float32 through ``kinds`` ("c": a cpu ``copy`` stage, "g": a PyTorch
+    ``add1`` stage on ``gpu``), timed direct+shared: :func:`hostless_rows`' row."""
+    g = Graph(dom).input("x0", (16,), "f4")
+    for j, kd in enumerate(kinds):
+        out = (f"x{j + 1}", (16,), "f4")
+        if kd == "c":
+            g.stage(f"s{j}", cpu, "copy", [f"x{j}"], out)
+        else:
+            g.stage(f"s{j}", gpu, ops.add1, [f"x{j}"], out, arrays="torch")
+    x16 = np.arange(16, dtype=np.float32)
+    row: dict[str, Any] = hostless_rows(g, {"x0": x16}, f"x{len(kinds)}", frames, (("direct", "shared"),))[
+        "direct+shared"
+    ]
+    return row
+
+
 def _cpu_s(pids: list[int]) -> float:
     """CPU seconds (user + system) used so far by this process and ``pids``."""
     t = time.process_time()
@@ -279,17 +296,8 @@ def run(
             ho["between_segments_us"] = ho["two_segments"]["p50_us"] - ho["one_segment"]["p50_us"]
             res["handoff"] = ho
             # cpu agent -> GPU stage -> cpu agent, against cpu -> cpu
-            cg_: dict[str, Any] = {}
-            for nm, kinds in (("cpu-gpu-cpu", ["c", "g", "c"]), ("cpu-cpu", ["c", "c"])):
-                gc = Graph(dom).input("x0", (16,), "f4")
-                for j, kd in enumerate(kinds):
-                    if kd == "c":
-                        gc.stage(f"s{j}", cpu, "copy", [f"x{j}"], (f"x{j + 1}", (16,), "f4"))
-                    else:
-                        gc.stage(
-                            f"s{j}", gpu, ops.add1, [f"x{j}"], (f"x{j + 1}", (16,), "f4"), arrays="torch"
-                        )
-                cg_[nm] = hostless_rows(gc, {"x0": x16}, f"x{len(kinds)}", frames, direct)["direct+shared"]
+            legs = (("cpu-gpu-cpu", "cgc"), ("cpu-cpu", "cc"))
+            cg_: dict[str, Any] = {nm: chain16(dom, cpu, gpu, kinds, frames) for nm, kinds in legs}
             cg_["gpu_leg_us"] = cg_["cpu-gpu-cpu"]["p50_us"] - cg_["cpu-cpu"]["p50_us"]
             res["cpu_gpu_cpu"] = cg_
             print("cross-engine ...", flush=True)
