@@ -82,10 +82,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _reschedule(self, node: Any) -> None:
             if node.shutting_down or node not in self.registered_collections:
                 return  # (a replacement still collecting: schedule() serves it when it is done)
-            while self.workqueue and self._pending_of(self.assigned_work[node]) <= 2:
-                self._assign_work_unit(node)
-            if not self.workqueue:
-                node.shutdown()  # the worker runs what it holds, then ends
+            try:
+                while self.workqueue and self._pending_of(self.assigned_work[node]) <= 2:
+                    self._assign_work_unit(node)
+                if not self.workqueue:
+                    node.shutdown()  # the worker runs what it holds, then ends
+            except OSError:
+                # its worker died before this (a test it ran next killed it) and xdist has not
+                # seen it go down yet: what it was given stays in its assigned work, which
+                # remove_node puts back on the queue when the node-down event comes
+                return
 
         def schedule(self) -> None:
             if self.collection is not None:  # a replacement worker joined after a crash

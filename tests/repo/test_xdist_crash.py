@@ -67,3 +67,45 @@ def test_the_stock_scheduler_hangs_there(tmp_path: Path) -> None:
         return  # hung, as 3.8 does
     pytest.skip(f"this pytest-xdist ends a run after a worker crash (exit {r.returncode}): "
                 "tests/conftest.py's pytest_xdist_make_scheduler can go")  # fmt: skip
+
+
+def test_work_sent_to_a_dead_worker_goes_back_at_its_node_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race a fresh clone's `make test` met once: a worker's "test done" arrives after the
+    worker died (its next test killed it); topping it up then fails to send (OSError) before
+    xdist has seen the node go down.  The scheduler must not raise there (an INTERNALERROR
+    ends the run), and what it gave the dead worker goes back on the queue at its node-down."""
+    import importlib.util
+
+    import xdist.scheduler.loadscope as loadscope
+
+    spec = importlib.util.spec_from_file_location("hl_suite_conftest_sched", CONFTEST)
+    assert spec is not None and spec.loader is not None
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    monkeypatch.setattr(loadscope, "parse_tx_spec_config", lambda config: ["popen", "popen"])
+
+    class Config:
+        def getoption(self, name: str, default: object = None) -> object:
+            return "loadfile" if name == "dist" else default
+
+    class DeadNode:
+        shutting_down = False
+        sent = 0
+
+        def send_runtest_some(self, indices: list[int]) -> None:
+            self.sent += 1
+            raise OSError("cannot send (already closed?)")
+
+        def shutdown(self) -> None:
+            raise OSError("cannot send (already closed?)")
+
+    sched = suite.pytest_xdist_make_scheduler(Config(), None)
+    node = DeadNode()
+    ids = ["a.py::t1", "a.py::kill", "b.py::t1", "b.py::t2"]
+    sched.registered_collections[node] = ids
+    sched.assigned_work[node] = {"a.py": {"a.py::t1": True, "a.py::kill": False}}  # running kill
+    sched.workqueue["b.py"] = {"b.py::t1": False, "b.py::t2": False}
+    sched._reschedule(node)  # no OSError out of the scheduler
+    assert node.sent == 1
+    assert sched.remove_node(node) == "a.py::kill"  # the test that was running: the crashed one
+    assert dict(sched.workqueue) == {"b.py": {"b.py::t1": False, "b.py::t2": False}}  # back, whole
