@@ -56,7 +56,16 @@ _KIND_TIMELINE = int(C.KIND_TIMELINE)
 _FAILED = int(C.TIMELINE_FAILED)
 
 
-_KERNELS = r"""
+ARMED_CTL = ("frame", "step", "cancel", "signal", "n")
+"""The fields of an armed slot's control block (u64s in device memory, the timeline words
+waited on after them): the kernels' ``HL_ARMED_*`` indices are made from this tuple."""
+ARMED_WAITS = 16
+"""Timelines an armed frame waits on, at most."""
+
+_KERNELS = (
+    "".join(f"#define HL_ARMED_{k.upper()} {i}\n" for i, k in enumerate(ARMED_CTL))
+    + f"#define HL_ARMED_WORDS {len(ARMED_CTL)}\n#define HL_ARMED_MAXW {ARMED_WAITS}\n"
+    + r"""
 #include "hostless.h"
 
 /* The status n completed inputs give a stage: 0 when every one succeeded, else the first
@@ -84,16 +93,12 @@ extern "C" __global__ void hl_gate(const unsigned long long *const *words, const
     *gate = hl_inputs_status(words, kinds, values, 0, n);
 }
 
-/* Signal a fence (CAS 0 -> status) or advance a timeline (CAS loop up to
- * value, or fail it), with the gate's failure taking precedence. */
-extern "C" __global__ void hl_signal(unsigned long long *word, int kind, unsigned long long value,
-                                     const int *gate) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    int g = gate ? *(volatile const int *)gate : 0;
-    if (g < 0) return; /* a cancelled frame of an armed segment: not signalled */
+/* Signal a fence (CAS 0 -> status) or advance a timeline (CAS loop up to value, or fail it)
+ * with the status g (0: success): the header's operations, as on the host (a failure keeps
+ * the last value in aux). */
+__device__ static void hl_signal_word(unsigned long long *word, int kind, unsigned long long value, int g) {
     __threadfence_system();
     if (kind == 2) {
-        /* the header's operations, as on the host (a failure keeps the last value in aux) */
         struct hl_fence *f = (struct hl_fence *)word; /* the word is at offset 0 of its slot */
         if (g)
             hl_timeline_fail(f, (hl_u32)g, 0);
@@ -105,26 +110,57 @@ extern "C" __global__ void hl_signal(unsigned long long *word, int kind, unsigne
     __threadfence_system();
 }
 
-/* The wait of an armed segment's frame on its predecessors' points, once its host word says
- * the frame was submitted (so each point is reached, or failed, in bounded time): spin, one
- * thread sleeping between looks, until every word has reached `value` (kinds as hl_inputs_status) or
- * *cancel is set; then gate = -1 when cancelled (the agent's quiesce: nothing of the frame is
- * committed, signalled or pushed), else hl_inputs_status. */
-extern "C" __global__ void hl_wait_points(const unsigned long long *const *words, const int *kinds, int n,
-                                          unsigned long long value, const int *cancel, int *gate) {
+/* Signal a fence or a timeline from a stream, with the gate's failure taking precedence. */
+extern "C" __global__ void hl_signal(unsigned long long *word, int kind, unsigned long long value,
+                                     const int *gate) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    for (int i = 0; i < n; i++) {
+    int g = gate ? *(volatile const int *)gate : 0;
+    if (g < 0) return; /* a cancelled frame: not signalled */
+    hl_signal_word(word, kind, value, g);
+}
+
+/* An armed segment's frame, captured in its graph around the user's work
+ * (hostless.agents.cuda_armed): ctl is the slot's control block in device memory, its fields
+ * at the HL_ARMED_* indices (cuda.ARMED_CTL), written by the host only while no frame of the
+ * slot is queued.  hl_armed_wait runs first: once the stream's wait on the host word let the
+ * frame in (so each point is reached, or failed, in bounded time) it spins, one thread
+ * sleeping between looks, until every timeline word in ctl reached the frame (ctl[FRAME]) or
+ * the cancel flag is set; then gate = -1 when cancelled or not armed (no cancel flag: a run at
+ * capture time), else the inputs' status (a point reached before a failure succeeded). */
+extern "C" __global__ void hl_armed_wait(const unsigned long long *ctl, int *gate) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const volatile int *cancel = (const volatile int *)ctl[HL_ARMED_CANCEL];
+    unsigned long long n = ctl[HL_ARMED_N], value = ctl[HL_ARMED_FRAME];
+    if (!cancel || n > HL_ARMED_MAXW) { *gate = -1; return; }
+    const unsigned long long *const *words = (const unsigned long long *const *)(ctl + HL_ARMED_WORDS);
+    for (unsigned long long i = 0; i < n; i++) {
         const volatile unsigned long long *w = (const volatile unsigned long long *)words[i];
-        for (;;) {
-            unsigned long long x = *w;
-            if (kinds[i] == 2 ? x >= value : x != 0) break;
-            if (*(const volatile int *)cancel) { *gate = -1; return; }
+        while (*w < value) {
+            if (*cancel) { *gate = -1; return; }
             __nanosleep(200);
         }
     }
-    if (*(const volatile int *)cancel) { *gate = -1; return; }
+    if (*cancel) { *gate = -1; return; }
     __threadfence_system();
-    *gate = hl_inputs_status(words, kinds, 0, value, n);
+    int g = 0;
+    for (unsigned long long i = 0; i < n && !g; i++) {
+        unsigned long long w = *(volatile const unsigned long long *)words[i];
+        unsigned int ps = hl_point_status((struct hl_fence *)words[i], w, value);
+        if (ps != HL_STATUS_SUCCESS) g = (int)ps;
+    }
+    *gate = g;
+}
+
+/* The last node of an armed frame's graph: the slot's timeline (ctl[SIGNAL]) advanced to the
+ * frame, or failed with the gate's status, nothing when the gate is closed (-1); then the
+ * frame counter steps to the slot's next frame (ctl[STEP]: the graph's frame slots), in every
+ * case, so that it stays the frame of the next queued replay. */
+extern "C" __global__ void hl_armed_signal(unsigned long long *ctl, const int *gate) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int g = *(volatile const int *)gate;
+    unsigned long long *word = (unsigned long long *)ctl[HL_ARMED_SIGNAL];
+    if (g >= 0 && word) hl_signal_word(word, 2, ctl[HL_ARMED_FRAME], g);
+    ctl[HL_ARMED_FRAME] += ctl[HL_ARMED_STEP];
 }
 
 /* out[i] = src[i] when the gate is open (every input succeeded): 16-byte stores when both
@@ -150,6 +186,7 @@ extern "C" __global__ void hl_commit(unsigned char *out, const unsigned char *sr
     for (unsigned long long k = done + n8 * 8 + i; k < n; k += step) out[k] = src[k];
 }
 """
+)
 
 
 class _DeviceView:
@@ -243,7 +280,8 @@ class CudaPeer:
         self._k_gate = self.module.get_function("hl_gate")
         self._k_signal = self.module.get_function("hl_signal")
         self._k_commit = self.module.get_function("hl_commit")
-        self.k_wait_points = self.module.get_function("hl_wait_points")
+        self._k_armed_wait = self.module.get_function("hl_armed_wait")
+        self._k_armed_signal = self.module.get_function("hl_armed_signal")
         self._wake_fn = cu.CUhostFn(lowlevel.host_wake_fn())
         self._push_fn = cu.CUhostFn(lowlevel.host_push_fn())
         self._closed = False
@@ -397,6 +435,48 @@ class CudaPeer:
             (np.uint64(self.buffer_dptr(out)), scratch, np.uint64(n), gate),
             stream=stream or self.stream,
         )
+
+    def copy_kernel(self, dst: int, src: int, n: int, stream: int) -> None:
+        """Enqueue (or capture) a copy of ``n`` bytes from device address ``src`` to ``dst`` by a
+        kernel (``hl_commit`` ungated) on the stream at ``stream``: for small copies from
+        registered host memory, where a kernel starts sooner than a DMA."""
+        blocks = max(1, min(2048, (n // 16 + 255) // 256))
+        st = self.cp.cuda.ExternalStream(stream)
+        args = (np.uint64(dst), np.uint64(src), np.uint64(n), np.uint64(0))
+        self._k_commit((blocks,), (256,), args, stream=st)
+
+    def armed_ctl(self) -> Any:
+        """A fresh control block of an armed slot (device memory, zeros: not armed, a frame
+        run over it passes with its gate closed); :meth:`armed_set` fills it."""
+        return self.cp.zeros(len(ARMED_CTL) + ARMED_WAITS, dtype=np.uint64)
+
+    def armed_set(
+        self, ctl: Any, frame: int, step: int = 0, cancel: int = 0, signal: Any = None, waits: Any = ()
+    ) -> None:
+        """Write an armed slot's control block (synchronously: no frame of the slot may be
+        queued): the frame its next replay runs, its step, the device address of its cancel
+        flag (mapped pinned memory), the timeline it signals and those it waits on.  With
+        ``step`` 0 only the frame is written (after its queued frames passed)."""
+        cp = self.cp
+        st = cp.cuda.Stream(non_blocking=True)
+        if not step:
+            ctl[0:1].set(np.array([frame], dtype=np.uint64), stream=st)
+        else:
+            if len(waits) > ARMED_WAITS:
+                raise ValueError(f"an armed frame waits on at most {ARMED_WAITS} timelines")
+            vals = [frame, step, cancel, self.word_addr(signal), len(waits)]
+            vals += [self.word_addr(t) for t in waits]
+            vals += [0] * (ARMED_WAITS - len(waits))
+            ctl.set(np.array(vals, dtype=np.uint64), stream=st)
+        st.synchronize()
+
+    def armed_wait(self, ctl: Any, gate: Any, stream: Any) -> None:
+        """Enqueue (or capture) an armed frame's wait on its predecessors (``hl_armed_wait``)."""
+        self._k_armed_wait((1,), (1,), (ctl, gate), stream=stream)
+
+    def armed_signal(self, ctl: Any, gate: Any, stream: Any) -> None:
+        """Enqueue (or capture) an armed frame's gated signal and frame step (``hl_armed_signal``)."""
+        self._k_armed_signal((1,), (1,), (ctl, gate), stream=stream)
 
     def enqueue(
         self,

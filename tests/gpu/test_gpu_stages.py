@@ -229,3 +229,34 @@ def test_armed_segment_passes_an_input_failure_on(dom, gpu):
                 np.testing.assert_allclose(cg.run({"x": np.full(8, k, "f4")}, timeout=30)["y"], float(k))
     finally:
         cpu.stop()
+
+
+def test_armed_frames_stay_in_step_when_the_agent_requeues_them(dom, gpu):
+    """Each armed slot's graph counts its frames on the GPU (the frame its wait and signal
+    use); a request to the agent (here: compiling another graph while one is armed) lets the
+    queued frames pass and queues them again, which must set that count back.  Frames run
+    before, between and after such requests, and with a second armed graph on the same agent
+    interleaved, all come out right and in time."""
+    n = 16
+
+    def one():
+        g = Graph(dom).input("x", (n,), "f4")
+        g.stage("relu", gpu, F.t_relu, ["x"], ("y", (n,), "f4"), arrays="torch")
+        return g
+
+    with one().compile(inflight=2) as a:
+        assert "armed" in a.plan(), a.plan()
+        for k in range(1, 6):
+            np.testing.assert_allclose(a.run({"x": np.full(n, k, "f4")}, timeout=30)["y"], float(k))
+        with one().compile(inflight=3) as b:  # the agent requeues a's frames to load b
+            for k in range(1, 12):
+                t0 = time.monotonic()
+                np.testing.assert_allclose(a.run({"x": np.full(n, k, "f4")}, timeout=30)["y"], float(k))
+                np.testing.assert_allclose(b.run({"x": np.full(n, -k, "f4")}, timeout=30)["y"], 0.0)
+                np.testing.assert_allclose(b.run({"x": np.full(n, 2 * k, "f4")}, timeout=30)["y"], 2.0 * k)
+                assert time.monotonic() - t0 < 10
+                if k == 5:  # another request mid-stream: a third graph compiled and dropped
+                    with one().compile() as c:
+                        np.testing.assert_allclose(c.run({"x": np.ones(n, "f4")}, timeout=30)["y"], 1.0)
+        for k in range(1, 6):
+            np.testing.assert_allclose(a.run({"x": np.full(n, 3 * k, "f4")}, timeout=30)["y"], 3.0 * k)

@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import lowlevel
 from .._abi import C, handle_kind
+from ..cuda import ARMED_WAITS
 from .gpufn import Runner
 
 if TYPE_CHECKING:
@@ -27,17 +28,19 @@ class Armed:
     nor this process is on a frame's path.
 
     The slot runs frames ``start``, ``start + step``, ... (``step``: the graph's slots, each
-    with its own buffers and timelines), each queued as: a stream wait
+    with its own buffers and timelines), each queued as two operations: a stream wait
     (``cuStreamWaitValue64``) until the graph's *host word* (a u64 of a heap buffer that the
     host's frame program stores the frame number into, a release store after the frame's
-    inputs) reaches the frame; ``hl_wait_points``, one thread waiting for the predecessors'
-    points in this slot's timelines (bounded: the frame was submitted) and computing the gate;
-    the slot's captured graph, which ends with the gated commit of its result into the output
-    buffer (the gate: one device int of the runner, written by the wait: a slot's frames run in
-    stream order); the gated signal of the slot's timeline of the stage; and,
-    on a second stream behind an event of the signal, a host function that wakes its sleepers
-    (a host function holds its stream until it returns: on the slot's stream it would delay
-    the next frame).  It pushes nothing: the GPU's atomics on host
+    inputs) reaches the frame, then one replay of the slot's captured graph
+    (:class:`~hostless.agents.gpufn.Runner`), which holds the whole frame: the wait for the
+    predecessors' points in this slot's timelines (one thread, bounded: the frame was
+    submitted), which opens or closes the gate (one device int of the runner), the user's
+    work, the gated commit of its result into the output buffer, and the gated signal of the
+    slot's timeline, which steps the frame counter of the runner's control block (the slot's
+    frames run in stream order, so the counter is the frame of the replay that reads it).
+    After the replay, on a second stream behind an event, a host function wakes the
+    timeline's sleepers (a host function holds its stream until it returns: on the slot's
+    stream it would delay the next frame).  It pushes nothing: the GPU's atomics on host
     memory are not atomic against the host's on a PCIe machine without PCIe atomics, so the
     graph's host pushes the stages it feeds (:func:`hostless.segments.arm_plan`).
     :meth:`pump` (the agent's loop, every 100 us) keeps up to ``WINDOW`` of the slot's frames
@@ -53,9 +56,11 @@ class Armed:
     """
 
     WINDOW = 8
-    """The slot's frames queued ahead past the last one signalled: each is five or six stream
-    operations (and a host function on the wake stream), and a stream holds a bounded number
-    before a launch blocks."""
+    """The slot's frames queued ahead past the last one signalled: each is a stream wait, a
+    replay and an event (and a host function on the wake stream), and a stream holds a
+    bounded number before a launch blocks (with 32 the GPU tests hung on an H100, not
+    analysed: launches blocking behind the queued frames' waits, and the agent with them, is
+    the likely cause).  The agent's loop queues more every ``CudaLoop.ARMED_POLL_NS``."""
     PAST = 2**63 - 1
 
     def __init__(self, loop: CudaLoop, req: dict[str, Any], runner: Runner) -> None:
@@ -71,8 +76,8 @@ class Armed:
             if not isinstance(step, int) or not 0 < step <= 64:
                 raise ValueError("arm: step is the graph's number of frame slots")
             waits = req.get("waits")
-            if not isinstance(waits, list) or len(waits) > 16:
-                raise ValueError("arm: at most 16 wait timelines")
+            if not isinstance(waits, list) or len(waits) > ARMED_WAITS:
+                raise ValueError(f"arm: at most {ARMED_WAITS} wait timelines")
             for h in [*waits, req.get("fed"), req.get("signal")]:
                 if not isinstance(h, int) or handle_kind(h) != _KIND_TIMELINE:
                     raise ValueError(f"arm: {h!r} is not a timeline handle")
@@ -101,8 +106,11 @@ class Armed:
         self.signalled = cp.cuda.Event(block=False, disable_timing=True)
         self.wake_addr = peer.word_addr(self.signal) - peer.dbase + peer.base
         self.cancel = cupyx.zeros_pinned((1,), np.int32)  # mapped: its host address is its device one
-        self.addrs = cp.asarray(np.array([peer.word_addr(t) for t in self.waits] or [0], dtype=np.uint64))
-        self.kinds = cp.asarray(np.full(max(1, len(self.waits)), 2, dtype=np.int32))
+        try:  # no frame of the runner is queued now (the agent drained every armed stream first)
+            peer.armed_set(runner.ctl, start, step, self.cancel.ctypes.data, self.signal, self.waits)
+        except BaseException:
+            self.release()
+            raise
 
     def _done(self) -> int:
         """The slot's last frame signalled (``start - step`` before the first)."""
@@ -120,26 +128,11 @@ class Armed:
         peer, st, r = self.loop.peer, self.stream, self.runner
         while self.next <= self._done() + self.WINDOW * self.step:
             f = self.next
-            gate = r.gate  # (an armed runner is captured: its graph commits, gated by it)
             peer.wait_word(self.word, f, st)
-            peer.k_wait_points(
-                (1,),
-                (1,),
-                (
-                    self.addrs,
-                    self.kinds,
-                    np.int32(len(self.waits)),
-                    np.uint64(f),
-                    np.uint64(self.cancel.ctypes.data),
-                    gate,
-                ),
-                stream=st,
-            )
-            r.launch(int(st.ptr))
+            r.launch(int(st.ptr))  # the frame's wait, work, commit and signal (see the class)
             if self.loop.wake_inline:
-                peer.signal(self.signal, f, gate, st)
+                peer.host_wake(self.wake_addr, st)
             else:
-                peer.signal(self.signal, f, gate, st, wake=False)
                 self.signalled.record(st)
                 self.wake_stream.wait_event(self.signalled)
                 peer.host_wake(self.wake_addr, self.wake_stream)
@@ -151,9 +144,11 @@ class Armed:
         return self.signal.failure is not None or self.next > self._done() + self.step
 
     def requeue(self) -> None:
-        """After a pass (:func:`pass_frames`): the frames not signalled are queued again."""
+        """After a pass (:func:`pass_frames`: nothing of the slot queued): the frames not
+        signalled are queued again, the runner's frame counter set back to the first."""
         if self.signal.failure is None:
             self.next = self._done() + self.step
+            self.loop.peer.armed_set(self.runner.ctl, self.next)
 
     def release(self) -> None:
         for o in self.held:

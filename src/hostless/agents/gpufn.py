@@ -17,9 +17,10 @@ per frame slot with that slot's buffers.  Here, in the agent:
 - **Prepare** (:class:`Runner`): the slot's buffers are imported and checked
   (dtype, shape, device: a device buffer must be on this agent's GPU, the output
   no input), and the segment is captured as one CUDA graph over them: inputs in
-  host memory are copied in by DMA from the domain's registered (pinned) heap,
-  device buffers are read in place, intermediates live in the graph's private
-  memory, and the result is copied into the output buffer (DMA to host memory).
+  host memory are copied in from the domain's registered (pinned) heap (by DMA,
+  or by a kernel up to ``COPY_IN_KERNEL_MAX`` bytes), device buffers are read in
+  place, intermediates live in the graph's private memory, and the result is
+  copied into the output buffer (DMA to host memory).
 - **Per frame** (``CudaLoop``): the packet's buffers select the prepared runner;
   the stream waits on the inputs' words on the GPU, the graph is replayed (or
   the functions run eagerly), the signal is stored by the GPU gated on the
@@ -36,6 +37,7 @@ function fails the packet with ERROR and its traceback as the record.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +46,7 @@ import numpy as np
 
 from .. import stagefn
 
-__all__ = ["ARRAYS", "Segment", "Runner", "MAX_STAGES", "MAX_RUNNERS"]
+__all__ = ["ARRAYS", "Segment", "Runner", "MAX_STAGES", "MAX_RUNNERS", "COPY_IN_KERNEL_MAX"]
 
 ARRAYS = ("torch", "cupy")
 """What a GPU stage function takes and returns: PyTorch tensors or CuPy arrays."""
@@ -53,6 +55,11 @@ MAX_STAGES = 64
 MAX_RUNNERS = 64
 """Prepared runners (captured graphs) per segment: a packet whose buffers have none
 gets one captured then, up to this many; past it the oldest is dropped."""
+COPY_IN_KERNEL_MAX = int(os.environ.get("HOSTLESS_CUDA_COPY_IN_KERNEL_MAX", 64 << 10))
+"""Host inputs up to this many bytes are copied into device memory by a kernel reading the
+registered heap (one node that starts as soon as its predecessor ends), larger ones by DMA
+(the copy engines' bandwidth, no SM); ``HOSTLESS_CUDA_COPY_IN_KERNEL_MAX=0`` copies every one
+by DMA (for A/B runs)."""
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the driver reads where each pointer lives (UVA)
 
 
@@ -397,13 +404,15 @@ class Runner:
         self.peer = peer
         self.scratch: Any = None
         self.scratch_arr: Any = None
-        # gated and captured: the graph ends with the gated commit of its result, read where the
-        # capture left it (a captured graph writes the same memory on every replay), into the
-        # output buffer; `gate` (device int32, closed while capturing) is written before each
-        # replay by the armed slot's wait (hostless.agents.cuda_armed.Armed).  Gated and eager
-        # (a segment the agent does not arm): the result goes to `scratch`, never ungated into
-        # the output.
+        # gated and captured: an armed slot's frame (hostless.agents.cuda_armed.Armed) is one
+        # replay: the wait on the predecessors' points that opens or closes `gate` (device
+        # int32), the body, the gated commit of its result (read where the capture left it: a
+        # captured graph writes the same memory on every replay) into the output buffer, the
+        # gated signal; `ctl` (device memory) says which frame and which timelines, zeros
+        # until the slot is armed (the gate stays closed).  Gated and eager (a segment the
+        # agent does not arm): the result goes to `scratch`, never ungated into the output.
         self.gate: Any = peer.cp.full(1, -1, dtype=np.int32) if gated else None
+        self.ctl: Any = peer.armed_ctl() if gated else None
         self._result: Any = None
         self.outs = seg._outs()
         self.mode, self.why = seg.mode, seg.why
@@ -422,16 +431,23 @@ class Runner:
     def _compute(self, stream: int) -> Any:
         """The inputs copied in on ``stream``, then the segment's functions: their result."""
         for dst, src, n in self.copy_in:
-            _memcpy(dst, src, n, stream)
+            if n <= COPY_IN_KERNEL_MAX:  # small: a copy kernel starts sooner than a DMA
+                self.peer.copy_kernel(dst, src, n, stream)
+            else:
+                _memcpy(dst, src, n, stream)
         return self.seg.compute(self.dins, self.outs)
 
     def _body_committing(self, stream: int) -> None:
-        """A gated frame's work as captured: the body, then the gated commit of its result."""
+        """An armed frame's work as captured: its wait, the body, the gated commit of its
+        result, the gated signal."""
+        cp, peer = self.peer.cp, self.peer
+        st = cp.cuda.ExternalStream(stream)
+        peer.armed_wait(self.ctl, self.gate, st)
         r = self._result = self._compute(stream)  # kept: the graph's commit reads its memory
-        cp = self.peer.cp
         mem = cp.cuda.UnownedMemory(self.seg.lib.ptr(r), self.out_bytes, r, self.seg.device)
         view = cp.ndarray((self.out_bytes,), np.uint8, cp.cuda.MemoryPointer(mem, 0))
-        self.peer.commit(self.buffers[-1], view, self.gate, cp.cuda.ExternalStream(stream))
+        peer.commit(self.buffers[-1], view, self.gate, st)
+        peer.armed_signal(self.ctl, self.gate, st)
 
     def _body(self, stream: int) -> None:
         """One frame's work on ``stream`` (the current stream of the library too)."""
@@ -451,7 +467,7 @@ class Runner:
         """Drop the graph and the buffers (after the stream passed its last launch)."""
         self.launch = self._eager
         self.dins, self.outs, self.out_arr = [], [], None
-        self.scratch = self.scratch_arr = self._result = None
+        self.scratch = self.scratch_arr = self._result = self.ctl = None
         for b in self.buffers:
             try:
                 b.release()
