@@ -55,11 +55,14 @@ from .tables import print_table
 from .termtext import safe
 from .view import open_view
 
-__all__ = ["main", "build_parser", "domain_info", "PLUGIN_GROUP", "TOOLS", "TOOLS_HINT"]
+__all__ = ["main", "build_parser", "domain_info", "PLUGIN_GROUP", "TOOLS", "TOOLS_HINT", "EXIT_UNRECOVERED"]
 
 CLI_LABEL = "hostless-cli"
 
 PLUGIN_GROUP = "hostless.commands"
+EXIT_UNRECOVERED = 3
+"""``hostless check``'s exit status when the only findings are dead participants that nobody
+has recovered yet (0: consistent, 1: corrupt, 2: usage or the domain cannot be opened)."""
 """The entry-point group of the commands other distributions add to ``hostless``."""
 TOOLS = {
     "bench": "benchmarks (JSON + Markdown report)",
@@ -239,7 +242,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for p in unreaped:
             print(f"  {p}")
         print(f"run `hostless reap {args.name}` to recover them, then check again")
-    return 1 if corrupt else 3
+    return 1 if corrupt else EXIT_UNRECOVERED
 
 
 def cmd_reap(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from conftest import full_or, unique_name
 from hostless import cli
@@ -132,3 +132,27 @@ def test_truncation_case_is_reported_apart() -> None:
     assert set(r["counts"]) == {"truncate"}
     assert case["outcome"] in fuzz.OUTCOMES
     assert "Truncation cases" in fuzz.report_markdown(r)
+
+
+def test_a_cli_probe_reporting_unrecovered_participants_is_no_crash(tmp_path: Path) -> None:
+    """``hostless check`` exits 3 when hostile memory makes a participant look dead and not
+    recovered (a documented finding, like 1 for a corrupt table); any other status it does
+    not document is a crash.  (A sanitizer run once failed a case on the 3.)"""
+    import subprocess
+    import types
+
+    from hostless_tools.fuzz.classify import _classify
+    from hostless_tools.fuzz.procs import _Proc
+
+    def probe(rc: int) -> dict[str, Any]:
+        out, err = tmp_path / f"{rc}.out", tmp_path / f"{rc}.err"
+        out.write_text("x: not recovered yet\n")
+        err.write_text("")
+        popen = types.SimpleNamespace(returncode=rc, pid=1)
+        return _classify(_Proc("cli", cast(subprocess.Popen, popen), out, err, cli=True), [])
+
+    assert cli.EXIT_UNRECOVERED == 3
+    for rc in (0, 1, 2, cli.EXIT_UNRECOVERED):
+        assert probe(rc)["outcome"] == "clean", rc
+    assert probe(4)["outcome"] == "crash"
+    assert probe(-11)["outcome"] == "crash"

@@ -9,6 +9,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from hostless.cli import EXIT_UNRECOVERED
+
 from .policy import EXIT_UNEXPECTED, _accepted
 from .procs import _Proc
 
@@ -101,7 +103,7 @@ def _classify(p: _Proc, san: list[str]) -> dict[str, Any]:
     elif p.cli:
         if exc is not None and not _type_accepted(exc):
             outcome, why = "crash", f"unexpected exception {exc}"
-        elif rc not in (0, 1, 2):
+        elif rc not in (0, 1, 2, EXIT_UNRECOVERED):  # a finding the command reports is no crash
             outcome, why = "crash", f"exit status {rc}"
     elif rc == EXIT_UNEXPECTED:
         m = re.search(r"^UNEXPECTED (\S+) in (\S+)", err_text, re.M)
