@@ -268,7 +268,11 @@ class CompiledGraph(FrameRunner):
             elif d == "cpu" and any(
                 isinstance(s.kernel, GpuSegment) for s in g.stages if n in (s.output, *s.inputs)
             ):
-                why = "host memory: the host touches it every frame; the segment's graph moves it by DMA"
+                why = (
+                    "host memory: the host touches it every frame; the segment's graph copies it "
+                    "(by DMA; by a kernel for inputs up to hostless.agents.gpufn.COPY_IN_KERNEL_MAX "
+                    "bytes and for an armed segment's gated output)"
+                )
             elif d == "cpu":
                 devs = sorted({s.agent.device for s in g.stages if n in s.inputs or s.output == n})
                 why = "host memory: used on " + ", ".join(devs) if devs else "host memory"
