@@ -460,12 +460,14 @@ class CudaPeer:
         cp = self.cp
         st = cp.cuda.Stream(non_blocking=True)
         if not step:
-            ctl[0:1].set(np.array([frame], dtype=np.uint64), stream=st)
+            i = ARMED_CTL.index("frame")
+            ctl[i : i + 1].set(np.array([frame], dtype=np.uint64), stream=st)
         else:
             if len(waits) > ARMED_WAITS:
                 raise ValueError(f"an armed frame waits on at most {ARMED_WAITS} timelines")
-            vals = [frame, step, cancel, self.word_addr(signal), len(waits)]
-            vals += [self.word_addr(t) for t in waits]
+            sig = self.word_addr(signal)
+            fields = {"frame": frame, "step": step, "cancel": cancel, "signal": sig, "n": len(waits)}
+            vals = [fields[k] for k in ARMED_CTL] + [self.word_addr(t) for t in waits]
             vals += [0] * (ARMED_WAITS - len(waits))
             ctl.set(np.array(vals, dtype=np.uint64), stream=st)
         st.synchronize()
