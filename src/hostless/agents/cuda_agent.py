@@ -13,6 +13,7 @@ reference to the block until the stream has passed the push.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import queue as _queue
 import threading
@@ -84,6 +85,7 @@ class CudaLoop(AgentLoop):
         # that the host function never holds up the slot's next frame; "inline" (the old way,
         # for A/B runs of the benchmarks) queues it on the slot's stream
         self.wake_inline = os.environ.get("HOSTLESS_CUDA_ARMED_WAKE", "") == "inline"
+        _precise_sleeps()
 
     ARMED_POLL_NS = 100_000
     """While segments are armed the loop looks at them this often (it queues their next frames):
@@ -399,6 +401,21 @@ class CudaLoop(AgentLoop):
         # argument blocks of follow-ups and device temporaries live until the GPU passed them
         self.inflight.append((st.record(), packets + [_Keep(keep)]))
         self.trace(_EV_END, self.queue.handle, idx, pkt.signal, 0, 1)
+
+
+def _precise_sleeps() -> None:
+    """This thread's timer slack to 1 us (``PR_SET_TIMERSLACK``, as the GPU command processor's
+    forwarder thread): the loop's bounded sleeps between looks at the armed segments
+    (``CudaLoop.ARMED_POLL_NS``) then end nearer their nominal time.  On the 2-core VM an empty
+    queue's pop of 100 us (50 us of them spinning) took 191 us at the median with the default
+    slack of 50 us and 136 us with 1 us (``benchmarks/pop_cycle.py``,
+    ``results/pop-cycle-vm-2026-12-07.json``), while an armed slot's ``Armed.WINDOW`` frames of
+    about 20 us each last 160 us: a frame submitted past them waits for the next look.  (Its
+    effect on armed frames is not measured on a GPU yet.)"""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, ns
+    except (OSError, AttributeError):
+        pass
 
 
 def _device_copy(cp: Any, peer: Any, b: Any, stream: Any = None) -> Any:
