@@ -409,9 +409,9 @@ def _precise_sleeps() -> None:
     (``CudaLoop.ARMED_POLL_NS``) then end nearer their nominal time.  On the 2-core VM an empty
     queue's pop of 100 us (50 us of them spinning) took 191 us at the median with the default
     slack of 50 us and 136 us with 1 us (``benchmarks/pop_cycle.py``,
-    ``results/pop-cycle-vm-2026-12-07.json``), while an armed slot's ``Armed.WINDOW`` frames of
-    about 20 us each last 160 us: a frame submitted past them waits for the next look.  (Its
-    effect on armed frames is not measured on a GPU yet.)"""
+    ``results/pop-cycle-vm-2026-12-07.json``), longer than an armed slot's ``Armed.WINDOW``
+    frames of one GPU stage last (19 us each on an H100): a frame submitted past them waits
+    for the next look.  (Its effect on armed frames is not measured on a GPU yet.)"""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, ns
     except (OSError, AttributeError):
