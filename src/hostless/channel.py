@@ -29,8 +29,10 @@ acknowledgement timeline, owned by the subscriber (the last frame it released).
 * A subscriber that dies (its acknowledgement timeline OWNER_DIED, by recovery) is kept for
   ``grace`` seconds (a ``"block"`` one still holds its unacknowledged slots); a subscriber
   started under the same name within the grace takes its place (as ``<name>+`` until the
-  publisher promotes it) and resumes after the last frame the dead one acknowledged.  After
-  the grace it is dropped.  ``Subscriber.close()`` leaves at once (its timeline CANCEL).
+  publisher promotes it) and resumes after the last frame the dead one acknowledged (or a
+  successor of it that died before the publisher promoted it: it keeps its progress in the
+  dead one's record, word ``_REC_AFTER``).  After the grace it is dropped.
+  ``Subscriber.close()`` leaves at once (its timeline CANCEL).
 * Everything read from shared memory (descriptor, records, timelines' words) is validated:
   sizes, magic, counts by subtraction, handles by importing them.
 """
@@ -83,6 +85,7 @@ _STARTS = ("newest", "oldest", "next")
 _REC_MAGIC = int.from_bytes(b"HLCHSUB1", "little")
 _REC_WORDS = 8
 _REC_SEEN = 5  # the record's word the publisher sets when it adopts it
+_REC_AFTER = 6  # the last frame a successor not taken in yet acknowledged (in its predecessor's record)
 _SEEN = int.from_bytes(b"HLCHSEEN", "little")
 _FAILED = int(C.TIMELINE_FAILED)
 _POLL = 0.005  # seconds between looks while a dead subscriber's grace runs (a replacement may come)

@@ -21,6 +21,7 @@ from .buffer import Buffer, normalize_layout
 from .channel import (
     _FAILED,
     _POLICIES,
+    _REC_AFTER,
     _REC_MAGIC,
     _REC_SEEN,
     _REC_WORDS,
@@ -115,6 +116,7 @@ class Subscriber(_Ring):
                     )
             self._key = f"ch:{channel}/{name}"
             self._pred = 0
+            self._pred_rec: Buffer | None = None  # a successor's hold on its predecessor's record
             self._register(start, deadline)
         except BaseException:
             self._closed = True
@@ -147,11 +149,14 @@ class Subscriber(_Ring):
                 return "stale", 0
             finally:
                 ack.release()
+            # what a successor of it acknowledged before the publisher took it in (and died: it
+            # writes there while it lives); never past the frames published
+            after = min(int(w[_REC_AFTER]), self._value(self._pub_h))
         finally:
             rec.release()
         if failure is None:
             return "live", last
-        return ("stale", 0) if failure == Status.CANCEL else ("dead", last)
+        return ("stale", 0) if failure == Status.CANCEL else ("dead", max(last, after))
 
     def _first(self, start: str) -> int:
         p, c = self._value(self._pub_h), self._value(self._claim_h)
@@ -168,6 +173,7 @@ class Subscriber(_Ring):
         several processes only one gets either."""
         dom, key = self._dom, self._key
         reaped = False
+        after = 0  # the last frame a dead successor acknowledged (its record, while it is still named)
         while True:
             if deadline is not None and time.monotonic() > deadline + 1.0:  # (a live holder: below)
                 raise ChannelError(f"subscriber {self.sub_name!r}: its name kept changing; try again")
@@ -184,13 +190,20 @@ class Subscriber(_Ring):
             if verdict == "dead":  # take it over, as its successor
                 hs = names.peek(dom, key + "+")
                 if hs is None:
-                    if self._publish(key + "+", last + 1, True):
+                    if self._publish(key + "+", max(last, after) + 1, True):
                         self._pred = h
+                        try:  # held while we are not taken in: our acknowledgements go there too
+                            self._pred_rec = dom.import_buffer(h)
+                        except HostlessError:  # (freed meanwhile: nothing to keep our progress in)
+                            self._pred_rec = None
+                            self._bind_ack(self._ack)
                         return
                     continue
-                verdict, _ = self._judge(key + "+", hs)
+                verdict, last_s = self._judge(key + "+", hs)
                 if verdict in ("stale", "dead"):  # (a successor that died before the publisher saw it)
                     _unpublish(dom, key + "+", hs)
+                if verdict == "dead":  # it received frames past its predecessor's: resume after them
+                    after = max(after, last_s)
                 if verdict != "live":
                     continue
             if not reaped:  # a live holder: maybe one killed a moment ago; recover it now
@@ -231,7 +244,8 @@ class Subscriber(_Ring):
             _release(ack, rec)
             raise ChannelFull(f"channel {self.name!r} has {MAX_SUBSCRIBERS} subscribers already")
         self._ack, self._rec, self._ack_h = ack, rec, int(ack.handle)
-        self._bind_ack(ack)
+        if not resumed:  # (a successor acknowledges through _finish until the publisher takes it in)
+            self._bind_ack(ack)
         self._next, self.resumed = first, resumed
         return True
 
@@ -346,6 +360,12 @@ class Subscriber(_Ring):
         # word below n + depth is not failed (a failed word is larger than any frame number)
         intact = self._word(self._claim_h) < n + self.depth or self._intact(n)
         if not self._closed:
+            pred = self._pred_rec
+            if pred is not None:  # a successor not taken in yet: its progress where a successor finds it
+                try:
+                    pred.numpy()[_REC_AFTER] = n
+                except HostlessError:
+                    pass
             try:
                 self._ack.signal(n)  # (n is above every value this subscriber gave it)
             except (AlreadySignaled, ValueError) as e:
@@ -355,6 +375,10 @@ class Subscriber(_Ring):
                         f"another participant ({e}); close it and subscribe again"
                     ) from None
             self._next = n + 1
+            if pred is not None and self.seen:  # taken in: the publisher holds our record now
+                self._pred_rec = None
+                _release(pred)
+                self._bind_ack(self._ack)
         if not intact and ok:
             raise FrameOverwritten(
                 f"channel {self.name!r}: frame {n} was overwritten while subscriber {self.sub_name!r} "
@@ -392,7 +416,8 @@ class Subscriber(_Ring):
             _unpublish(self._dom, key, int(self._rec.handle))
         if self._pred:  # never promoted: the dead predecessor's record must not outlive us by name
             _unpublish(self._dom, self._key, self._pred)
-        _release(self._ack, self._rec, self._pub, self._claim, *self._slots)
+        _release(self._ack, self._rec, self._pred_rec, self._pub, self._claim, *self._slots)
+        self._pred_rec = None
 
     def __repr__(self) -> str:
         return (

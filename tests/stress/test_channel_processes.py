@@ -253,6 +253,9 @@ def test_sigkill_anywhere_including_registration_loses_no_frame(domain_name: str
                 kill_child(kid)
                 logs.append([int(x.split()[1]) for x in _lines(kid) if x.startswith("f ")])
                 kid = spawn_child(SUB, domain_name, "k", "block")
+            # the last one subscribed before the channel closes (else it finds no channel: seen
+            # failing after 20 s, the publisher done and closed before it started)
+            assert read_line(kid, 30) == "joined"
             th.join(180)
             assert not errors, errors
             pub.close()
@@ -380,3 +383,84 @@ def test_a_successor_killed_before_the_publisher_saw_it_leaves_the_resume_point(
                 if k is not None:
                     kill_child(k)
         pub.close()
+
+
+# A subscriber that reports where it starts at once (no wait for the publisher to take it in)
+# and logs "f <seq>" for each frame, printed after its with block (after its acknowledgement).
+SUB_NOW = """
+dom = hl.Domain.open(sys.argv[1], label="sub-" + sys.argv[2], watchdog_interval=0.01)
+sub = hl.Subscriber(dom, "cam", sys.argv[2], policy="block", start="oldest", timeout=20)
+print("ready", sub._next, int(sub.resumed), flush=True)
+while True:
+    try:
+        frame = sub.receive(timeout=20)
+    except hl.ChannelClosed:
+        break
+    with frame:
+        seq = frame.seq
+    print("f", seq, flush=True)
+"""
+
+
+def test_a_successor_killed_before_the_publisher_took_it_in_is_resumed_after(domain_name: str) -> None:
+    """The name's holder dies; its successor (``<name>+``, not yet promoted: the publisher has
+    loaned nothing since) receives and acknowledges frames, then dies too; the next successor
+    resumes after the frames that one acknowledged, not after the holder's (seen once in a
+    fresh clone's run of the SIGKILL test above: two frames delivered twice after the
+    publisher's last frame)."""
+    with hl.Domain.create(domain_name, heap="16M", participants=16, watchdog_interval=0.01) as d:
+        pub = hl.Channel(d, "cam", 64, depth=4, grace=30)
+        kids = [spawn_child(SUB_NOW, domain_name, "k")]
+        try:
+            assert read_line(kids[0]) == "ready 1 0"
+            assert wait_until(lambda: "k" in pub.subscribers, 10)
+            for _ in range(3):
+                with pub.loan(timeout=10) as f:
+                    f.data[...] = f.seq
+            assert [read_line(kids[0]) for _ in range(3)] == ["f 1", "f 2", "f 3"]  # acknowledged
+            kill_child(kids[0])
+            for _ in range(3):  # within the ring: 3 acknowledged + depth 4, no wait for the dead
+                with pub.loan(timeout=10) as f:
+                    f.data[...] = f.seq
+            kids.append(spawn_child(SUB_NOW, domain_name, "k"))
+            assert read_line(kids[1], 30) == "ready 4 1"  # after the holder's last frame
+            assert [read_line(kids[1]) for _ in range(3)] == ["f 4", "f 5", "f 6"]
+            kill_child(kids[1])
+            kids.append(spawn_child(SUB_NOW, domain_name, "k"))
+            assert read_line(kids[2], 30) == "ready 7 1"  # after its successor's, not "ready 4 1"
+            with pub.loan(timeout=10) as f:  # the publisher takes it in and goes on
+                f.data[...] = f.seq
+            assert read_line(kids[2]) == "f 7"
+            pub.close()
+        finally:
+            for k in kids:
+                kill_child(k)
+
+
+def test_a_successors_progress_word_past_the_published_frames_is_not_believed(domain_name: str) -> None:
+    """The progress a successor finds in its dead predecessor's record is shared memory: a value
+    written there past the frames published (a hostile or broken participant) does not make the
+    next one skip frames; it resumes after the dead one's own acknowledgement."""
+    from hostless import names
+    from hostless.channel import _REC_AFTER
+
+    with hl.Domain.create(domain_name, heap="16M", participants=16, watchdog_interval=0.01) as d:
+        pub = hl.Channel(d, "cam", 64, depth=4, grace=30)
+        kids = [spawn_child(SUB_NOW, domain_name, "k")]
+        try:
+            assert read_line(kids[0]) == "ready 1 0"
+            assert wait_until(lambda: "k" in pub.subscribers, 10)
+            for _ in range(3):
+                with pub.loan(timeout=10) as f:
+                    f.data[...] = f.seq
+            assert [read_line(kids[0]) for _ in range(3)] == ["f 1", "f 2", "f 3"]
+            kill_child(kids[0])
+            rec = d.import_buffer(names.peek(d, "ch:cam/k"))
+            rec.numpy()[_REC_AFTER] = 1 << 40  # as a hostile participant could
+            rec.release()
+            kids.append(spawn_child(SUB_NOW, domain_name, "k"))
+            assert read_line(kids[1], 30) == "ready 4 1"  # min(that, published 3) + 1
+            pub.close()
+        finally:
+            for k in kids:
+                kill_child(k)
