@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -402,6 +403,17 @@ while True:
 """
 
 
+def _holder_dies_after_three(pub: hl.Channel, domain_name: str, kids: list[Any]) -> None:
+    """Subscriber "k" (a SUB_NOW child, added to ``kids``) receives and acknowledges frames 1-3,
+    then is killed."""
+    kids.append(spawn_child(SUB_NOW, domain_name, "k"))
+    assert read_line(kids[0]) == "ready 1 0"
+    assert wait_until(lambda: "k" in pub.subscribers, 10)
+    fill(pub, 3, timeout=10)
+    assert [read_line(kids[0]) for _ in range(3)] == ["f 1", "f 2", "f 3"]  # acknowledged
+    kill_child(kids[0])
+
+
 def test_a_successor_killed_before_the_publisher_took_it_in_is_resumed_after(domain_name: str) -> None:
     """The name's holder dies; its successor (``<name>+``, not yet promoted: the publisher has
     loaned nothing since) receives and acknowledges frames, then dies too; the next successor
@@ -410,26 +422,17 @@ def test_a_successor_killed_before_the_publisher_took_it_in_is_resumed_after(dom
     publisher's last frame)."""
     with hl.Domain.create(domain_name, heap="16M", participants=16, watchdog_interval=0.01) as d:
         pub = hl.Channel(d, "cam", 64, depth=4, grace=30)
-        kids = [spawn_child(SUB_NOW, domain_name, "k")]
+        kids: list[Any] = []
         try:
-            assert read_line(kids[0]) == "ready 1 0"
-            assert wait_until(lambda: "k" in pub.subscribers, 10)
-            for _ in range(3):
-                with pub.loan(timeout=10) as f:
-                    f.data[...] = f.seq
-            assert [read_line(kids[0]) for _ in range(3)] == ["f 1", "f 2", "f 3"]  # acknowledged
-            kill_child(kids[0])
-            for _ in range(3):  # within the ring: 3 acknowledged + depth 4, no wait for the dead
-                with pub.loan(timeout=10) as f:
-                    f.data[...] = f.seq
+            _holder_dies_after_three(pub, domain_name, kids)
+            fill(pub, 3, timeout=10)  # within the ring: 3 acknowledged + depth 4, no wait for the dead
             kids.append(spawn_child(SUB_NOW, domain_name, "k"))
             assert read_line(kids[1], 30) == "ready 4 1"  # after the holder's last frame
             assert [read_line(kids[1]) for _ in range(3)] == ["f 4", "f 5", "f 6"]
             kill_child(kids[1])
             kids.append(spawn_child(SUB_NOW, domain_name, "k"))
             assert read_line(kids[2], 30) == "ready 7 1"  # after its successor's, not "ready 4 1"
-            with pub.loan(timeout=10) as f:  # the publisher takes it in and goes on
-                f.data[...] = f.seq
+            fill(pub, 1, timeout=10)  # the publisher takes it in and goes on
             assert read_line(kids[2]) == "f 7"
             pub.close()
         finally:
@@ -446,15 +449,9 @@ def test_a_successors_progress_word_past_the_published_frames_is_not_believed(do
 
     with hl.Domain.create(domain_name, heap="16M", participants=16, watchdog_interval=0.01) as d:
         pub = hl.Channel(d, "cam", 64, depth=4, grace=30)
-        kids = [spawn_child(SUB_NOW, domain_name, "k")]
+        kids: list[Any] = []
         try:
-            assert read_line(kids[0]) == "ready 1 0"
-            assert wait_until(lambda: "k" in pub.subscribers, 10)
-            for _ in range(3):
-                with pub.loan(timeout=10) as f:
-                    f.data[...] = f.seq
-            assert [read_line(kids[0]) for _ in range(3)] == ["f 1", "f 2", "f 3"]
-            kill_child(kids[0])
+            _holder_dies_after_three(pub, domain_name, kids)
             rec = d.import_buffer(names.peek(d, "ch:cam/k"))
             rec.numpy()[_REC_AFTER] = 1 << 40  # as a hostile participant could
             rec.release()
