@@ -69,14 +69,14 @@ _KERNELS = (
 #include "hostless.h"
 
 /* The status n completed inputs give a stage: 0 when every one succeeded, else the first
- * failure.  kinds[i]: 1 binary fence (the word is its status), 2 timeline, waited to values[i]
- * (or to `value` when values is 0): the header's rule, a point reached before a failure
- * succeeded (ABI 6, hl_point_status). */
+ * failure.  kinds[i]: 1 binary fence (the word is its status), 2 timeline (every input when
+ * kinds is 0), waited to values[i] (or to `value` when values is 0): the header's rule, a point
+ * reached before a failure succeeded (ABI 6, hl_point_status). */
 __device__ static int hl_inputs_status(const unsigned long long *const *words, const int *kinds,
                                        const unsigned long long *values, unsigned long long value, int n) {
     for (int i = 0; i < n; i++) {
         unsigned long long w = *(volatile const unsigned long long *)words[i];
-        if (kinds[i] == 2) {
+        if (!kinds || kinds[i] == 2) {
             unsigned int ps = hl_point_status((struct hl_fence *)words[i], w, values ? values[i] : value);
             if (ps != HL_STATUS_SUCCESS) return (int)ps;
         } else if (w != HL_STATUS_SUCCESS) {
@@ -142,13 +142,7 @@ extern "C" __global__ void hl_armed_wait(const unsigned long long *ctl, int *gat
     }
     if (*cancel) { *gate = -1; return; }
     __threadfence_system();
-    int g = 0;
-    for (unsigned long long i = 0; i < n && !g; i++) {
-        unsigned long long w = *(volatile const unsigned long long *)words[i];
-        unsigned int ps = hl_point_status((struct hl_fence *)words[i], w, value);
-        if (ps != HL_STATUS_SUCCESS) g = (int)ps;
-    }
-    *gate = g;
+    *gate = hl_inputs_status(words, 0, 0, value, (int)n); /* (n <= HL_ARMED_MAXW: checked above) */
 }
 
 /* The last node of an armed frame's graph: the slot's timeline (ctl[SIGNAL]) advanced to the
@@ -187,6 +181,12 @@ extern "C" __global__ void hl_commit(unsigned char *out, const unsigned char *sr
 }
 """
 )
+
+
+def _copy_blocks(n: int) -> int:
+    """Blocks of 256 threads for ``hl_commit`` over ``n`` bytes: one 16-byte store per thread,
+    at most 2048 blocks (they loop past that)."""
+    return max(1, min(2048, (n // 16 + 255) // 256))
 
 
 class _DeviceView:
@@ -428,9 +428,8 @@ class CudaPeer:
         n = out.nbytes
         if scratch.nbytes != n:
             raise ValueError("scratch and output sizes differ")
-        blocks = max(1, min(2048, (n // 16 + 255) // 256))
         self._k_commit(
-            (blocks,),
+            (_copy_blocks(n),),
             (256,),
             (np.uint64(self.buffer_dptr(out)), scratch, np.uint64(n), gate),
             stream=stream or self.stream,
@@ -440,10 +439,9 @@ class CudaPeer:
         """Enqueue (or capture) a copy of ``n`` bytes from device address ``src`` to ``dst`` by a
         kernel (``hl_commit`` ungated) on the stream at ``stream``: for small copies from
         registered host memory, where a kernel starts sooner than a DMA."""
-        blocks = max(1, min(2048, (n // 16 + 255) // 256))
         st = self.cp.cuda.ExternalStream(stream)
         args = (np.uint64(dst), np.uint64(src), np.uint64(n), np.uint64(0))
-        self._k_commit((blocks,), (256,), args, stream=st)
+        self._k_commit((_copy_blocks(n),), (256,), args, stream=st)
 
     def armed_ctl(self) -> Any:
         """A fresh control block of an armed slot (device memory, zeros: not armed, a frame
