@@ -17,6 +17,7 @@ import ctypes
 import os
 import queue as _queue
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -90,6 +91,16 @@ class CudaLoop(AgentLoop):
     ARMED_POLL_NS = 100_000
     """While segments are armed the loop looks at them this often (it queues their next frames):
     ``Armed.WINDOW`` frames per look at most."""
+
+    def pop_spin_ns(self) -> int:
+        """No doorbell spin while segments are armed and no packet came within
+        ``C.AGENT_BUSY_NS`` (the C loop's rule for packets that come often): an armed
+        pipeline's frames bring this loop no packet, and spinning half of every
+        ``ARMED_POLL_NS`` cycle for them cost half a core.  A packet still wakes the
+        sleeping loop (the doorbell's futex), and the spin comes back with the next."""
+        if self.armed and time.monotonic_ns() - self.last_packet_ns >= C.AGENT_BUSY_NS:
+            return 0
+        return super().pop_spin_ns()
 
     # ------------------------------------------------------------ load channel
     def load_function(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -407,7 +418,8 @@ def _precise_sleeps() -> None:
     """This thread's timer slack to 1 us (``PR_SET_TIMERSLACK``, as the GPU command processor's
     forwarder thread): the loop's bounded sleeps between looks at the armed segments
     (``CudaLoop.ARMED_POLL_NS``) then end nearer their nominal time.  On the 2-core VM an empty
-    queue's pop of 100 us (50 us of them spinning) took 191 us at the median with the default
+    queue's pop of 100 us (50 us of them spinning, as before :meth:`CudaLoop.pop_spin_ns`
+    dropped the spin of an armed loop without packets) took 191 us at the median with the default
     slack of 50 us and 136 us with 1 us (``benchmarks/pop_cycle.py``,
     ``results/pop-cycle-vm-2026-12-07.json``), longer than an armed slot's ``Armed.WINDOW``
     frames of one GPU stage last (19 us each on an H100): a frame submitted past them waits

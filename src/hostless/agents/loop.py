@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -178,6 +179,7 @@ class AgentLoop:
         self.kernels: dict[int, Any] = dict(user)
         self.running = True
         self.spin_ns = 50_000  # how long an idle agent polls its doorbell before sleeping
+        self.last_packet_ns = 0  # time.monotonic_ns() when the last packet was popped
         self.wait_timeout = wait_timeout
         self.follow_timeout = follow_timeout
         self.stale_below = 0
@@ -197,7 +199,7 @@ class AgentLoop:
         while self.running:
             self.service()
             # a bounded wait after the spin (both at most pop_timeout_ns: service() runs that often)
-            r = q.pop_raw(self.pop_timeout_ns, min(self.spin_ns, self.pop_timeout_ns))
+            r = q.pop_raw(self.pop_timeout_ns, self.pop_spin_ns())
             if r is None:
                 idle += 1
                 if os.getppid() != self.parent:
@@ -206,6 +208,7 @@ class AgentLoop:
                     self.cache.clear()
                 continue
             idle = 0
+            self.last_packet_ns = time.monotonic_ns()
             idx, raw = r
             pkt = Packet.decode(raw)
             if idx < self.stale_below:
@@ -223,6 +226,11 @@ class AgentLoop:
                 self.finish(pkt, Status.ERROR, idx)
             q.completed()
             self.cache.trim()
+
+    def pop_spin_ns(self) -> int:
+        """How long the next pop polls the doorbell before it sleeps on it (at most
+        ``pop_timeout_ns``): ``spin_ns`` here; a subclass may spin less."""
+        return min(self.spin_ns, self.pop_timeout_ns)
 
     def execute(self, idx: int, pkt: Packet) -> None:
         """Run packet ``idx`` of the queue (a subclass's); never raises for a bad packet."""

@@ -240,6 +240,7 @@ static const struct {
     {"AGENT_HOP_LIMIT", HLE_AGENT_HOP_LIMIT},
     {"AGENT_FAIL_DEPTH", HLE_AGENT_FAIL_DEPTH},
     {"AGENT_FAIL_BUDGET", HLE_AGENT_FAIL_BUDGET},
+    {"AGENT_BUSY_NS", HLE_AGENT_BUSY_NS},
     {"AGENT_KEEP_NS", HLE_AGENT_KEEP_NS},
     {"WAIT_MANY_MAX", HLE_WAIT_MANY_MAX}, /* objects of one domain per wait_many / WaitSet */
     /* kernel ids (hostless_kernels.h) */

@@ -411,12 +411,12 @@ static void load_table(struct agent *a) {
 
 /* The doorbell spin for the next pop (contract in hostless_engine.h).  The
  * measured wait of a pop that parked includes the wake-up (tens of us in a
- * VM): packets that come within AGENT_BUSY_NS of each other count as frequent
+ * VM): packets that come within HLE_AGENT_BUSY_NS of each other count as frequent
  * even when the wake-up alone is longer than spin_ns. */
 static int64_t next_spin(const struct agent *a) {
     int64_t max = a->cfg->spin_ns > 0 ? a->cfg->spin_ns : 0;
     if (a->cfg->fixed_spin || max == 0) return max;
-    uint64_t busy = (uint64_t)max > AGENT_BUSY_NS ? (uint64_t)max : AGENT_BUSY_NS;
+    uint64_t busy = max > HLE_AGENT_BUSY_NS ? (uint64_t)max : (uint64_t)HLE_AGENT_BUSY_NS;
     if (a->wait_avg >= busy) return 0; /* packets come rarely: park at once */
     uint64_t s = 4 * a->wait_avg;
     if (s < AGENT_SPIN_FLOOR_NS) s = AGENT_SPIN_FLOOR_NS;

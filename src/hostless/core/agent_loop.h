@@ -18,7 +18,6 @@
 #define AGENT_MAX_KBUFS 16           /* buffers a C kernel takes (more: the Python kernel) */
 #define AGENT_MAX_KSCALARS 8         /* scalars a C kernel takes (more: the Python kernel) */
 #define AGENT_SPIN_FLOOR_NS 20000ll  /* the least adaptive spin once packets come often */
-#define AGENT_BUSY_NS 1000000ull     /* recent waits shorter than this on average: packets come often */
 #define ERT_RECORDED 2               /* an ERT command failed in the Python CU (already recorded) */
 
 struct agent {

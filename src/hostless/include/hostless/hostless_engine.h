@@ -282,6 +282,7 @@ uint32_t hle_name_seq(hle_ctx *c);
 #define HLE_AGENT_FAIL_BUDGET 256
 #define HLE_AGENT_MAX_CUS 32
 #define HLE_AGENT_IDLE_AFTER_NS 100000000ll /* 100 ms without a packet: idle (idle_nap_ns) */
+#define HLE_AGENT_BUSY_NS 1000000ll      /* packets that come within 1 ms of each other on average come often */
 #define HLE_AGENT_KEEP_NS 200000ll        /* hostless's agents: kept imports live 200 us past the last packet */
 #define HLE_AGENT_KEEP_SLICE_NS 50000ll   /* while keeping: a pop slice, then the kept objects are swept */
 #define HLE_AGENT_MAX_KEPT 32

@@ -97,15 +97,21 @@ def chain16(dom: hl.Domain, cpu: Any, gpu: Any, kinds: str, frames: int) -> dict
     return row
 
 
-def _cpu_s(pids: list[int]) -> float:
-    """CPU seconds (user + system) used so far by this process and ``pids``."""
-    t = time.process_time()
+def _cpu_by(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by this process (``host``) and each of ``pids``."""
+    out = {"host": time.process_time()}
     tick = os.sysconf("SC_CLK_TCK")
-    for p in pids:
+    for name, p in pids.items():
         with open(f"/proc/{p}/stat") as f:
             parts = f.read().rsplit(")", 1)[1].split()
-        t += (int(parts[11]) + int(parts[12])) / tick
-    return t
+        out[name] = (int(parts[11]) + int(parts[12])) / tick
+    return out
+
+
+def _cpu_row(c0: dict[str, float], c1: dict[str, float], frames: int) -> dict[str, Any]:
+    """CPU per frame in all (``cpu_us_per_frame``) and by process (``cpu_us_per_frame_by``)."""
+    by = {k: (c1[k] - c0[k]) / frames * 1e6 for k in c0}
+    return {"cpu_us_per_frame": sum(by.values()), "cpu_us_per_frame_by": by}
 
 
 def cross_engine(dom: hl.Domain, gpu: Any, npu: Any, n: int, frames: int) -> dict[str, Any]:
@@ -124,10 +130,11 @@ def cross_engine(dom: hl.Domain, gpu: Any, npu: Any, n: int, frames: int) -> dic
     res: dict[str, Any] = {}
     with g.compile(dispatch="direct", data="shared") as cg:
         cg.run({"x": frame})
-        c0 = _cpu_s([gpu.proc.pid, npu.proc.pid])
+        pids = {"cuda agent": gpu.proc.pid, "npu agent": npu.proc.pid}
+        c0 = _cpu_by(pids)
         st, o = time_frames(lambda: cg.run({"x": frame}, timeout=60)["y"], frames, warm=0)
-        c1 = _cpu_s([gpu.proc.pid, npu.proc.pid])
-        res["hostless"] = {**st, "cpu_us_per_frame": (c1 - c0) / frames * 1e6, "plan": cg.plan(), "out": o}
+        c1 = _cpu_by(pids)
+        res["hostless"] = {**st, **_cpu_row(c0, c1, frames), "plan": cg.plan(), "out": o}
     # the host-orchestrated anchor
     dev = torch.device("cuda:0")
     wt = torch.from_numpy(w).to(dev)
@@ -166,10 +173,10 @@ def cross_engine(dom: hl.Domain, gpu: Any, npu: Any, n: int, frames: int) -> dic
             return hy.numpy().copy()
 
         step()
-        c0 = _cpu_s([npu.proc.pid])
+        c0 = _cpu_by({"npu agent": npu.proc.pid})
         st, o2 = time_frames(step, frames, warm=0)
-        c1 = _cpu_s([npu.proc.pid])
-        res["host_orchestrated"] = {**st, "cpu_us_per_frame": (c1 - c0) / frames * 1e6, "out": o2}
+        c1 = _cpu_by({"npu agent": npu.proc.pid})
+        res["host_orchestrated"] = {**st, **_cpu_row(c0, c1, frames), "out": o2}
     return res
 
 
@@ -412,7 +419,9 @@ def report(res: dict[str, Any]) -> str:
     for k, v in res["cross_engine"].items():
         lines.append(
             f"- {k}: {v['p50_us']:.1f} us [{v['p10_us']:.1f}-{v['p90_us']:.1f}], "
-            f"{v['cpu_us_per_frame']:.1f} us CPU per frame"
+            f"{v['cpu_us_per_frame']:.1f} us CPU per frame ("
+            + ", ".join(f"{n} {u:.1f}" for n, u in v.get("cpu_us_per_frame_by", {}).items())
+            + ")"
         )
     lines += ["", "## goals"]
     for g in res["goals"]:
