@@ -475,8 +475,9 @@ int hle_agent_run(hle_ctx *c, uint64_t queue, struct hle_agent_cfg *cfg) {
                               &producer);
         if (r == HL_E_TIMEOUT && a->nkept) { /* a slice of keeping: sweep, or drop all after keep_ns */
             drop_kept(a, now_ns() - last_packet >= (uint64_t)cfg->keep_ns);
-            /* the pop's spin yields the CPU every 1024 polls, more than a slice: yield here
-             * instead, so that a machine with fewer cores than busy processes is not starved */
+            /* the pop's spin yields the CPU only past HLE_SPIN_PURE_NS, which may be more
+             * than a slice: yield here too, so that a machine with fewer cores than busy
+             * processes is not starved */
             if (left > 0) sched_yield();
             continue;
         }

@@ -60,6 +60,13 @@
 #define HEAP_FREE_WAIT_NS 2000000ull    /* a free waits this long, then is deferred (see hle_finalize) */
 #define HL_HEAP_REC_FLAG (1ull << 32)   /* heap-lock owner code of a recoverer (see heap.c) */
 #define HLE_INTR_SLICE_NS 2000000ull    /* an interruptible wait checks the interrupt hook this often */
+/* A spinning wait spins this long, then calls sched_yield at every look at the clock until
+ * its spin ends.  When the scheduler puts the waiter and the process it waits for on one
+ * CPU, a spin that never yields holds that CPU for the whole spin phase, and that process
+ * runs only once the waiter sleeps: a 5 us stage took 70 us a frame with the host and its
+ * agent pinned to one CPU of the 2-core VM (30 us with this), 5.5 us on two CPUs either way
+ * (benchmarks/colocated.py).  Waits shorter than this never yield. */
+#define HLE_SPIN_PURE_NS 10000ull
 
 /* What a blocking call does around its GIL-free sections, supplied by the
  * binding (all NULL for C programs: nothing to release, no interrupts).
@@ -399,7 +406,7 @@ int hle_pool_lock_forever(hle_ctx *c, int p);
 /* ---- waits (wait.c) ---- */
 /* One blocking wait, written once: poll() is called every iteration (1:
  * done, 0: not yet, < 0: stop with that code); spins (cpu_relax) for spin_ns
- * from t0, then calls sleep(arg, nap) (which arms, re-checks and sleeps on
+ * from t0 (yielding the CPU past HLE_SPIN_PURE_NS), then calls sleep(arg, nap) (which arms, re-checks and sleeps on
  * its futex for at most nap ns; nonzero: done) in slices bounded by poll_ns
  * and, when the thread is interruptible, HLE_INTR_SLICE_NS.  check() (may be
  * NULL) runs every 256 iterations (< 0: stop with that code).  Bails out with
@@ -415,7 +422,6 @@ struct hle_waiter {
     uint64_t t0;          /* start of the wait (now_ns) */
     int64_t timeout_ns;   /* < 0: forever */
     uint64_t spin_ns;     /* spin phase; 0: sleep at once */
-    int yield_in_spin;    /* sched_yield every 1024 spins (a polling consumer on few cores) */
     int interruptible;    /* hooks.interrupted is called every slice */
     uint64_t nap_ns;      /* longest sleep before polling again; 0: the domain's poll_ns */
 };

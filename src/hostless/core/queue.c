@@ -129,7 +129,7 @@ static int push_wait_loop(hle_ctx *c, uint64_t h, struct hl_qview *v, const stru
     struct push_wait x = {c, v, p, idx, HL_OK};
     int r = HL_OK;
     if (!push_poll(&x)) { /* full: wait for a cell (a free one at once needs no clock, no loop) */
-        struct hle_waiter wt = {push_poll, push_sleep, push_check, &x, now_ns(), timeout, HLE_PUSH_SPIN_NS, 0,
+        struct hle_waiter wt = {push_poll, push_sleep, push_check, &x, now_ns(), timeout, HLE_PUSH_SPIN_NS,
                                 interruptible};
         r = hle_wait_loop(c, &wt, tok);
     }
@@ -237,7 +237,7 @@ int hle_queue_pop_nap(hle_ctx *c, uint64_t h, int64_t timeout, int64_t spin, uin
         return hle_fail(HL_E_INVALID, "queue 0x%llx: only its bound consumer may pop (call queue_bind)",
                         (unsigned long long)h);
     struct pop_wait x = {c, &v, 0, out, 0};
-    struct hle_waiter wt = {pop_poll, pop_sleep, NULL, &x, now_ns(), timeout, spin > 0 ? (uint64_t)spin : 0, 1,
+    struct hle_waiter wt = {pop_poll, pop_sleep, NULL, &x, now_ns(), timeout, spin > 0 ? (uint64_t)spin : 0,
                             hle_interruptible(c), nap};
     BUSY_ENTER(c);
     void *tok = hle_unlock(c);

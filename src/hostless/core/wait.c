@@ -64,10 +64,11 @@ int hle_wait_loop(hle_ctx *c, struct hle_waiter *w, void **token) {
             if (CLOSING(c)) return HL_E_CLOSED; /* closed by a handler: the mapping may be gone */
         }
         if (spin > 0 && t - t0 < spin) {
-            /* polling: give the CPU away now and then, so that a consumer spinning
-             * on a machine with fewer cores than busy processes does not starve
-             * the producer it is waiting for */
-            if (w->yield_in_spin && (it & 1023) == 1023) sched_yield();
+            /* past HLE_SPIN_PURE_NS the spin gives the CPU away at every look at the
+             * clock, so that a waiter does not starve the process it waits for when
+             * both share a CPU (a machine with fewer cores than busy processes, or a
+             * woken task placed next to its waker) */
+            if (t - t0 >= HLE_SPIN_PURE_NS) sched_yield();
             continue;
         }
         /* sleep phase (at once when spin is 0), bounded */
@@ -137,7 +138,7 @@ int hle_wait(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int64_t spin
     }
     struct word_wait x = {c, f, HL_HANDLE_KIND(h) == HL_KIND_TIMELINE ? &f->wake : (uint32_t *)&f->word, thr, w,
                           HL_HANDLE_KIND(h) == HL_KIND_MERGED};
-    struct hle_waiter wt = {word_poll, word_sleep, NULL, &x, t0, timeout, spin > 0 ? (uint64_t)spin : 0, 0,
+    struct hle_waiter wt = {word_poll, word_sleep, NULL, &x, t0, timeout, spin > 0 ? (uint64_t)spin : 0,
                             hle_interruptible(c)};
     BUSY_ENTER(c);
     void *tok = hle_unlock(c);
@@ -166,7 +167,7 @@ int hle_wait_unlocked(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int
     struct word_wait x = {c, f, HL_HANDLE_KIND(h) == HL_KIND_TIMELINE ? &f->wake : (uint32_t *)&f->word, thr, w,
                           HL_HANDLE_KIND(h) == HL_KIND_MERGED};
     uint64_t t0 = now_ns();
-    struct hle_waiter wt = {word_poll, word_sleep, NULL, &x, t0, timeout, spin > 0 ? (uint64_t)spin : 0, 0,
+    struct hle_waiter wt = {word_poll, word_sleep, NULL, &x, t0, timeout, spin > 0 ? (uint64_t)spin : 0,
                             interruptible};
     int r = hle_wait_loop(c, &wt, tok);
     *out = x.w;
@@ -245,7 +246,7 @@ int hle_wait_any(hle_ctx *c, const uint64_t *handles, const uint64_t *thr, int n
         fs[i] = slot(c, (uint32_t)idx);
     }
     struct any_wait x = {c, n, kick_seen, fs, thr, wv, 0};
-    struct hle_waiter wt = {any_poll, any_sleep, NULL, &x, 0, timeout, 0, 0, hle_interruptible(c)};
+    struct hle_waiter wt = {any_poll, any_sleep, NULL, &x, 0, timeout, 0, hle_interruptible(c)};
     BUSY_ENTER(c);
     void *tok = hle_unlock(c);
     wt.t0 = now_ns();
@@ -312,7 +313,7 @@ int hle_wait_many(hle_ctx *c, const uint64_t *handles, const uint64_t *values, i
         int64_t left = timeout;
         if (timeout > 0) left = t - t0 >= (uint64_t)timeout ? 0 : timeout - (int64_t)(t - t0);
         struct any_wait x = {c, n, __atomic_load_n(&c->kick, __ATOMIC_SEQ_CST), fs, thr, wv, sweep};
-        struct hle_waiter wt = {any_poll, any_sleep, NULL, &x, t, left, spin > 0 ? (uint64_t)spin : 0, 0,
+        struct hle_waiter wt = {any_poll, any_sleep, NULL, &x, t, left, spin > 0 ? (uint64_t)spin : 0,
                                 hle_interruptible(c)};
         r = hle_wait_loop(c, &wt, &tok);
         if (r) break;
