@@ -73,7 +73,8 @@ def capture(cp: Any, dst: int, src: int, n: int, gate: Any, stream: int) -> None
     kind = rt.cudaMemcpyKind.cudaMemcpyDefault
     _ok(rt.cudaGraphAddMemcpyNode1D(body, None, 0, dst, src, n, kind), "cudaGraphAddMemcpyNode1D")
     flags = rt.cudaStreamUpdateCaptureDependenciesFlags.cudaStreamSetCaptureDependencies
-    _ok(rt.cudaStreamUpdateCaptureDependencies(stream, [node], None, 1, flags), "cudaStreamUpdateCaptureDependencies")
+    r = rt.cudaStreamUpdateCaptureDependencies(stream, [node], None, 1, flags)
+    _ok(r, "cudaStreamUpdateCaptureDependencies")
 
 
 def why_not(cp: Any) -> str | None:
