@@ -231,37 +231,6 @@ def test_armed_segment_passes_an_input_failure_on(dom, gpu):
         cpu.stop()
 
 
-def test_a_large_armed_result_is_committed_by_a_gated_dma(dom, gpu):
-    """An armed segment's result past COPY_IN_KERNEL_MAX (here 512 KiB) for host memory is
-    committed by a DMA gated on the frame's gate (hostless.gated_copy: a conditional graph
-    node), where the driver has conditional nodes (CUDA 12.4).  Frames stream correct with 3
-    in flight, a failed input fails its frame, and the frames after it are right."""
-    import cupy
-
-    from hostless import gated_copy
-
-    if cupy.cuda.runtime.driverGetVersion() >= 12040:
-        assert gated_copy.why_not(cupy) is None  # this process; the agent checks its own
-    cpu = agents.spawn(dom, "cpu")
-    try:
-        n = 128 << 10
-        g = Graph(dom).input("x", (n,), "f4")
-        g.stage("pre", cpu, F.cpu_fail_on_negative, ["x"], ("p", (n,), "f4"))
-        g.stage("relu", gpu, F.t_relu, ["p"], ("y", (n,), "f4"), arrays="torch")
-        with g.compile(dispatch="direct", data="shared", inflight=3) as cg:
-            assert "armed" in cg.plan(), cg.plan()
-            xs = [np.full(n, k, "f4") + np.arange(n, dtype="f4") for k in range(1, 25)]
-            for x, o in zip(xs, cg.stream([{"x": x} for x in xs], timeout=30), strict=True):
-                np.testing.assert_array_equal(o["y"], x)
-            with pytest.raises(StageFailed) as ei:
-                cg.run({"x": -np.ones(n, "f4")}, timeout=30)
-            assert ei.value.stage == "pre"
-            for k in range(1, 6):
-                np.testing.assert_array_equal(cg.run({"x": xs[k]}, timeout=30)["y"], xs[k])
-    finally:
-        cpu.stop()
-
-
 def test_armed_frames_stay_in_step_when_the_agent_requeues_them(dom, gpu):
     """Each armed slot's graph counts its frames on the GPU (the frame its wait and signal
     use); a request to the agent (here: compiling another graph while one is armed) lets the

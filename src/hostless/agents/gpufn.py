@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import gated_copy, stagefn
+from .. import stagefn
 
 __all__ = ["ARRAYS", "Segment", "Runner", "MAX_STAGES", "MAX_RUNNERS", "COPY_IN_KERNEL_MAX"]
 
@@ -59,10 +59,7 @@ COPY_IN_KERNEL_MAX = int(os.environ.get("HOSTLESS_CUDA_COPY_IN_KERNEL_MAX", 64 <
 """Host inputs up to this many bytes are copied into device memory by a kernel reading the
 registered heap (one node that starts as soon as its predecessor ends), larger ones by DMA
 (the copy engines' bandwidth, no SM); ``HOSTLESS_CUDA_COPY_IN_KERNEL_MAX=0`` copies every one
-by DMA (for A/B runs).  The same bound chooses how an armed frame commits a result into host
-memory: by the gated kernel up to it, by a gated DMA past it (:mod:`hostless.gated_copy`,
-where conditional graph nodes work; ``HOSTLESS_CUDA_GATED_DMA=0`` commits all by kernel)."""
-GATED_DMA = os.environ.get("HOSTLESS_CUDA_GATED_DMA", "1") != "0"
+by DMA (for A/B runs)."""
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the driver reads where each pointer lives (UVA)
 
 
@@ -416,14 +413,6 @@ class Runner:
         # agent does not arm): the result goes to `scratch`, never ungated into the output.
         self.gate: Any = peer.cp.full(1, -1, dtype=np.int32) if gated else None
         self.ctl: Any = peer.armed_ctl() if gated else None
-        # a large result for host memory: a gated DMA, where it works (checked before capturing)
-        self.dma_commit = (
-            gated
-            and GATED_DMA
-            and not self.out_dev
-            and self.out_bytes > COPY_IN_KERNEL_MAX
-            and gated_copy.why_not(peer.cp) is None
-        )
         self._result: Any = None
         self.outs = seg._outs()
         self.mode, self.why = seg.mode, seg.why
@@ -455,12 +444,9 @@ class Runner:
         st = cp.cuda.ExternalStream(stream)
         peer.armed_wait(self.ctl, self.gate, st)
         r = self._result = self._compute(stream)  # kept: the graph's commit reads its memory
-        if self.dma_commit:
-            gated_copy.capture(cp, self.out_ptr, self.seg.lib.ptr(r), self.out_bytes, self.gate, stream)
-        else:
-            mem = cp.cuda.UnownedMemory(self.seg.lib.ptr(r), self.out_bytes, r, self.seg.device)
-            view = cp.ndarray((self.out_bytes,), np.uint8, cp.cuda.MemoryPointer(mem, 0))
-            peer.commit(self.buffers[-1], view, self.gate, st)
+        mem = cp.cuda.UnownedMemory(self.seg.lib.ptr(r), self.out_bytes, r, self.seg.device)
+        view = cp.ndarray((self.out_bytes,), np.uint8, cp.cuda.MemoryPointer(mem, 0))
+        peer.commit(self.buffers[-1], view, self.gate, st)
         peer.armed_signal(self.ctl, self.gate, st)
 
     def _body(self, stream: int) -> None:
