@@ -63,9 +63,9 @@
 /* A spinning wait spins this long, then calls sched_yield at every look at the clock until
  * its spin ends.  When the scheduler puts the waiter and the process it waits for on one
  * CPU, a spin that never yields holds that CPU for the whole spin phase, and that process
- * runs only once the waiter sleeps: a 5 us stage took 70 us a frame with the host and its
- * agent pinned to one CPU of the 2-core VM (30 us with this), 5.5 us on two CPUs either way
- * (benchmarks/colocated.py).  Waits shorter than this never yield. */
+ * runs only once the waiter sleeps: a 64x64 copy stage took 70-83 us a frame with the host
+ * and its agent pinned to one CPU of the 2-core VM (about 31 us with this), about 6 us on
+ * two CPUs either way (benchmarks/colocated.py).  Waits shorter than this never yield. */
 #define HLE_SPIN_PURE_NS 10000ull
 
 /* What a blocking call does around its GIL-free sections, supplied by the
@@ -406,8 +406,9 @@ int hle_pool_lock_forever(hle_ctx *c, int p);
 /* ---- waits (wait.c) ---- */
 /* One blocking wait, written once: poll() is called every iteration (1:
  * done, 0: not yet, < 0: stop with that code); spins (cpu_relax) for spin_ns
- * from t0 (yielding the CPU past HLE_SPIN_PURE_NS), then calls sleep(arg, nap) (which arms, re-checks and sleeps on
- * its futex for at most nap ns; nonzero: done) in slices bounded by poll_ns
+ * from t0 (yielding the CPU past HLE_SPIN_PURE_NS), then calls sleep(arg, nap)
+ * (which arms, re-checks and sleeps on its futex for at most nap ns; nonzero:
+ * done) in slices bounded by poll_ns
  * and, when the thread is interruptible, HLE_INTR_SLICE_NS.  check() (may be
  * NULL) runs every 256 iterations (< 0: stop with that code).  Bails out with
  * hle_closed_error-style codes when the domain closes.  Called unlocked
