@@ -1,6 +1,7 @@
 """GPU stages from user functions against what a GPU user writes without hostless (issue 23).
 
-``python -m hostless_tools.bench.gpu_stages -o DIR`` on a machine with a GPU, PyTorch and CuPy.
+``python -m hostless_tools.bench.gpu_stages -o DIR`` on a machine with a GPU, PyTorch and CuPy
+(``--only data,cross_engine`` runs some sections of :data:`SECTIONS`, with their anchors).
 One run, one frame at a time (latency: a host frame in, its output back as a NumPy array,
 as :meth:`hostless.graph.CompiledGraph.run` returns it):
 
@@ -27,6 +28,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -181,6 +183,10 @@ def cross_engine(dom: hl.Domain, gpu: Any, npu: Any, n: int, frames: int) -> dic
 
 
 # ---------------------------------------------------------------- the run
+SECTIONS = frozenset({"gemm", "gemm_device", "small", "data", "handoff", "cpu_gpu_cpu", "cross_engine"})
+"""The matrix's sections (``--only`` picks some: a shorter run where device time is short)."""
+
+
 def run(
     frames: int,
     n_gemm: int,
@@ -189,7 +195,12 @@ def run(
     quick: bool = False,
     agent_spin: float = 50e-6,
     host_spin: float = 500e-6,
+    only: frozenset[str] = SECTIONS,
 ) -> dict[str, Any]:
+    """The matrix: the sections in ``only`` (all of :data:`SECTIONS` by default), anchors and
+    hostless rows in one run, and the goals of those sections."""
+    if not only or not only <= SECTIONS:
+        raise ValueError(f"sections are some of {sorted(SECTIONS)}, got {sorted(only)}")
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -209,30 +220,35 @@ def run(
     fg = max(10, frames // 10)  # the 4096 GEMM chain: ~10 ms a frame
     print("anchors ...", flush=True)
     shp = (n_gemm, n_gemm)
-    res["gemm"] = {
-        "n": n_gemm,
-        "torch_eager": torch_anchor(GEMM, shp, n_gemm, fg, graph=False)[0],
-        "cuda_graph": torch_anchor(GEMM, shp, n_gemm, fg, graph=True)[0],
-        "cuda_graph_nocopy": torch_anchor(GEMM, shp, n_gemm, fg, graph=True, copy_out=False)[0],
-        "cupy_pinned": cupy_anchor(
-            [(ops.gemm, 1, ()), (ops.gemm, 1, ()), (ops.gemm, 1, ()), (ops.c_relu, 0, ())],
-            n_gemm,
-            fg,
-            pinned=True,
-        )[0],
-    }
-    res["gemm_device"] = {"n": n_gemm, "cuda_graph": torch_device_anchor(n_gemm, fg)[0]}
-    res["small"] = {
-        "n": n_small,
-        "cuda_graph": torch_anchor(SMALL, (n_small, n_small), n_small, frames, True)[0],
-    }
-    res["small"]["torch_eager"] = torch_anchor(SMALL, (n_small, n_small), n_small, frames, False)[0]
-    res["data"] = {
-        "n": n_data,
-        "cupy_pinned": cupy_anchor(DATA_CUPY, n_data, frames, pinned=True)[0],
-        "cupy_pageable": cupy_anchor(DATA_CUPY, n_data, frames, pinned=False)[0],
-    }
-    res["flag_pingpong"] = flag_pingpong()
+    if "gemm" in only:
+        res["gemm"] = {
+            "n": n_gemm,
+            "torch_eager": torch_anchor(GEMM, shp, n_gemm, fg, graph=False)[0],
+            "cuda_graph": torch_anchor(GEMM, shp, n_gemm, fg, graph=True)[0],
+            "cuda_graph_nocopy": torch_anchor(GEMM, shp, n_gemm, fg, graph=True, copy_out=False)[0],
+            "cupy_pinned": cupy_anchor(
+                [(ops.gemm, 1, ()), (ops.gemm, 1, ()), (ops.gemm, 1, ()), (ops.c_relu, 0, ())],
+                n_gemm,
+                fg,
+                pinned=True,
+            )[0],
+        }
+    if "gemm_device" in only:
+        res["gemm_device"] = {"n": n_gemm, "cuda_graph": torch_device_anchor(n_gemm, fg)[0]}
+    if "small" in only:
+        res["small"] = {
+            "n": n_small,
+            "cuda_graph": torch_anchor(SMALL, (n_small, n_small), n_small, frames, True)[0],
+        }
+        res["small"]["torch_eager"] = torch_anchor(SMALL, (n_small, n_small), n_small, frames, False)[0]
+    if "data" in only:
+        res["data"] = {
+            "n": n_data,
+            "cupy_pinned": cupy_anchor(DATA_CUPY, n_data, frames, pinned=True)[0],
+            "cupy_pageable": cupy_anchor(DATA_CUPY, n_data, frames, pinned=False)[0],
+        }
+    if "handoff" in only:
+        res["flag_pingpong"] = flag_pingpong()
     name = f"hlgs-bench-{os.getpid()}"
     dom = hl.Domain.create(name, heap="1G", device_heaps={"cuda:0": 1 << 30}, spin=host_spin)
     try:
@@ -241,74 +257,82 @@ def run(
         cpu = agents.spawn(dom, "cpu", spin=agent_spin)
         try:
             print("hostless ...", flush=True)
-            frame = np.random.default_rng(1).standard_normal(shp).astype(np.float32)
-            res["gemm"]["hostless"] = hostless_rows(
-                _graph(dom, gpu, GEMM, shp, n_gemm, "torch"), {"x0": frame}, f"x{len(GEMM)}", fg, modes
-            )
-            gd = Graph(dom).input("seed", (1,), "f4")
-            for i, w in enumerate(chain_weights(GEMM, n_gemm)):
-                gd.constant(f"W{i}", w)
-            gd.stage(
-                "camera",
-                gpu,
-                ops.frame_from_seed,
-                ["seed"],
-                ("f", shp, "f4"),
-                scalars=[n_gemm],
-                arrays="torch",
-            )
-            prev = "f"
-            for k in range(3):
-                gd.stage(f"gemm{k}", gpu, ops.gemm, [prev, f"W{k}"], (f"g{k}", shp, "f4"), arrays="torch")
-                prev = f"g{k}"
-            gd.stage("relu", gpu, ops.relu, [prev], ("r", shp, "f4"), arrays="torch")
-            gd.stage("sums", gpu, ops.row_sums, ["r"], ("y", (n_gemm,), "f4"), arrays="torch")
-            res["gemm_device"]["hostless"] = hostless_rows(
-                gd, {"seed": np.full(1, 0.25, np.float32)}, "y", fg, direct
-            )
-            sf = np.random.default_rng(1).standard_normal((n_small, n_small)).astype(np.float32)
-            res["small"]["hostless"] = hostless_rows(
-                _graph(dom, gpu, SMALL, (n_small, n_small), n_small, "torch"),
-                {"x0": sf},
-                f"x{len(SMALL)}",
-                frames,
-                modes,
-            )
-            df = np.random.default_rng(1).standard_normal((n_data, n_data)).astype(np.float32)
-            res["data"]["hostless"] = hostless_rows(
-                _graph(dom, gpu, DATA_CUPY, (n_data, n_data), n_data, "cupy"),
-                {"x0": df},
-                f"x{len(DATA_CUPY)}",
-                frames,
-                direct,
-            )
-            # hand-offs: the slope between a chain of 2 and of 34 tiny stages (one segment)
-            ho: dict[str, Any] = {}
-            x16 = np.arange(16, dtype=np.float32)
-            for k in (2, 34):
-                gk = Graph(dom).input("x0", (16,), "f4")
-                for j in range(k):
-                    gk.stage(f"a{j}", gpu, ops.add1, [f"x{j}"], (f"x{j + 1}", (16,), "f4"), arrays="torch")
-                ho[f"chain{k}"] = hostless_rows(gk, {"x0": x16}, f"x{k}", frames, direct)["direct+shared"]
-                assert np.array_equal(ho[f"chain{k}"]["out"], x16 + k)
-            ho["per_stage_us"] = (ho["chain34"]["p50_us"] - ho["chain2"]["p50_us"]) / 32
-            # between two segments (PyTorch -> CuPy: two packets on the agent, a device-memory edge)
-            g2 = Graph(dom).input("x0", (16,), "f4")
-            g2.stage("t", gpu, ops.add1, ["x0"], ("x1", (16,), "f4"), arrays="torch")
-            g2.stage("c", gpu, ops.c_scale, ["x1"], ("x2", (16,), "f4"), scalars=[1.0], arrays="cupy")
-            ho["two_segments"] = hostless_rows(g2, {"x0": x16}, "x2", frames, direct)["direct+shared"]
-            g1 = Graph(dom).input("x0", (16,), "f4")
-            g1.stage("t", gpu, ops.add1, ["x0"], ("x1", (16,), "f4"), arrays="torch")
-            ho["one_segment"] = hostless_rows(g1, {"x0": x16}, "x1", frames, direct)["direct+shared"]
-            ho["between_segments_us"] = ho["two_segments"]["p50_us"] - ho["one_segment"]["p50_us"]
-            res["handoff"] = ho
-            # cpu agent -> GPU stage -> cpu agent, against cpu -> cpu
-            legs = (("cpu-gpu-cpu", "cgc"), ("cpu-cpu", "cc"))
-            cg_: dict[str, Any] = {nm: chain16(dom, cpu, gpu, kinds, frames) for nm, kinds in legs}
-            cg_["gpu_leg_us"] = cg_["cpu-gpu-cpu"]["p50_us"] - cg_["cpu-cpu"]["p50_us"]
-            res["cpu_gpu_cpu"] = cg_
-            print("cross-engine ...", flush=True)
-            res["cross_engine"] = cross_engine(dom, gpu, npu, 256, frames)
+            if "gemm" in only:
+                frame = np.random.default_rng(1).standard_normal(shp).astype(np.float32)
+                res["gemm"]["hostless"] = hostless_rows(
+                    _graph(dom, gpu, GEMM, shp, n_gemm, "torch"), {"x0": frame}, f"x{len(GEMM)}", fg, modes
+                )
+            if "gemm_device" in only:
+                gd = Graph(dom).input("seed", (1,), "f4")
+                for i, w in enumerate(chain_weights(GEMM, n_gemm)):
+                    gd.constant(f"W{i}", w)
+                gd.stage(
+                    "camera",
+                    gpu,
+                    ops.frame_from_seed,
+                    ["seed"],
+                    ("f", shp, "f4"),
+                    scalars=[n_gemm],
+                    arrays="torch",
+                )
+                prev = "f"
+                for k in range(3):
+                    gd.stage(f"gemm{k}", gpu, ops.gemm, [prev, f"W{k}"], (f"g{k}", shp, "f4"), arrays="torch")
+                    prev = f"g{k}"
+                gd.stage("relu", gpu, ops.relu, [prev], ("r", shp, "f4"), arrays="torch")
+                gd.stage("sums", gpu, ops.row_sums, ["r"], ("y", (n_gemm,), "f4"), arrays="torch")
+                res["gemm_device"]["hostless"] = hostless_rows(
+                    gd, {"seed": np.full(1, 0.25, np.float32)}, "y", fg, direct
+                )
+            if "small" in only:
+                sf = np.random.default_rng(1).standard_normal((n_small, n_small)).astype(np.float32)
+                res["small"]["hostless"] = hostless_rows(
+                    _graph(dom, gpu, SMALL, (n_small, n_small), n_small, "torch"),
+                    {"x0": sf},
+                    f"x{len(SMALL)}",
+                    frames,
+                    modes,
+                )
+            if "data" in only:
+                df = np.random.default_rng(1).standard_normal((n_data, n_data)).astype(np.float32)
+                res["data"]["hostless"] = hostless_rows(
+                    _graph(dom, gpu, DATA_CUPY, (n_data, n_data), n_data, "cupy"),
+                    {"x0": df},
+                    f"x{len(DATA_CUPY)}",
+                    frames,
+                    direct,
+                )
+            if "handoff" in only:
+                # hand-offs: the slope between a chain of 2 and of 34 tiny stages (one segment)
+                ho: dict[str, Any] = {}
+                x16 = np.arange(16, dtype=np.float32)
+                for k in (2, 34):
+                    gk = Graph(dom).input("x0", (16,), "f4")
+                    for j in range(k):
+                        out = (f"x{j + 1}", (16,), "f4")
+                        gk.stage(f"a{j}", gpu, ops.add1, [f"x{j}"], out, arrays="torch")
+                    ho[f"chain{k}"] = hostless_rows(gk, {"x0": x16}, f"x{k}", frames, direct)["direct+shared"]
+                    assert np.array_equal(ho[f"chain{k}"]["out"], x16 + k)
+                ho["per_stage_us"] = (ho["chain34"]["p50_us"] - ho["chain2"]["p50_us"]) / 32
+                # between two segments (PyTorch -> CuPy: two packets on the agent, a device-memory edge)
+                g2 = Graph(dom).input("x0", (16,), "f4")
+                g2.stage("t", gpu, ops.add1, ["x0"], ("x1", (16,), "f4"), arrays="torch")
+                g2.stage("c", gpu, ops.c_scale, ["x1"], ("x2", (16,), "f4"), scalars=[1.0], arrays="cupy")
+                ho["two_segments"] = hostless_rows(g2, {"x0": x16}, "x2", frames, direct)["direct+shared"]
+                g1 = Graph(dom).input("x0", (16,), "f4")
+                g1.stage("t", gpu, ops.add1, ["x0"], ("x1", (16,), "f4"), arrays="torch")
+                ho["one_segment"] = hostless_rows(g1, {"x0": x16}, "x1", frames, direct)["direct+shared"]
+                ho["between_segments_us"] = ho["two_segments"]["p50_us"] - ho["one_segment"]["p50_us"]
+                res["handoff"] = ho
+            if "cpu_gpu_cpu" in only:
+                # cpu agent -> GPU stage -> cpu agent, against cpu -> cpu
+                legs = (("cpu-gpu-cpu", "cgc"), ("cpu-cpu", "cc"))
+                cg_: dict[str, Any] = {nm: chain16(dom, cpu, gpu, kinds, frames) for nm, kinds in legs}
+                cg_["gpu_leg_us"] = cg_["cpu-gpu-cpu"]["p50_us"] - cg_["cpu-cpu"]["p50_us"]
+                res["cpu_gpu_cpu"] = cg_
+            if "cross_engine" in only:
+                print("cross-engine ...", flush=True)
+                res["cross_engine"] = cross_engine(dom, gpu, npu, 256, frames)
         finally:
             for a in (gpu, npu, cpu):
                 a.stop()
@@ -341,14 +365,40 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
 
-    r, d = _ratio(res, "gemm", "cuda_graph")
-    goal("GEMM chain, host frames: direct+shared <= 1.1x whole-chain graph replay (pinned I/O)", r, 1.1, d)
-    r, d = _ratio(res, "gemm_device", "cuda_graph")
-    goal("device-resident GEMM chain <= 1.05x graph replay", r, 1.05, d)
-    r, d = _ratio(res, "small", "cuda_graph")
-    goal("small 6-stage chain <= 1.2x graph replay (same host I/O)", r, 1.2, d)
-    r, d = _ratio(res, "data", "cupy_pinned")
-    goal("data-bound chain at least as fast as plain CuPy with pinned I/O (ratio <= 1)", r, 1.0, d)
+    for chain, anchor, limit, name in (
+        (
+            "gemm",
+            "cuda_graph",
+            1.1,
+            "GEMM chain, host frames: direct+shared <= 1.1x whole-chain graph replay (pinned I/O)",
+        ),
+        ("gemm_device", "cuda_graph", 1.05, "device-resident GEMM chain <= 1.05x graph replay"),
+        ("small", "cuda_graph", 1.2, "small 6-stage chain <= 1.2x graph replay (same host I/O)"),
+        (
+            "data",
+            "cupy_pinned",
+            1.0,
+            "data-bound chain at least as fast as plain CuPy with pinned I/O (ratio <= 1)",
+        ),
+    ):
+        if chain in res:
+            r, d = _ratio(res, chain, anchor)
+            goal(name, r, limit, d)
+    if "handoff" in res:
+        _handoff_goals(res, goal)
+    if "cpu_gpu_cpu" in res:
+        goal(
+            "cpu agent -> GPU stage -> cpu agent <= 5 us",
+            res["cpu_gpu_cpu"]["gpu_leg_us"],
+            5.0,
+            "p50 of cpu-gpu-cpu minus cpu-cpu",
+        )
+    if "cross_engine" in res:
+        _cross_engine_goals(res["cross_engine"], goal)
+    return out
+
+
+def _handoff_goals(res: dict[str, Any], goal: Callable[..., None]) -> None:
     ho = res["handoff"]
     goal(
         "GPU-to-GPU hand-off inside a segment <= 1 us",
@@ -362,13 +412,9 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
         1.0,
         "PyTorch -> CuPy segment, a device-memory edge, two packets on the agent",
     )
-    goal(
-        "cpu agent -> GPU stage -> cpu agent <= 5 us",
-        res["cpu_gpu_cpu"]["gpu_leg_us"],
-        5.0,
-        "p50 of cpu-gpu-cpu minus cpu-cpu",
-    )
-    ce = res["cross_engine"]
+
+
+def _cross_engine_goals(ce: dict[str, Any], goal: Callable[..., None]) -> None:
     lat = ce["host_orchestrated"]["p50_us"] / ce["hostless"]["p50_us"]
     cpu = ce["host_orchestrated"]["cpu_us_per_frame"] / max(ce["hostless"]["cpu_us_per_frame"], 1e-9)
     goal(
@@ -386,7 +432,6 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
         f"{ce['host_orchestrated']['cpu_us_per_frame']:.1f} us CPU/frame",
         below=False,
     )
-    return out
 
 
 def report(res: dict[str, Any]) -> str:
@@ -398,6 +443,8 @@ def report(res: dict[str, Any]) -> str:
     lines.append("p50 latency per frame, host frame in and out (us; p10-p90 in brackets).")
     lines.append("")
     for chain in ("gemm", "gemm_device", "small", "data"):
+        if chain not in res:
+            continue
         lines.append(f"## {chain} (n={res[chain]['n']})")
         for k, v in res[chain].items():
             if k == "hostless":
@@ -406,17 +453,20 @@ def report(res: dict[str, Any]) -> str:
             elif isinstance(v, dict):
                 lines.append(f"- {k}: {v['p50_us']:.1f} [{v['p10_us']:.1f}-{v['p90_us']:.1f}]")
         lines.append("")
-    ho = res["handoff"]
-    lines += [
-        "## hand-offs",
-        f"- flag ping-pong in device memory (anchor): {res['flag_pingpong']['p50_us']:.3f} us",
-        f"- per stage inside one segment (slope 2 -> 34 stages): {ho['per_stage_us']:.3f} us",
-        f"- between two segments (PyTorch -> CuPy): {ho['between_segments_us']:.1f} us",
-        f"- cpu -> GPU -> cpu, the GPU leg: {res['cpu_gpu_cpu']['gpu_leg_us']:.1f} us",
-        "",
-        "## cross-engine (PyTorch GEMM -> npu relu -> PyTorch softmax, 256x256)",
-    ]
-    for k, v in res["cross_engine"].items():
+    if "handoff" in res:
+        ho = res["handoff"]
+        lines += [
+            "## hand-offs",
+            f"- flag ping-pong in device memory (anchor): {res['flag_pingpong']['p50_us']:.3f} us",
+            f"- per stage inside one segment (slope 2 -> 34 stages): {ho['per_stage_us']:.3f} us",
+            f"- between two segments (PyTorch -> CuPy): {ho['between_segments_us']:.1f} us",
+            "",
+        ]
+    if "cpu_gpu_cpu" in res:
+        lines += [f"- cpu -> GPU -> cpu, the GPU leg: {res['cpu_gpu_cpu']['gpu_leg_us']:.1f} us", ""]
+    if "cross_engine" in res:
+        lines.append("## cross-engine (PyTorch GEMM -> npu relu -> PyTorch softmax, 256x256)")
+    for k, v in res.get("cross_engine", {}).items():
         lines.append(
             f"- {k}: {v['p50_us']:.1f} us [{v['p10_us']:.1f}-{v['p90_us']:.1f}], "
             f"{v['cpu_us_per_frame']:.1f} us CPU per frame ("
@@ -451,19 +501,23 @@ def main(argv: list[str] | None = None) -> int:
         default=500e-6,
         help="seconds the host's waits poll before they sleep (default 500 us: as a CUDA synchronize spins)",
     )
+    ap.add_argument(
+        "--only",
+        default=",".join(sorted(SECTIONS)),
+        help=f"comma-separated sections to run (default all: {','.join(sorted(SECTIONS))})",
+    )
     a = ap.parse_args(argv)
-    res = run(a.frames, a.n_gemm, a.n_small, a.n_data, a.quick, a.agent_spin, a.host_spin)
+    only = frozenset(x.strip() for x in a.only.split(",") if x.strip())
+    if not only or not only <= SECTIONS:
+        ap.error(f"--only takes some of {','.join(sorted(SECTIONS))}, got {a.only!r}")
+    res = run(a.frames, a.n_gemm, a.n_small, a.n_data, a.quick, a.agent_spin, a.host_spin, only)
     for c in ("gemm", "gemm_device", "small", "data"):
-        for r in res[c].get("hostless", {}).values():
+        for r in res.get(c, {}).get("hostless", {}).values():
             r.pop("out", None)
-    for r in res["cross_engine"].values():
-        r.pop("out", None)
-    for r in res["handoff"].values():
-        if isinstance(r, dict):
-            r.pop("out", None)
-    for r in res["cpu_gpu_cpu"].values():
-        if isinstance(r, dict):
-            r.pop("out", None)
+    for key in ("cross_engine", "handoff", "cpu_gpu_cpu"):
+        for r in res.get(key, {}).values():
+            if isinstance(r, dict):
+                r.pop("out", None)
     path = save(res, a.out, f"gpu-stages-{a.tag}", report)
     print(report(res))
     print(path)
