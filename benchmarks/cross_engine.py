@@ -5,9 +5,12 @@ by process, with the host's waits spinning ``HOST_SPIN`` seconds (0: they sleep 
     python benchmarks/cross_engine.py LABEL HOST_SPIN [OUT_DIR]   (a GPU, PyTorch, CuPy)
 
 Run it with ``PYTHONPATH`` pointing at another build for an A/B; writes
-``OUT_DIR/ce-LABEL-SPINUS.json``.
+``OUT_DIR/ce-LABEL-SPINUS.json``.  Also prints (and writes under ``threads``) the CPU seconds of
+each thread of the cuda agent and of this process over the whole call (both chains: the cuda
+agent serves only hostless's), the busiest first, to find what uses the agent's CPU.
 """
 
+import glob
 import json
 import os
 import sys
@@ -16,6 +19,28 @@ import hostless as hl
 from hostless import agents
 from hostless_tools.bench.gpu_stages import cross_engine
 
+
+def thread_ticks(pid: int) -> dict[str, int]:
+    """CPU clock ticks (user + system) of each thread of ``pid``, by "name/tid"."""
+    out = {}
+    for t in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            with open(t + "/stat") as f:
+                st = f.read()
+        except OSError:  # the thread ended
+            continue
+        comm = st[st.index("(") + 1 : st.rindex(")")]
+        parts = st.rsplit(")", 1)[1].split()
+        out[f"{comm}/{t.rsplit('/', 1)[1]}"] = int(parts[11]) + int(parts[12])
+    return out
+
+
+def busiest(before: dict[str, int], after: dict[str, int], n: int = 8) -> list[tuple[str, float]]:
+    tick = os.sysconf("SC_CLK_TCK")
+    rows = [(k, (v - before.get(k, 0)) / tick) for k, v in after.items()]
+    return sorted(rows, key=lambda r: -r[1])[:n]
+
+
 label, host_spin = sys.argv[1], float(sys.argv[2])
 name = f"ceab-{os.getpid()}"
 dom = hl.Domain.create(name, heap="1G", device_heaps={"cuda:0": 1 << 30}, spin=host_spin)
@@ -23,7 +48,12 @@ try:
     gpu = agents.spawn(dom, "cuda", device=0, timeout=120, spin=50e-6)
     npu = agents.spawn(dom, "npu", spin=50e-6)
     try:
+        t0 = {"cuda agent": thread_ticks(gpu.proc.pid), "host": thread_ticks(os.getpid())}
         res = cross_engine(dom, gpu, npu, 256, 300)
+        threads = {
+            "cuda agent": busiest(t0["cuda agent"], thread_ticks(gpu.proc.pid)),
+            "host": busiest(t0["host"], thread_ticks(os.getpid())),
+        }
     finally:
         for a in (gpu, npu):
             a.stop()
@@ -37,7 +67,9 @@ for k, v in res.items():
         f"[{v['p10_us']:.1f}-{v['p90_us']:.1f}] CPU {v['cpu_us_per_frame']:.1f} "
         + " ".join(f"{a}={b:.1f}" for a, b in by.items())
     )
+for who, rows in threads.items():
+    print(f"{label} {who} threads (CPU s): " + ", ".join(f"{n} {c:.2f}" for n, c in rows))
 out = sys.argv[3] if len(sys.argv) > 3 else "."
 with open(f"{out}/ce-{label}-{int(host_spin * 1e6)}.json", "w") as fh:
     rows = {k: {a: b for a, b in v.items() if a not in ("out", "plan")} for k, v in res.items()}
-    json.dump(rows, fh, indent=1)
+    json.dump({**rows, "threads": threads}, fh, indent=1)
