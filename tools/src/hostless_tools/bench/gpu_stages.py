@@ -50,6 +50,7 @@ from hostless_tools.bench.gpu_stage_anchors import (
     torch_anchor,
     torch_device_anchor,
 )
+from hostless_tools.bench.pipeline_workloads import proc_cpu_ticks
 
 
 def _graph(dom: hl.Domain, gpu: Any, chain: Chain, shape: tuple[int, ...], n: int, arrays: str) -> Graph:
@@ -82,6 +83,22 @@ def hostless_rows(
     return res
 
 
+def _chain_rows(
+    dom: hl.Domain,
+    gpu: Any,
+    chain: Chain,
+    n: int,
+    arrays: str,
+    frames: int,
+    modes: tuple[tuple[str, str], ...],
+) -> dict[str, Any]:
+    """:func:`hostless_rows` of ``chain`` over n x n float32 frames on ``gpu``, the host frame
+    random (seed 1), as the anchors' frames are."""
+    frame = np.random.default_rng(1).standard_normal((n, n)).astype(np.float32)
+    g = _graph(dom, gpu, chain, (n, n), n, arrays)
+    return hostless_rows(g, {"x0": frame}, f"x{len(chain)}", frames, modes)
+
+
 def chain16(dom: hl.Domain, cpu: Any, gpu: Any, kinds: str, frames: int) -> dict[str, Any]:
     """A chain of 16 float32 through ``kinds`` ("c": a cpu ``copy`` stage, "g": a PyTorch
     ``add1`` stage on ``gpu``), timed direct+shared: :func:`hostless_rows`' row."""
@@ -104,9 +121,7 @@ def _cpu_by(pids: dict[str, int]) -> dict[str, float]:
     out = {"host": time.process_time()}
     tick = os.sysconf("SC_CLK_TCK")
     for name, p in pids.items():
-        with open(f"/proc/{p}/stat") as f:
-            parts = f.read().rsplit(")", 1)[1].split()
-        out[name] = (int(parts[11]) + int(parts[12])) / tick
+        out[name] = proc_cpu_ticks(p) / tick
     return out
 
 
@@ -258,10 +273,7 @@ def run(
         try:
             print("hostless ...", flush=True)
             if "gemm" in only:
-                frame = np.random.default_rng(1).standard_normal(shp).astype(np.float32)
-                res["gemm"]["hostless"] = hostless_rows(
-                    _graph(dom, gpu, GEMM, shp, n_gemm, "torch"), {"x0": frame}, f"x{len(GEMM)}", fg, modes
-                )
+                res["gemm"]["hostless"] = _chain_rows(dom, gpu, GEMM, n_gemm, "torch", fg, modes)
             if "gemm_device" in only:
                 gd = Graph(dom).input("seed", (1,), "f4")
                 for i, w in enumerate(chain_weights(GEMM, n_gemm)):
@@ -285,23 +297,9 @@ def run(
                     gd, {"seed": np.full(1, 0.25, np.float32)}, "y", fg, direct
                 )
             if "small" in only:
-                sf = np.random.default_rng(1).standard_normal((n_small, n_small)).astype(np.float32)
-                res["small"]["hostless"] = hostless_rows(
-                    _graph(dom, gpu, SMALL, (n_small, n_small), n_small, "torch"),
-                    {"x0": sf},
-                    f"x{len(SMALL)}",
-                    frames,
-                    modes,
-                )
+                res["small"]["hostless"] = _chain_rows(dom, gpu, SMALL, n_small, "torch", frames, modes)
             if "data" in only:
-                df = np.random.default_rng(1).standard_normal((n_data, n_data)).astype(np.float32)
-                res["data"]["hostless"] = hostless_rows(
-                    _graph(dom, gpu, DATA_CUPY, (n_data, n_data), n_data, "cupy"),
-                    {"x0": df},
-                    f"x{len(DATA_CUPY)}",
-                    frames,
-                    direct,
-                )
+                res["data"]["hostless"] = _chain_rows(dom, gpu, DATA_CUPY, n_data, "cupy", frames, direct)
             if "handoff" in only:
                 # hand-offs: the slope between a chain of 2 and of 34 tiny stages (one segment)
                 ho: dict[str, Any] = {}
