@@ -18,20 +18,19 @@ import sys
 import hostless as hl
 from hostless import agents
 from hostless_tools.bench.gpu_stages import cross_engine
+from hostless_tools.bench.pipeline_workloads import proc_cpu_ticks
 
 
 def thread_ticks(pid: int) -> dict[str, int]:
     """CPU clock ticks (user + system) of each thread of ``pid``, by "name/tid"."""
     out = {}
     for t in glob.glob(f"/proc/{pid}/task/*"):
+        tid = int(t.rsplit("/", 1)[1])
         try:
-            with open(t + "/stat") as f:
-                st = f.read()
+            with open(t + "/comm") as f:
+                out[f"{f.read().strip()}/{tid}"] = proc_cpu_ticks(pid, tid)
         except OSError:  # the thread ended
             continue
-        comm = st[st.index("(") + 1 : st.rindex(")")]
-        parts = st.rsplit(")", 1)[1].split()
-        out[f"{comm}/{t.rsplit('/', 1)[1]}"] = int(parts[11]) + int(parts[12])
     return out
 
 

@@ -277,9 +277,10 @@ def agent_round_trip(dom: Any, agent: Any, n: int, host_spin: float, floats: int
             o.release()
 
 
-def proc_cpu_ticks(pid: int) -> int:
-    """utime + stime of process ``pid`` in clock ticks (``/proc/<pid>/stat`` fields 14 and 15)."""
-    with open(f"/proc/{pid}/stat") as f:
+def proc_cpu_ticks(pid: int, tid: int | None = None) -> int:
+    """utime + stime of process ``pid`` (or of its thread ``tid``) in clock ticks
+    (``/proc/<pid>/stat`` or ``/proc/<pid>/task/<tid>/stat``, fields 14 and 15)."""
+    with open(f"/proc/{pid}/task/{tid}/stat" if tid is not None else f"/proc/{pid}/stat") as f:
         raw = f.read()
     fields = raw[raw.rindex(")") + 2 :].split()  # the name may hold spaces and parentheses
     return int(fields[11]) + int(fields[12])
