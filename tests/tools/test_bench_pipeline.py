@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -25,7 +27,7 @@ from hostless.kernels import kernel_id
 from hostless_tools.bench import pipeline
 from hostless_tools.bench.pipeline_report import derive, evaluate_goals, ray_rows, report_markdown
 from hostless_tools.bench.pipeline_trace import frame_steps, step_summary
-from hostless_tools.bench.pipeline_workloads import idle_cpu, proc_cpu_ticks
+from hostless_tools.bench.pipeline_workloads import idle_cpu, proc_cpu_ns, proc_cpu_ticks, thread_cpu_ns
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -277,6 +279,36 @@ IDLE_BOUND = 0.10
 """The share of a core an idle native agent may use.  Parked, it measures 0.3-1 % in the
 committed runs (benchmarks/results/pipeline-native-*.json, ``references.idle``); an agent
 that spins while idle uses a whole core, or whatever share a loaded machine leaves it."""
+
+
+def test_proc_cpu_ns_counts_another_process_threads_that_ended_included() -> None:
+    """``proc_cpu_ns`` reads another process's CPU clock: a child that burns about 0.3 s of
+    CPU in a thread that then ends shows at least 0.2 s (a thread's own ``schedstat`` is gone
+    with it, and ``/proc`` ticks would be 10 ms steps), and a sleeping child next to nothing."""
+    burn = (
+        "import threading, time, sys\n"
+        "def spin():\n"
+        "    t = time.thread_time()\n"
+        "    while time.thread_time() - t < 0.3: pass\n"
+        "th = threading.Thread(target=spin); th.start(); th.join()\n"
+        "print('done', flush=True); sys.stdin.read()\n"
+    )
+    sleeper = "import sys; print('done', flush=True); sys.stdin.read()"
+    got = {}
+    for name, code in (("burn", burn), ("sleep", sleeper)):
+        p = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            c0 = proc_cpu_ns(p.pid)
+            assert p.stdout is not None and p.stdout.readline().strip() == "done"
+            got[name] = (proc_cpu_ns(p.pid) - c0) / 1e9
+            assert thread_cpu_ns(p.pid, p.pid) is not None  # the main thread is still there
+        finally:
+            p.communicate("")
+    assert got["burn"] >= 0.2, got
+    assert got["sleep"] < 0.15, got
+    assert thread_cpu_ns(os.getpid(), 2**22 + 7) is None  # no such thread
 
 
 def test_idle_agent_parks_and_a_spinning_one_fails_the_bound() -> None:

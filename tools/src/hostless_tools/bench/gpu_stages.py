@@ -50,7 +50,7 @@ from hostless_tools.bench.gpu_stage_anchors import (
     torch_anchor,
     torch_device_anchor,
 )
-from hostless_tools.bench.pipeline_workloads import proc_cpu_ticks
+from hostless_tools.bench.pipeline_workloads import proc_cpu_ns
 
 
 def _graph(dom: hl.Domain, gpu: Any, chain: Chain, shape: tuple[int, ...], n: int, arrays: str) -> Graph:
@@ -117,11 +117,11 @@ def chain16(dom: hl.Domain, cpu: Any, gpu: Any, kinds: str, frames: int) -> dict
 
 
 def _cpu_by(pids: dict[str, int]) -> dict[str, float]:
-    """CPU seconds (user + system) used so far by this process (``host``) and each of ``pids``."""
+    """CPU seconds (user + system, in ns steps) used so far by this process (``host``) and
+    each of ``pids`` (their process CPU clocks: ``proc_cpu_ns``)."""
     out = {"host": time.process_time()}
-    tick = os.sysconf("SC_CLK_TCK")
     for name, p in pids.items():
-        out[name] = proc_cpu_ticks(p) / tick
+        out[name] = proc_cpu_ns(p) / 1e9
     return out
 
 

@@ -32,7 +32,9 @@ __all__ = [
     "throughput",
     "agent_round_trip",
     "idle_cpu",
+    "proc_cpu_ns",
     "proc_cpu_ticks",
+    "thread_cpu_ns",
 ]
 
 MODES: tuple[tuple[str, str], ...] = (
@@ -284,6 +286,27 @@ def proc_cpu_ticks(pid: int, tid: int | None = None) -> int:
         raw = f.read()
     fields = raw[raw.rindex(")") + 2 :].split()  # the name may hold spaces and parentheses
     return int(fields[11]) + int(fields[12])
+
+
+def proc_cpu_ns(pid: int) -> int:
+    """CPU nanoseconds (user + system) used so far by process ``pid``, all its threads, those
+    that ended included: its process CPU clock (``clock_getcpuclockid``: the clock id is
+    ``(~pid << 3) | 2``, CPUCLOCK_SCHED), read like this process's own.  Where that clock
+    cannot be read, :func:`proc_cpu_ticks` in ns (10 ms steps at the usual 100 Hz: too coarse
+    for a window of a few hundred frames)."""
+    try:
+        return time.clock_gettime_ns(((~pid) << 3) | 2)
+    except OSError:
+        return proc_cpu_ticks(pid) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_ns(pid: int, tid: int) -> int | None:
+    """CPU nanoseconds thread ``tid`` of process ``pid`` has run (``schedstat``), or None."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _wakeups(pid: int) -> int | None:
