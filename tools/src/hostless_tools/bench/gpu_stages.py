@@ -24,6 +24,7 @@ or not with the anchor's p10-p90 spread.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import sys
@@ -131,11 +132,20 @@ def _cpu_row(c0: dict[str, float], c1: dict[str, float], frames: int) -> dict[st
     return {"cpu_us_per_frame": sum(by.values()), "cpu_us_per_frame_by": by}
 
 
-def cross_engine(dom: hl.Domain, gpu: Any, npu: Any, n: int, frames: int) -> dict[str, Any]:
+def cross_engine(
+    dom: hl.Domain,
+    gpu: Any,
+    npu: Any,
+    n: int,
+    frames: int,
+    probe: Callable[[str], contextlib.AbstractContextManager[Any]] | None = None,
+) -> dict[str, Any]:
     """PyTorch GEMM -> npu relu -> PyTorch softmax: hostless direct+shared, against a host
     process orchestrating it (CUDA graph replays, a synchronize for the GPU's completion, the
     npu leg through a hostless graph run: push and wait); latency and CPU per frame of every
-    process involved."""
+    process involved.  ``probe(name)``, when given, is entered around each timed loop
+    (``"hostless"``, ``"host_orchestrated"``): a diagnostic's window."""
+    window = probe or (lambda _name: contextlib.nullcontext())
     import torch
 
     w = chain_weights([(ops.gemm, 1, ())], n)[0]
@@ -148,9 +158,10 @@ def cross_engine(dom: hl.Domain, gpu: Any, npu: Any, n: int, frames: int) -> dic
     with g.compile(dispatch="direct", data="shared") as cg:
         cg.run({"x": frame})
         pids = {"cuda agent": gpu.proc.pid, "npu agent": npu.proc.pid}
-        c0 = _cpu_by(pids)
-        st, o = time_frames(lambda: cg.run({"x": frame}, timeout=60)["y"], frames, warm=0)
-        c1 = _cpu_by(pids)
+        with window("hostless"):
+            c0 = _cpu_by(pids)
+            st, o = time_frames(lambda: cg.run({"x": frame}, timeout=60)["y"], frames, warm=0)
+            c1 = _cpu_by(pids)
         res["hostless"] = {**st, **_cpu_row(c0, c1, frames), "plan": cg.plan(), "out": o}
     # the host-orchestrated anchor
     dev = torch.device("cuda:0")
@@ -190,9 +201,10 @@ def cross_engine(dom: hl.Domain, gpu: Any, npu: Any, n: int, frames: int) -> dic
             return hy.numpy().copy()
 
         step()
-        c0 = _cpu_by({"npu agent": npu.proc.pid})
-        st, o2 = time_frames(step, frames, warm=0)
-        c1 = _cpu_by({"npu agent": npu.proc.pid})
+        with window("host_orchestrated"):
+            c0 = _cpu_by({"npu agent": npu.proc.pid})
+            st, o2 = time_frames(step, frames, warm=0)
+            c1 = _cpu_by({"npu agent": npu.proc.pid})
         res["host_orchestrated"] = {**st, **_cpu_row(c0, c1, frames), "out": o2}
     return res
 
