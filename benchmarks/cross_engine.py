@@ -25,18 +25,7 @@ from typing import Any
 import hostless as hl
 from hostless import agents
 from hostless_tools.bench.gpu_stages import cross_engine
-from hostless_tools.bench.pipeline_workloads import thread_cpu_ns
-
-
-def _switches(path: str) -> tuple[int, int]:
-    vol = invol = 0
-    with open(path + "/status") as f:
-        for line in f:
-            if line.startswith("voluntary_ctxt_switches"):
-                vol = int(line.split()[-1])
-            elif line.startswith("nonvoluntary_ctxt_switches"):
-                invol = int(line.split()[-1])
-    return vol, invol
+from hostless_tools.bench.pipeline_workloads import ctx_switches, thread_cpu_ns
 
 
 def threads_of(pid: int) -> dict[int, tuple[str, int, int, int]]:
@@ -47,10 +36,11 @@ def threads_of(pid: int) -> dict[int, tuple[str, int, int, int]]:
         try:
             with open(t + "/comm") as f:
                 name = f.read().strip()
-            vol, invol = _switches(t)
         except OSError:  # the thread ended
             continue
-        out[tid] = (name, thread_cpu_ns(pid, tid) or 0, vol, invol)
+        sw = ctx_switches(pid, tid)
+        if sw is not None:
+            out[tid] = (name, thread_cpu_ns(pid, tid) or 0, *sw)
     return out
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "latency",
     "throughput",
     "agent_round_trip",
+    "ctx_switches",
     "idle_cpu",
     "proc_cpu_ns",
     "proc_cpu_ticks",
@@ -279,10 +280,9 @@ def agent_round_trip(dom: Any, agent: Any, n: int, host_spin: float, floats: int
             o.release()
 
 
-def proc_cpu_ticks(pid: int, tid: int | None = None) -> int:
-    """utime + stime of process ``pid`` (or of its thread ``tid``) in clock ticks
-    (``/proc/<pid>/stat`` or ``/proc/<pid>/task/<tid>/stat``, fields 14 and 15)."""
-    with open(f"/proc/{pid}/task/{tid}/stat" if tid is not None else f"/proc/{pid}/stat") as f:
+def proc_cpu_ticks(pid: int) -> int:
+    """utime + stime of process ``pid`` in clock ticks (``/proc/<pid>/stat`` fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
         raw = f.read()
     fields = raw[raw.rindex(")") + 2 :].split()  # the name may hold spaces and parentheses
     return int(fields[11]) + int(fields[12])
@@ -301,7 +301,8 @@ def proc_cpu_ns(pid: int) -> int:
 
 
 def thread_cpu_ns(pid: int, tid: int) -> int | None:
-    """CPU nanoseconds thread ``tid`` of process ``pid`` has run (``schedstat``), or None."""
+    """CPU nanoseconds thread ``tid`` of process ``pid`` has run (``schedstat``; ``tid`` =
+    ``pid``: its main thread), or None."""
     try:
         with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
             return int(f.read().split()[0])
@@ -309,26 +310,26 @@ def thread_cpu_ns(pid: int, tid: int) -> int | None:
         return None
 
 
-def _wakeups(pid: int) -> int | None:
-    """Context switches of process ``pid``'s main thread (voluntary + involuntary), or None."""
+def ctx_switches(pid: int, tid: int | None = None) -> tuple[int, int] | None:
+    """Voluntary and involuntary context switches of process ``pid``'s main thread (or of its
+    thread ``tid``), from ``status``, or None."""
+    vol = invol = 0
     try:
-        with open(f"/proc/{pid}/status") as f:
-            n = 0
+        with open(f"/proc/{pid}/task/{tid}/status" if tid is not None else f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                    n += int(line.split()[-1])
-            return n
+                if line.startswith("voluntary_ctxt_switches"):
+                    vol = int(line.split()[-1])
+                elif line.startswith("nonvoluntary_ctxt_switches"):
+                    invol = int(line.split()[-1])
     except OSError:
         return None
+    return vol, invol
 
 
-def _oncpu_ns(pid: int) -> int | None:
-    """Nanoseconds process ``pid``'s main thread has run (``/proc/<pid>/schedstat``), or None."""
-    try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
+def _wakeups(pid: int) -> int | None:
+    """Context switches of process ``pid``'s main thread (voluntary + involuntary), or None."""
+    sw = ctx_switches(pid)
+    return None if sw is None else sw[0] + sw[1]
 
 
 def idle_cpu(pid: int, seconds: float, settle: float = 0.3) -> dict[str, Any]:
@@ -339,9 +340,9 @@ def idle_cpu(pid: int, seconds: float, settle: float = 0.3) -> dict[str, Any]:
     wake-ups while idle)."""
     tick = os.sysconf("SC_CLK_TCK")
     time.sleep(settle)
-    c0, n0, w0, t0 = proc_cpu_ticks(pid), _oncpu_ns(pid), _wakeups(pid), time.monotonic()
+    c0, n0, w0, t0 = proc_cpu_ticks(pid), thread_cpu_ns(pid, pid), _wakeups(pid), time.monotonic()
     time.sleep(seconds)
-    c1, n1, w1, t1 = proc_cpu_ticks(pid), _oncpu_ns(pid), _wakeups(pid), time.monotonic()
+    c1, n1, w1, t1 = proc_cpu_ticks(pid), thread_cpu_ns(pid, pid), _wakeups(pid), time.monotonic()
     wall = t1 - t0
     return {
         "seconds": wall,
