@@ -44,7 +44,6 @@ for _folder in sorted(os.listdir(TESTS)):
         sys.path.append(_path)
 
 
-
 @pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook: absent without it)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``make test``'s ``--dist loadfile`` with pytest-xdist's worker-crash hang mended.
@@ -170,6 +169,20 @@ def make_name() -> Iterator[Callable[[], str]]:
     finally:
         for n in names:
             unlink_quietly(n)
+
+
+def domain_of_another_tag(mine: hl.Domain, make: Callable[[], str], **kw: Any) -> hl.Domain:
+    """A new domain (named by ``make``) whose random tag differs from ``mine``'s.
+
+    Tags are drawn from 1..255 (docs/abi.md), so two domains share one 1 time in 255
+    and then a handle of one is not told apart from the other's by its tag; a test of
+    foreign handles needs two that differ."""
+    for _ in range(20):
+        other = hl.Domain.create(make(), **kw)
+        if int(other.header()["tag"]) != int(mine.header()["tag"]):
+            return other
+        other.close()
+    raise AssertionError("20 new domains in a row drew the same tag")
 
 
 @pytest.fixture

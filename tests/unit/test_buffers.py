@@ -23,6 +23,7 @@ import pytest
 import hostless as hl
 from conftest import (
     child_code,
+    domain_of_another_tag,
     finish_child,
     kill_child,
     needs_test_hooks,
@@ -343,8 +344,8 @@ def test_forged_and_foreign_handles(hdom: hl.Domain, make_name: object) -> None:
     f.release()
     t.release()
     # a handle of another domain
-    other_name = make_name()  # type: ignore[operator]
-    with hl.Domain.create(other_name, fences=256, heap="1M") as other:
+    other = domain_of_another_tag(hdom, make_name, fences=256, heap="1M")  # type: ignore[arg-type]
+    with other:
         ob = other.buffer(64)
         with pytest.raises(hl.InvalidHandle):
             hdom.import_buffer(ob.handle)
