@@ -1,17 +1,20 @@
 """The host's per-frame path of ``CompiledGraph.run`` (issue 22 item 8), A/B between builds.
 
-    python benchmarks/host_path.py measure [-n FRAMES] [--json PATH]
-    python benchmarks/host_path.py ab OLD_SITE NEW_SITE [--rounds R] [-n FRAMES] [-o DIR] [--name NAME]
+    python benchmarks/host_path.py measure [-n FRAMES] [--stages S] [--pin] [--json PATH]
+    python benchmarks/host_path.py ab OLD_SITE NEW_SITE [--rounds R] [-n FRAMES] [--stages S] [--pin]
+                                      [-o DIR] [--name NAME]
 
 Workload: the identity chain of the pipeline benchmark (2 ``copy`` stages on 16
 float32, stage s0 on one cpu agent, s1 on another; both ``agents.spawn(dom,
 "cpu")``, the default: the C loop), compiled direct+shared (2 in flight), the
-host domain at its default spin.  ``measure`` runs, with whichever
-``hostless`` is importable:
+host domain at its default spin.  ``--stages 1``: s0 alone (host -> s0 -> host),
+which on a 2-CPU machine leaves each process a CPU of its own; ``--pin`` pins the
+host to the first CPU and agent k to the next ones (when there are enough).
+``measure`` runs, with whichever ``hostless`` is importable:
 
 * ``run``: ``n`` frames of ``cg.run(inputs)`` one at a time (after a warm-up),
-  each timed with ``perf_counter_ns`` (frame latency; per hop = frame / 3: host
-  -> s0 -> s1 -> host) and ``thread_time_ns`` (the host thread's CPU);
+  each timed with ``perf_counter_ns`` (frame latency; per hop = frame / (stages
+  + 1): host -> s0 -> s1 -> host) and ``thread_time_ns`` (the host thread's CPU);
 * ``traced``: the same graph in a domain with a trace ring; around each
   ``run`` the host takes ``monotonic_ns`` (CLOCK_MONOTONIC, the trace's
   clock) before and after, so ``submit`` = the call's start -> the frame's
@@ -50,6 +53,7 @@ from typing import Any
 import numpy as np
 
 FLOATS = 16
+_CPUS = sorted(os.sched_getaffinity(0))  # (before --pin narrows this process's)
 
 
 def _pct(xs: Any) -> dict[str, float]:
@@ -61,26 +65,47 @@ def _pct(xs: Any) -> dict[str, float]:
     }
 
 
-def _graph(dom: Any, a: Any, b: Any) -> Any:
+def _graph(dom: Any, agents_: list[Any]) -> Any:
+    """The identity chain: stage k on ``agents_[k]``; its output is ``t{len - 1}``."""
     from hostless.graph import Graph
 
     g = Graph(dom).input("x", (FLOATS,), np.float32)
-    g.stage("s0", a, "copy", ["x"], ("t0", (FLOATS,), np.float32))
-    g.stage("s1", b, "copy", ["t0"], ("t1", (FLOATS,), np.float32))
+    prev = "x"
+    for k, a in enumerate(agents_):
+        g.stage(f"s{k}", a, "copy", [prev], (f"t{k}", (FLOATS,), np.float32))
+        prev = f"t{k}"
     return g.compile(dispatch="direct", data="shared")
 
 
-def _timed(n: int) -> dict[str, Any]:
-    import hostless as hl
+def _spawn(dom: Any, stages: int, pin: bool) -> list[Any]:
+    """One cpu agent per stage; ``pin``: this process on the first CPU, agent k on CPU k + 1
+    (where the machine has that many)."""
     from hostless import agents
+
+    out = [agents.spawn(dom, "cpu", label=f"s{k}") for k in range(stages)]
+    cpus = _CPUS
+    if pin and len(cpus) > stages:
+        os.sched_setaffinity(0, {cpus[0]})
+        for k, a in enumerate(out):
+            os.sched_setaffinity(a.proc.pid, {cpus[k + 1]})
+    return out
+
+
+def _stop(ags: list[Any]) -> None:
+    for a in ags:
+        a.stop()
+
+
+def _timed(n: int, stages: int, pin: bool) -> dict[str, Any]:
+    import hostless as hl
 
     dom = hl.Domain.create(
         f"hostless-host-path-{os.getpid()}", heap="16M", label="host", unlink_on_close=True
     )
     try:
-        a, b = agents.spawn(dom, "cpu", label="s0"), agents.spawn(dom, "cpu", label="s1")
+        ags = _spawn(dom, stages, pin)
         try:
-            with _graph(dom, a, b) as cg:
+            with _graph(dom, ags) as cg:
                 inp = {"x": np.arange(FLOATS, dtype=np.float32)}
                 for _ in range(max(50, n // 10)):
                     cg.run(inp)
@@ -92,28 +117,32 @@ def _timed(n: int) -> dict[str, Any]:
                     out = cg.run(inp)
                     wall[i] = pc() - t0
                     cpu[i] = tt() - c0
-                assert np.array_equal(out["t1"], inp["x"])
+                assert np.array_equal(out[f"t{stages - 1}"], inp["x"])
         finally:
-            a.stop()
-            b.stop()
+            _stop(ags)
     finally:
         dom.close()
     frame = _pct(wall)
-    return {"frame_ns": frame, "per_hop_ns": {k: v / 3 for k, v in frame.items()}, "host_cpu_ns": _pct(cpu)}
+    hops = stages + 1
+    return {
+        "frame_ns": frame,
+        "per_hop_ns": {k: v / hops for k, v in frame.items()},
+        "host_cpu_ns": _pct(cpu),
+    }
 
 
-def _traced(n: int) -> dict[str, Any]:
+def _traced(n: int, stages: int, pin: bool) -> dict[str, Any]:
     import hostless as hl
-    from hostless import agents, trace
+    from hostless import trace
     from hostless._abi import C
 
     dom = hl.Domain.create(
         f"hostless-host-path-t-{os.getpid()}", heap="16M", label="host", trace="16M", unlink_on_close=True
     )
     try:
-        a, b = agents.spawn(dom, "cpu", label="s0"), agents.spawn(dom, "cpu", label="s1")
+        ags = _spawn(dom, stages, pin)
         try:
-            with _graph(dom, a, b) as cg:
+            with _graph(dom, ags) as cg:
                 inp = {"x": np.arange(FLOATS, dtype=np.float32)}
                 tl_of = getattr(cg, "timelines_of", lambda f: cg.timelines)  # (older builds: shared)
                 sinks = {tl_of(f)[-1].handle for f in range(cg.inflight)}  # each slot has its own
@@ -128,8 +157,7 @@ def _traced(n: int) -> dict[str, Any]:
                     spans[i] = (t0, mono())
                 evs = [e for e in trace.events(dom) if e["ts"] >= t_from]
         finally:
-            a.stop()
-            b.stop()
+            _stop(ags)
     finally:
         dom.close()
     enq = np.asarray(sorted(e["ts"] for e in evs if e["type"] == int(C.EV_ENQUEUE)), dtype=np.int64)
@@ -153,8 +181,8 @@ def _traced(n: int) -> dict[str, Any]:
     }
 
 
-def _host_only(n: int) -> dict[str, Any]:
-    """The host's own work per ``run()``, no agent to wake: the graph's two stages sit on a
+def _host_only(n: int, stages: int) -> dict[str, Any]:
+    """The host's own work per ``run()``, no agent to wake: the graph's stages sit on a
     queue the host itself consumes (drained outside the timed region) and the stages'
     timelines (the host owns them here) are signaled to the frame number before each call,
     so the call's wait returns at once.  Checks, inputs, patch, push, wait, outputs."""
@@ -173,7 +201,7 @@ def _host_only(n: int) -> dict[str, Any]:
         q = dom.queue(1024)
         q.bind()
         me = Me(dom, q)
-        with _graph(dom, me, me) as cg:
+        with _graph(dom, [me] * stages) as cg:
             inp = {"x": np.arange(FLOATS, dtype=np.float32)}
             wall = np.empty(n, dtype=np.int64)
             pc = time.perf_counter_ns
@@ -204,14 +232,14 @@ def _floor(n: int = 200000) -> float:
     return (time.perf_counter_ns() - t0) / n
 
 
-def measure(n: int) -> dict[str, Any]:
+def measure(n: int, stages: int = 2, pin: bool = False) -> dict[str, Any]:
     import hostless
 
     return {
         "hostless": os.path.dirname(hostless.__file__),
-        "run": _timed(n),
-        "traced": _traced(max(200, n // 3)),
-        "host_only": _host_only(n),
+        "run": _timed(n, stages, pin),
+        "traced": _traced(max(200, n // 3), stages, pin),
+        "host_only": _host_only(n, stages),
         "python_floor_ns": _floor(),
     }
 
@@ -219,7 +247,7 @@ def measure(n: int) -> dict[str, Any]:
 FIGS = [
     ("host_only", "run_ns", "host's own work per run(), no agent (see host_only)"),
     ("run", "frame_ns", "run() latency"),
-    ("run", "per_hop_ns", "per hop (run() / 3)"),
+    ("run", "per_hop_ns", "per hop (run() / (stages + 1))"),
     ("run", "host_cpu_ns", "host thread CPU per run()"),
     ("traced", "submit_ns", "submit: call -> first ENQUEUE"),
     ("traced", "host_wake_ns", "host_wake: sink SIGNAL -> return"),
@@ -231,7 +259,9 @@ def _fmt(ns: float) -> str:
     return f"{ns / 1e3:.2f} us" if ns >= 1000 else f"{ns:.0f} ns"
 
 
-def ab(old: str, new: str, rounds: int, n: int, outdir: str, name: str) -> int:
+def ab(
+    old: str, new: str, rounds: int, n: int, outdir: str, name: str, stages: int = 2, pin: bool = False
+) -> int:
     runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
     t_start = time.monotonic()
     load0 = os.getloadavg()
@@ -239,7 +269,11 @@ def ab(old: str, new: str, rounds: int, n: int, outdir: str, name: str) -> int:
         for which in ("old", "new") if r % 2 == 0 else ("new", "old"):
             env = dict(os.environ, PYTHONPATH=old if which == "old" else new)
             p = subprocess.run(
-                [sys.executable, __file__, "measure", "-n", str(n)], env=env, capture_output=True, text=True
+                [sys.executable, __file__, "measure", "-n", str(n), "--stages", str(stages)]
+                + (["--pin"] if pin else []),
+                env=env,
+                capture_output=True,
+                text=True,
             )
             if p.returncode:
                 sys.stderr.write(p.stderr)
@@ -262,8 +296,11 @@ def ab(old: str, new: str, rounds: int, n: int, outdir: str, name: str) -> int:
         summary[f"{sec}.{key}"] = row
     result = {
         "what": (
-            "CompiledGraph.run host path, identity chain of 2 cpu agents (C loop), direct+shared, 16 float32"
+            f"CompiledGraph.run host path, identity chain of {stages} cpu agent{'s' if stages > 1 else ''} "
+            f"(C loop), direct+shared, 16 float32{', pinned to CPUs of their own' if pin else ''}"
         ),
+        "stages": stages,
+        "pinned": pin,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {
             "host": platform.node(),
@@ -336,13 +373,16 @@ def main() -> int:
     a.add_argument("new")
     a.add_argument("--rounds", type=int, default=4)
     a.add_argument("-n", type=int, default=1500)
+    for x in (m, a):
+        x.add_argument("--stages", type=int, choices=(1, 2), default=2)
+        x.add_argument("--pin", action="store_true")
     a.add_argument("-o", "--outdir", default="benchmarks/results")
     a.add_argument("--name", default=f"host-path-{platform.node()}-{dt.date.today().isoformat()}")
     r = sub.add_parser("report")
     r.add_argument("json")
     args = ap.parse_args()
     if args.cmd == "measure":
-        res = measure(args.n)
+        res = measure(args.n, args.stages, args.pin)
         text = json.dumps(res)
         if args.json:
             with open(args.json, "w") as f:
@@ -356,7 +396,7 @@ def main() -> int:
         with open(args.json[: -len(".json")] + ".md", "w") as f:
             f.write(report(res))
         return 0
-    return ab(args.old, args.new, args.rounds, args.n, args.outdir, args.name)
+    return ab(args.old, args.new, args.rounds, args.n, args.outdir, args.name, args.stages, args.pin)
 
 
 if __name__ == "__main__":

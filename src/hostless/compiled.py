@@ -414,15 +414,16 @@ class CompiledGraph(FrameRunner):
         """Give each slot's frame programs what one call needs to do the host's whole frame
         (``FrameProgram.bind_io``): the graph inputs' buffers (copied into, after the checks
         :meth:`_write_inputs` makes, when an input is an exact NumPy array of the input's
-        dtype and shape), the outputs' views (copied out) and the agents' words that
-        :meth:`_check_agents` reads.  False (no fast path) when a tensor the host writes or
-        reads lives in device memory."""
+        dtype and shape), the outputs' views and buffers (copied out, into arrays made
+        while the agents work) and the agents' words that :meth:`_check_agents` reads.  False
+        (no fast path) when a tensor the host writes or reads lives in device memory."""
         g = self.g
         idents = [
             (i.ctl_off, _Ident.CTL_MASK, i.ctl_want, i.consumer_off, i.consumer_want) for i in self._idents
         ]
         for sl in self.slots:
-            outs = [(name, v) for name, v in sl.out_views if isinstance(v, np.ndarray)]
+            made_by = {s.output: sl.stage_out[k] for k, s in enumerate(g.stages)}
+            outs = [(name, v, made_by[name].handle) for name, v in sl.out_views if isinstance(v, np.ndarray)]
             if len(outs) != len(sl.out_views):
                 return False
             ins = []
@@ -432,9 +433,9 @@ class CompiledGraph(FrameRunner):
                     return False
                 fmt = np.empty((0,), dt).data.format
                 ins.append((name, fmt, dt.itemsize, tuple(shp), [b.handle for b in dsts]))
-            sl.run[0].bind_io(ins, outs, idents, np.ndarray)
-            sl.submit[0].bind_io(ins, [], idents, np.ndarray)
-            sl.wait[0].bind_io([], outs, idents, np.ndarray)
+            sl.run[0].bind_io(ins, outs, idents, np.ndarray, np.empty_like)
+            sl.submit[0].bind_io(ins, [], idents, np.ndarray, np.empty_like)
+            sl.wait[0].bind_io([], outs, idents, np.ndarray, np.empty_like)
         return True
 
     def _input_buffers(self, sl: _Slot, name: str) -> list[Buffer]:

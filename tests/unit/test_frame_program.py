@@ -185,6 +185,162 @@ def test_a_buffer_released_after_the_check_fails_the_run(dom: hl.Domain) -> None
         build(dom, FrameOps()).run(0, NO_TIMEOUT)
 
 
+# ------------------------------------------- the outputs, made while the frame runs
+
+
+def _wait_program(dom: hl.Domain, tl: Any, out: Any, empty_like: Any) -> Any:
+    """A program that waits for ``tl``, its one output ``y`` in ``out`` (bind_io, with the
+    given maker of the outputs' arrays)."""
+    ops = FrameOps()
+    ops.wait(tl.handle, [tl.handle], tag="t")
+    prog = build(dom, ops)
+    prog.bind_io([], [("y", out.numpy(), out.handle)], [], np.ndarray, empty_like)
+    return prog
+
+
+def _finish_later(tl: Any, out: Any, frame: int, data: np.ndarray, when: threading.Event) -> threading.Thread:
+    """A thread that, once ``when`` is set, writes ``data`` into ``out`` and signals ``tl`` to
+    ``frame``: the frame's producer."""
+
+    def run() -> None:
+        when.wait(10)
+        out.numpy()[:] = data
+        tl.signal(frame)
+
+    th = threading.Thread(target=run)
+    th.start()
+    return th
+
+
+def test_the_outputs_arrays_are_made_while_the_frame_runs(dom: hl.Domain) -> None:
+    tl, out = dom.timeline(), dom.buffer((16,), np.float32)
+    made: list[int] = []
+    called = threading.Event()
+
+    def empty_like(view: np.ndarray) -> np.ndarray:
+        made.append(tl.value)  # the frame's producer waits for this call: not done yet
+        called.set()
+        return np.empty_like(view)
+
+    try:
+        prog = _wait_program(dom, tl, out, empty_like)
+        data = np.arange(16, dtype=np.float32)
+        th = _finish_later(tl, out, 3, data, called)
+        r = prog.frame(None, 3, 10.0)
+        th.join()
+        assert made == [0]  # once, before the frame was done
+        assert isinstance(r, dict) and list(r) == ["y"]
+        np.testing.assert_array_equal(r["y"], data)
+        assert r["y"].flags.owndata and r["y"].flags.writeable  # a copy of its own, as view.copy()
+        out.numpy()[:] = -1
+        np.testing.assert_array_equal(r["y"], data)  # not a view of the buffer
+    finally:
+        tl.release()
+        out.release()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(lambda v: (_ for _ in ()).throw(MemoryError("no room")), id="raises"),
+        pytest.param(lambda v: np.empty(v.size + 1, v.dtype), id="wrong-size"),
+        pytest.param(lambda v: np.empty(2 * v.size, v.dtype)[::2], id="strided"),
+        pytest.param(lambda v: np.frombuffer(bytes(v.nbytes), v.dtype), id="read-only"),
+        pytest.param(lambda v: "not an array", id="no-buffer"),
+    ],
+)
+def test_an_output_array_not_made_falls_back_to_a_copy_after_the_frame(dom: hl.Domain, bad: Any) -> None:
+    """A maker that fails or makes an array that does not fit leaves no error behind: the
+    frame is in flight; its outputs are copied after it as before."""
+    tl, out = dom.timeline(), dom.buffer((16,), np.float32)
+    called = threading.Event()
+
+    def maker(view: np.ndarray) -> Any:
+        called.set()
+        return bad(view)
+
+    try:
+        prog = _wait_program(dom, tl, out, maker)
+        data = np.arange(16, dtype=np.float32) + 1
+        th = _finish_later(tl, out, 1, data, called)
+        r = prog.frame(None, 1, 10.0)
+        th.join()
+        assert called.is_set()
+        np.testing.assert_array_equal(r["y"], data)
+        assert r["y"].flags.owndata and r["y"].flags.writeable
+    finally:
+        tl.release()
+        out.release()
+
+
+def test_an_output_buffer_released_while_the_frame_ran_is_not_read(dom: hl.Domain) -> None:
+    """The output buffer is checked (still held, same generation) before its bytes are
+    copied: one released meanwhile (here by the maker itself) is InvalidHandle, not
+    whatever the heap holds there now."""
+    tl, out = dom.timeline(), dom.buffer((16,), np.float32)
+    h = out.handle
+    called = threading.Event()
+    try:
+
+        def empty_like(view: np.ndarray) -> np.ndarray:
+            out.release()
+            called.set()
+            return np.empty_like(view)
+
+        prog = _wait_program(dom, tl, out, empty_like)
+        th = threading.Thread(target=lambda: called.wait(10) and tl.signal(1))
+        th.start()
+        with pytest.raises(InvalidHandle, match=f"{h:#x}"):
+            prog.frame(None, 1, 10.0)
+        th.join()
+    finally:
+        tl.release()
+
+
+def test_no_output_array_is_made_ahead_for_a_frame_already_done(dom: hl.Domain) -> None:
+    """Where the wait finds the frame done there is nothing to overlap: no call back (its
+    relock would only add to the host's work); the outputs are copied as before."""
+    tl, out = dom.timeline(), dom.buffer((16,), np.float32)
+    made: list[int] = []
+    try:
+        prog = _wait_program(dom, tl, out, lambda v: made.append(1) or np.empty_like(v))
+        out.numpy()[:] = 7
+        tl.signal(2)
+        r = prog.frame(None, 2, 10.0)
+        assert made == []
+        np.testing.assert_array_equal(r["y"], np.full(16, 7, np.float32))
+    finally:
+        tl.release()
+        out.release()
+
+
+def test_a_domain_closed_by_the_output_maker_ends_the_frame(make_name: Any) -> None:
+    """What the maker runs may close the domain (a finalizer, a signal handler): the frame
+    ends with DomainClosed at once, instead of leave() waiting for this busy thread."""
+    d = hl.Domain.create(make_name(), heap="1M")
+    tl, out = d.timeline(), d.buffer((16,), np.float32)
+
+    def empty_like(view: np.ndarray) -> np.ndarray:
+        d.close()
+        return np.empty_like(view)
+
+    prog = _wait_program(d, tl, out, empty_like)
+    got: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            prog.frame(None, 1, 10.0)
+        except BaseException as e:
+            got.append(e)
+
+    th = threading.Thread(target=run, daemon=True)  # (a hang stays in it: the test fails)
+    th.start()
+    th.join(10)
+    assert not th.is_alive(), "close() from inside the frame's hook waited for the frame"
+    assert len(got) == 1 and isinstance(got[0], hl.DomainClosed), got
+    assert d.closed
+
+
 # ------------------------------------------------------------------ graphs
 
 

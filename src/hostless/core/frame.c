@@ -169,15 +169,35 @@ static int recheck(hle_ctx *c, uint32_t i, const struct hle_frame_op *o) {
     return HL_OK;
 }
 
+/* What the caller runs once, locked, at the first WAIT that has to wait
+ * (hle_frame_run_hooked). */
+struct before_wait {
+    int (*fn)(void *);
+    void *arg;
+    hle_ctx *c;
+    void **tok;
+};
+
+static void call_before_wait(void *a) {
+    struct before_wait *h = a;
+    int (*fn)(void *) = h->fn;
+    h->fn = NULL; /* once */
+    hle_relock(h->c, *h->tok);
+    hle_hook_call(h->c, fn, h->arg);
+    *h->tok = hle_unlock(h->c);
+}
+
 /* One WAIT: slices, the watch check after each, the deadline. */
 static int run_wait(hle_ctx *c, const struct hle_frame *f, uint32_t i, uint64_t frame, int64_t timeout,
-                    int64_t spin, int intr, void **tok, struct hle_frame_stop *stop) {
+                    int64_t spin, int intr, void **tok, struct before_wait *hook, struct hle_frame_stop *stop) {
     const struct hle_frame_op *o = &f->ops[i];
     uint64_t t0 = now_ns();
     for (;;) {
         int64_t slice = f->slice_ns > 0 ? f->slice_ns : timeout;
         uint64_t w = 0;
-        int r = hle_wait_unlocked(c, o->handle, frame, slice, spin, &w, intr, tok);
+        int pending = hook->fn != NULL; /* the frame's pushes are made: the caller's work overlaps the agents' */
+        int r = hle_wait_unlocked_hooked(c, o->handle, frame, slice, spin, &w, intr, tok,
+                                         pending ? call_before_wait : NULL, hook);
         stop->word = w;
         if (r == HL_OK) return w > HL_TIMELINE_MAX ? HLE_FRAME_FAILED : HL_OK;
         if (r != HL_E_TIMEOUT) return r;
@@ -196,7 +216,7 @@ static int run_wait(hle_ctx *c, const struct hle_frame *f, uint32_t i, uint64_t 
 }
 
 static int run_ops(hle_ctx *c, const struct hle_frame *f, uint64_t frame, int64_t timeout, int64_t spin, int intr,
-                   void **tok, struct hle_frame_stop *stop) {
+                   void **tok, struct before_wait *hook, struct hle_frame_stop *stop) {
     int r;
     for (uint32_t i = 0; i < f->nops; i++) {
         const struct hle_frame_op *o = &f->ops[i];
@@ -224,7 +244,7 @@ static int run_ops(hle_ctx *c, const struct hle_frame *f, uint64_t frame, int64_
             break;
         }
         case HLE_FOP_WAIT:
-            if ((r = run_wait(c, f, i, frame, timeout, spin, intr, tok, stop))) return r;
+            if ((r = run_wait(c, f, i, frame, timeout, spin, intr, tok, hook, stop))) return r;
             break;
         default: {
             struct where w = at_op(i, o->type);
@@ -237,6 +257,11 @@ static int run_ops(hle_ctx *c, const struct hle_frame *f, uint64_t frame, int64_
 
 int hle_frame_run(hle_ctx *c, const struct hle_frame *f, uint64_t frame, int64_t timeout, int64_t spin,
                   struct hle_frame_stop *stop) {
+    return hle_frame_run_hooked(c, f, frame, timeout, spin, NULL, NULL, stop);
+}
+
+int hle_frame_run_hooked(hle_ctx *c, const struct hle_frame *f, uint64_t frame, int64_t timeout, int64_t spin,
+                         int (*before_wait)(void *), void *arg, struct hle_frame_stop *stop) {
     memset(stop, 0, sizeof *stop);
     int r = hle_need_attached(c);
     if (r) return r;
@@ -245,7 +270,8 @@ int hle_frame_run(hle_ctx *c, const struct hle_frame *f, uint64_t frame, int64_t
     int intr = hle_interruptible(c);
     BUSY_ENTER(c);
     void *tok = hle_unlock(c);
-    r = run_ops(c, f, frame, timeout, spin, intr, &tok, stop);
+    struct before_wait hook = {before_wait, arg, c, &tok};
+    r = run_ops(c, f, frame, timeout, spin, intr, &tok, &hook, stop);
     BUSY_LEAVE(c);
     hle_relock(c, tok);
     return r;

@@ -33,6 +33,29 @@ int hle_interruptible(hle_ctx *c) {
 }
 
 /* Contract in engine.h. */
+int hle_hook_call(hle_ctx *c, int (*fn)(void *), void *arg) {
+    hle_ctx *prev = hle_tls_hook_ctx;
+    int prev_depth = hle_tls_hook_depth;
+    if (prev != c) hle_tls_hook_depth = 0;
+    hle_tls_hook_ctx = c;
+    hle_tls_hook_depth++;
+    int r = fn(arg);
+    hle_tls_hook_ctx = prev;
+    hle_tls_hook_depth = prev_depth;
+    return r;
+}
+
+/* the interrupt hook (it relocks and unlocks through the token itself) */
+struct intr_call {
+    hle_ctx *c;
+    void **token;
+};
+static int intr_call(void *a) {
+    struct intr_call *x = a;
+    return x->c->hooks.interrupted(x->token);
+}
+
+/* Contract in engine.h. */
 int hle_wait_loop(hle_ctx *c, struct hle_waiter *w, void **token) {
     uint64_t t0 = w->t0, spin = w->spin_ns, last = t0;
     uint64_t deadline = w->timeout_ns < 0 ? UINT64_MAX : t0 + (uint64_t)w->timeout_ns;
@@ -50,16 +73,8 @@ int hle_wait_loop(hle_ctx *c, struct hle_waiter *w, void **token) {
         if (t >= deadline) return HL_E_TIMEOUT;
         if (w->interruptible && t - last >= HLE_INTR_SLICE_NS) {
             last = t;
-            /* the hook may run Python signal handlers: one that closes this
-             * domain must not wait for this (busy) thread in leave() */
-            hle_ctx *prev = hle_tls_hook_ctx;
-            int prev_depth = hle_tls_hook_depth;
-            if (prev != c) hle_tls_hook_depth = 0;
-            hle_tls_hook_ctx = c;
-            hle_tls_hook_depth++;
-            int stop = c->hooks.interrupted(token);
-            hle_tls_hook_ctx = prev;
-            hle_tls_hook_depth = prev_depth;
+            struct intr_call ic = {c, token};
+            int stop = hle_hook_call(c, intr_call, &ic);
             if (stop) return HL_E_INTR;
             if (CLOSING(c)) return HL_E_CLOSED; /* closed by a handler: the mapping may be gone */
         }
@@ -155,6 +170,12 @@ int hle_wait(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int64_t spin
  * locked spin: the caller released its lock already). */
 int hle_wait_unlocked(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int64_t spin, uint64_t *out,
                       int interruptible, void **tok) {
+    return hle_wait_unlocked_hooked(c, h, thr, timeout, spin, out, interruptible, tok, NULL, NULL);
+}
+
+/* Contract in engine.h. */
+int hle_wait_unlocked_hooked(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int64_t spin, uint64_t *out,
+                             int interruptible, void **tok, void (*not_yet)(void *), void *arg) {
     if (CLOSING(c)) return hle_closed_error(c, "the domain was closed during the wait");
     int64_t idx = hle_check_handle(c, h, 0, 1);
     if (idx < 0) return (int)idx;
@@ -163,6 +184,10 @@ int hle_wait_unlocked(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int
     if (w >= thr) {
         *out = w;
         return HL_OK;
+    }
+    if (not_yet) {
+        not_yet(arg);
+        if (CLOSING(c)) return hle_closed_error(c, "the domain was closed during the wait"); /* (f may be gone) */
     }
     struct word_wait x = {c, f, HL_HANDLE_KIND(h) == HL_KIND_TIMELINE ? &f->wake : (uint32_t *)&f->word, thr, w,
                           HL_HANDLE_KIND(h) == HL_KIND_MERGED};

@@ -368,7 +368,15 @@ void hle_agent_default_table(const struct hle_agent_cfg *cfg, uint32_t *present,
  * watch[stop->watch], failed during WAIT op stop->op; stop->word its word);
  * HL_E_TIMEOUT (WAIT op stop->op timed out); or the code of the failing op
  * (stop->op): hle_queue_push's, HL_E_HANDLE, HL_E_CLOSED / HL_E_CORRUPT,
- * HL_E_INTR (the interrupt hook). */
+ * HL_E_INTR (the interrupt hook).
+ * hle_frame_run_hooked is hle_frame_run that calls before_wait(arg) once,
+ * with the binding's lock held, at the first WAIT op whose timeline has not
+ * reached the frame yet (the pushes before it made, the agents at work):
+ * what the caller needs once the frame is done (its outputs' arrays) is made
+ * while the frame runs instead of after it; never when every WAIT finds its
+ * timeline there already.  Its value is ignored: the frame is in flight,
+ * and the hook keeps its own failure.  What it runs may close the domain:
+ * the run then ends with HL_E_CLOSED. */
 #define HLE_FOP_STORE 1u
 #define HLE_FOP_PUSH 2u
 #define HLE_FOP_COPY 3u
@@ -399,6 +407,8 @@ struct hle_frame_stop {
 int hle_frame_check(hle_ctx *c, struct hle_frame *f);
 int hle_frame_run(hle_ctx *c, const struct hle_frame *f, uint64_t frame, int64_t timeout_ns, int64_t spin_ns,
                   struct hle_frame_stop *stop);
+int hle_frame_run_hooked(hle_ctx *c, const struct hle_frame *f, uint64_t frame, int64_t timeout_ns, int64_t spin_ns,
+                         int (*before_wait)(void *), void *arg, struct hle_frame_stop *stop);
 
 /* ---- joining by path, queues, buffers, records (open.c, queue.c, records.c) ----
  * Open the domain file at `path` (no symbolic link followed; a regular file
