@@ -341,6 +341,40 @@ def test_a_domain_closed_by_the_output_maker_ends_the_frame(make_name: Any) -> N
     assert d.closed
 
 
+def test_a_push_into_a_full_queue_waits_with_the_lock_given_away(dom: hl.Domain) -> None:
+    """A frame keeps the GIL until an op must block: its push into a full queue is tried
+    once locked, then waited for unlocked, so a thread of this process can free a cell
+    (with the lock kept, the consumer below could never run)."""
+    q = dom.queue(2)
+    tl = dom.timeline()
+    try:
+        q.bind()
+        for _ in range(2):
+            q.push(Packet(kernel=1))
+        ops = FrameOps()
+        ops.push(q.handle, Packet(kernel=9, signal=tl.handle))
+        prog = build(dom, ops)
+        popped: list[int] = []
+
+        def consumer() -> None:
+            time.sleep(0.05)  # the frame is blocked on the full queue by now
+            r = q.pop(timeout=5)
+            popped.append(r[1].kernel if r else -1)
+
+        th = threading.Thread(target=consumer)
+        th.start()
+        t0 = time.monotonic()
+        assert prog.run(1, 5_000_000_000) is None
+        waited = time.monotonic() - t0
+        th.join(10)
+        assert popped == [1] and 0.04 <= waited < 2  # (a locked try that waited: the whole 5 s)
+        kinds = [q.pop(timeout=1)[1].kernel for _ in range(2)]  # type: ignore[index]
+        assert kinds == [1, 9]  # the frame's packet went in once a cell was free
+    finally:
+        tl.release()
+        q.release()
+
+
 # ------------------------------------------------------------------ graphs
 
 

@@ -67,6 +67,9 @@
  * and its agent pinned to one CPU of the 2-core VM (about 31 us with this), about 6 us on
  * two CPUs either way (benchmarks/colocated.py).  Waits shorter than this never yield. */
 #define HLE_SPIN_PURE_NS 10000ull
+/* A wait spins at most this long before it gives the binding's lock (the GIL) away: a
+ * cross-process round trip within it costs no unlock and relock (hle_wait, frame programs). */
+#define HLE_LOCKED_SPIN_NS 2000ull
 
 /* What a blocking call does around its GIL-free sections, supplied by the
  * binding (all NULL for C programs: nothing to release, no interrupts).
@@ -488,7 +491,8 @@ int hle_queue_view(hle_ctx *c, uint64_t h, struct hl_qview *v);
  * HL_E_INVALID (its consumer died); HL_E_CLOSED / HL_E_CORRUPT (closed or
  * truncated during the wait); HL_E_INTR. */
 int hle_queue_push(hle_ctx *c, uint64_t h, const struct hl_packet *p, int64_t timeout_ns, uint64_t *idx);
-/* hle_queue_push for a caller inside a GIL-free section (as hle_wait_unlocked). */
+/* hle_queue_push for a caller inside a GIL-free section (as hle_wait_unlocked); with
+ * timeout_ns 0 (a try: it neither waits nor calls the interrupt hook) also with the lock held. */
 int hle_queue_push_unlocked(hle_ctx *c, uint64_t h, const struct hl_packet *p, int64_t timeout_ns, uint64_t *idx,
                             int interruptible, void **tok);
 /* Pop the next packet (bound consumer only; skips cells of dead producers);

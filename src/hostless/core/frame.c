@@ -169,82 +169,150 @@ static int recheck(hle_ctx *c, uint32_t i, const struct hle_frame_op *o) {
     return HL_OK;
 }
 
-/* What the caller runs once, locked, at the first WAIT that has to wait
- * (hle_frame_run_hooked). */
-struct before_wait {
-    int (*fn)(void *);
-    void *arg;
+/* A COPY larger than this runs unlocked (a memcpy of megabytes would hold the binding's other
+ * threads off). */
+#define LOCKED_COPY_MAX (64u << 10)
+
+/* One run of a program.  It keeps the binding's lock (the GIL) until an op must block: a push
+ * into a full queue, a WAIT whose timeline is not there after a locked spin of at most
+ * HLE_LOCKED_SPIN_NS, a large COPY.  A frame the agents finish within that spin costs no unlock
+ * and relock; the caller's hook runs at the first WAIT that finds its timeline not there yet. */
+struct run {
     hle_ctx *c;
-    void **tok;
+    const struct hle_frame *f;
+    uint64_t frame;
+    int64_t timeout, spin;
+    int intr;
+    int unlocked;
+    void *tok;           /* hle_unlock's, once unlocked */
+    int (*hook)(void *); /* the caller's (hle_frame_run_hooked), until it ran */
+    void *arg;
+    struct hle_frame_stop *stop;
 };
 
-static void call_before_wait(void *a) {
-    struct before_wait *h = a;
-    int (*fn)(void *) = h->fn;
-    h->fn = NULL; /* once */
-    hle_relock(h->c, *h->tok);
-    hle_hook_call(h->c, fn, h->arg);
-    *h->tok = hle_unlock(h->c);
+static void unlock_run(struct run *x) {
+    if (!x->unlocked) {
+        x->tok = hle_unlock(x->c);
+        x->unlocked = 1;
+    }
 }
 
-/* One WAIT: slices, the watch check after each, the deadline. */
-static int run_wait(hle_ctx *c, const struct hle_frame *f, uint32_t i, uint64_t frame, int64_t timeout,
-                    int64_t spin, int intr, void **tok, struct before_wait *hook, struct hle_frame_stop *stop) {
+/* The caller's hook, once, locked (relocked for it where the run is not). */
+static void call_hook(struct run *x) {
+    int (*fn)(void *) = x->hook;
+    if (!fn) return;
+    x->hook = NULL;
+    if (x->unlocked) hle_relock(x->c, x->tok);
+    hle_hook_call(x->c, fn, x->arg);
+    if (x->unlocked) x->tok = hle_unlock(x->c);
+}
+
+static void call_hook_cb(void *a) { call_hook(a); }
+
+/* A WAIT's first look, the hook, and a spin while locked: 1 when the timeline is there (or
+ * failed: *w), 0 to wait unlocked, < 0 an error. */
+static int locked_look(struct run *x, const struct hle_frame_op *o, uint64_t *w) {
+    hle_ctx *c = x->c;
+    int64_t idx = hle_check_handle(c, o->handle, HL_KIND_TIMELINE, 1);
+    if (idx < 0) return (int)idx;
+    if ((*w = ld(&slot(c, (uint32_t)idx)->word)) >= x->frame) return 1;
+    if (x->hook) {
+        call_hook(x);
+        if (CLOSING(c)) return hle_closed_error(c, "the domain was closed during a frame");
+        /* what the hook ran may have released the timeline: look it up again */
+        if ((idx = hle_check_handle(c, o->handle, HL_KIND_TIMELINE, 1)) < 0) return (int)idx;
+    }
+    uint64_t limit = x->spin <= 0 ? 0 : (uint64_t)x->spin < HLE_LOCKED_SPIN_NS ? (uint64_t)x->spin : HLE_LOCKED_SPIN_NS;
+    struct hl_fence *tf = slot(c, (uint32_t)idx);
+    uint64_t t0 = limit ? now_ns() : 0;
+    for (unsigned it = 0; limit; it++) {
+        if ((*w = __atomic_load_n(&tf->word, __ATOMIC_ACQUIRE)) >= x->frame) return 1;
+        cpu_relax();
+        if ((it & 63) == 63 && now_ns() - t0 >= limit) break;
+    }
+    return 0;
+}
+
+/* One WAIT: the locked look, then slices, the watch check after each, the deadline. */
+static int run_wait(struct run *x, uint32_t i) {
+    hle_ctx *c = x->c;
+    const struct hle_frame *f = x->f;
     const struct hle_frame_op *o = &f->ops[i];
+    uint64_t w = 0;
+    int r;
+    if (!x->unlocked) {
+        if ((r = locked_look(x, o, &w)) < 0) return r;
+        if (r > 0) {
+            x->stop->word = w;
+            return w > HL_TIMELINE_MAX ? HLE_FRAME_FAILED : HL_OK;
+        }
+        unlock_run(x);
+    }
     uint64_t t0 = now_ns();
     for (;;) {
-        int64_t slice = f->slice_ns > 0 ? f->slice_ns : timeout;
-        uint64_t w = 0;
-        int pending = hook->fn != NULL; /* the frame's pushes are made: the caller's work overlaps the agents' */
-        int r = hle_wait_unlocked_hooked(c, o->handle, frame, slice, spin, &w, intr, tok,
-                                         pending ? call_before_wait : NULL, hook);
-        stop->word = w;
+        int64_t slice = f->slice_ns > 0 ? f->slice_ns : x->timeout;
+        /* (the hook, where the run was unlocked before this WAIT: after the wait's first look) */
+        r = hle_wait_unlocked_hooked(c, o->handle, x->frame, slice, x->spin, &w, x->intr, &x->tok,
+                                     x->hook ? call_hook_cb : NULL, x);
+        x->stop->word = w;
         if (r == HL_OK) return w > HL_TIMELINE_MAX ? HLE_FRAME_FAILED : HL_OK;
         if (r != HL_E_TIMEOUT) return r;
         for (uint64_t j = o->arg; j < o->arg + o->count; j++) {
             uint64_t ww;
             if ((r = hle_word(c, f->watch[j], &ww))) return r;
             if (ww > HL_TIMELINE_MAX) {
-                stop->watch = (uint32_t)j;
-                stop->word = ww;
+                x->stop->watch = (uint32_t)j;
+                x->stop->word = ww;
                 return HLE_FRAME_WATCH;
             }
         }
-        if (timeout >= 0 && now_ns() - t0 > (uint64_t)timeout) return HL_E_TIMEOUT;
+        if (x->timeout >= 0 && now_ns() - t0 > (uint64_t)x->timeout) return HL_E_TIMEOUT;
         if (f->slice_ns <= 0) return HL_E_TIMEOUT;
     }
 }
 
-static int run_ops(hle_ctx *c, const struct hle_frame *f, uint64_t frame, int64_t timeout, int64_t spin, int intr,
-                   void **tok, struct before_wait *hook, struct hle_frame_stop *stop) {
+/* One PUSH: a try while locked (it neither waits nor calls the interrupt hook); a full queue is
+ * waited for unlocked. */
+static int run_push(struct run *x, const struct hle_frame_op *o) {
+    struct hl_packet p = o->packet;
+    uint64_t words[8], idx;
+    memcpy(words, &p, sizeof words);
+    for (unsigned b = 0; b < 8; b++)
+        if (o->mask & VALUE_WORDS & (1u << b)) words[b] = x->frame;
+    memcpy(&p, words, sizeof p);
+    if (!x->unlocked) {
+        int r = hle_queue_push_unlocked(x->c, o->handle, &p, 0, &idx, 0, &x->tok);
+        if (r != HL_E_QUEUE_FULL) return r;
+        unlock_run(x);
+    }
+    return hle_queue_push_unlocked(x->c, o->handle, &p, x->timeout, &idx, x->intr, &x->tok);
+}
+
+static int run_ops(struct run *x) {
+    hle_ctx *c = x->c;
+    const struct hle_frame *f = x->f;
     int r;
     for (uint32_t i = 0; i < f->nops; i++) {
         const struct hle_frame_op *o = &f->ops[i];
-        stop->op = i;
+        x->stop->op = i;
         if (CLOSING(c)) return hle_closed_error(c, "the domain was closed during a frame");
         switch (o->type) {
         case HLE_FOP_STORE:
             if ((r = recheck(c, i, o))) return r;
             /* release: a reader that sees the frame number sees what the frame wrote before
              * (the inputs: an armed GPU segment waits on such a word) */
-            __atomic_store_n((uint64_t *)(c->base + o->dst_off), frame, __ATOMIC_RELEASE);
+            __atomic_store_n((uint64_t *)(c->base + o->dst_off), x->frame, __ATOMIC_RELEASE);
             break;
         case HLE_FOP_COPY:
             if ((r = recheck(c, i, o))) return r;
+            if (o->nbytes > LOCKED_COPY_MAX) unlock_run(x);
             memmove(c->base + o->dst_off, c->base + o->src_off, o->nbytes);
             break;
-        case HLE_FOP_PUSH: {
-            struct hl_packet p = o->packet;
-            uint64_t words[8], idx;
-            memcpy(words, &p, sizeof words);
-            for (unsigned b = 0; b < 8; b++)
-                if (o->mask & VALUE_WORDS & (1u << b)) words[b] = frame;
-            memcpy(&p, words, sizeof p);
-            if ((r = hle_queue_push_unlocked(c, o->handle, &p, timeout, &idx, intr, tok))) return r;
+        case HLE_FOP_PUSH:
+            if ((r = run_push(x, o))) return r;
             break;
-        }
         case HLE_FOP_WAIT:
-            if ((r = run_wait(c, f, i, frame, timeout, spin, intr, tok, hook, stop))) return r;
+            if ((r = run_wait(x, i))) return r;
             break;
         default: {
             struct where w = at_op(i, o->type);
@@ -267,12 +335,10 @@ int hle_frame_run_hooked(hle_ctx *c, const struct hle_frame *f, uint64_t frame, 
     if (r) return r;
     if (frame == 0 || frame > HL_TIMELINE_MAX)
         return hle_fail(HL_E_VALUE, "a frame number is in 1..2^62-1, got %llu", (unsigned long long)frame);
-    int intr = hle_interruptible(c);
+    struct run x = {c, f, frame, timeout, spin, hle_interruptible(c), 0, NULL, before_wait, arg, stop};
     BUSY_ENTER(c);
-    void *tok = hle_unlock(c);
-    struct before_wait hook = {before_wait, arg, c, &tok};
-    r = run_ops(c, f, frame, timeout, spin, intr, &tok, &hook, stop);
+    r = run_ops(&x);
     BUSY_LEAVE(c);
-    hle_relock(c, tok);
+    if (x.unlocked) hle_relock(c, x.tok);
     return r;
 }

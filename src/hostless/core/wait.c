@@ -139,7 +139,7 @@ int hle_wait(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int64_t spin
     }
     /* short spin while locked (with the GIL): the fast cross-process round trip */
     uint64_t t0 = now_ns();
-    uint64_t gil_spin = spin > 2000 ? 2000 : (spin > 0 ? (uint64_t)spin : 0);
+    uint64_t gil_spin = spin > (int64_t)HLE_LOCKED_SPIN_NS ? HLE_LOCKED_SPIN_NS : (spin > 0 ? (uint64_t)spin : 0);
     if (gil_spin) {
         for (unsigned it = 0;; it++) {
             w = __atomic_load_n(&f->word, __ATOMIC_ACQUIRE);
