@@ -435,11 +435,10 @@ int hle_wait_loop(hle_ctx *c, struct hle_waiter *w, void **token);
  * wait for them: they bail out after the hook). */
 extern __thread hle_ctx *hle_tls_hook_ctx;
 extern __thread int hle_tls_hook_depth;
-/* Call fn(arg) from inside a GIL-free section of c with the binding's lock
- * held (the interrupt hook, a frame program's hook): what it runs (a Python
- * signal handler, a finalizer) may close c, and leave() must not wait for this
- * busy thread then.  Returns fn's value; the caller checks CLOSING(c) after it
- * (the mapping may be gone) before touching the domain again. */
+/* Call fn(arg) inside a busy section of c with the binding's lock held (the interrupt
+ * hook, a frame program's hook): what it runs (a signal handler, a finalizer) may close c,
+ * and leave() must not wait for this busy thread then.  Returns fn's value; the caller
+ * checks CLOSING(c) after it (the mapping may be gone) before touching the domain. */
 int hle_hook_call(hle_ctx *c, int (*fn)(void *), void *arg);
 /* Is the calling thread interruptible (the hooks say so; called locked)? */
 int hle_interruptible(hle_ctx *c);
@@ -468,12 +467,13 @@ int hle_wait_any(hle_ctx *c, const uint64_t *handles, const uint64_t *thr, int n
  * spin.  Codes of hle_wait. */
 int hle_wait_unlocked(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout_ns, int64_t spin_ns, uint64_t *word,
                       int interruptible, void **tok);
-/* The same, calling not_yet(arg) once where the word is not there at the first
- * look, before any spin or sleep (frame.c: the outputs' arrays made while the
- * frame runs); a domain closed meanwhile (by what the hook ran) ends the wait
- * with HL_E_CLOSED before the slot is read again. */
+/* The same, calling not_yet(arg) once where the word is not there at the first look,
+ * before any spin or sleep (frame.c); a domain closed by what it ran ends the wait with
+ * HL_E_CLOSED before the slot is read again.  since: when the caller began to wait (its
+ * locked spin), from which the spin, its yielding and the timeout count; 0: now. */
 int hle_wait_unlocked_hooked(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout_ns, int64_t spin_ns,
-                             uint64_t *word, int interruptible, void **tok, void (*not_yet)(void *), void *arg);
+                             uint64_t *word, int interruptible, void **tok, void (*not_yet)(void *), void *arg,
+                             uint64_t since);
 /* Move the private kick word and wake wait_any sleepers of this process. */
 void hle_kick(hle_ctx *c);
 

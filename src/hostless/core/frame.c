@@ -210,8 +210,8 @@ static void call_hook(struct run *x) {
 static void call_hook_cb(void *a) { call_hook(a); }
 
 /* A WAIT's first look, the hook, and a spin while locked: 1 when the timeline is there (or
- * failed: *w), 0 to wait unlocked, < 0 an error. */
-static int locked_look(struct run *x, const struct hle_frame_op *o, uint64_t *w) {
+ * failed: *w), 0 to wait unlocked (*t0: when the spin began, 0 for none), < 0 an error. */
+static int locked_look(struct run *x, const struct hle_frame_op *o, uint64_t *w, uint64_t *t0) {
     hle_ctx *c = x->c;
     int64_t idx = hle_check_handle(c, o->handle, HL_KIND_TIMELINE, 1);
     if (idx < 0) return (int)idx;
@@ -224,11 +224,11 @@ static int locked_look(struct run *x, const struct hle_frame_op *o, uint64_t *w)
     }
     uint64_t limit = x->spin <= 0 ? 0 : (uint64_t)x->spin < HLE_LOCKED_SPIN_NS ? (uint64_t)x->spin : HLE_LOCKED_SPIN_NS;
     struct hl_fence *tf = slot(c, (uint32_t)idx);
-    uint64_t t0 = limit ? now_ns() : 0;
+    *t0 = limit ? now_ns() : 0;
     for (unsigned it = 0; limit; it++) {
         if ((*w = __atomic_load_n(&tf->word, __ATOMIC_ACQUIRE)) >= x->frame) return 1;
         cpu_relax();
-        if ((it & 63) == 63 && now_ns() - t0 >= limit) break;
+        if ((it & 63) == 63 && now_ns() - *t0 >= limit) break;
     }
     return 0;
 }
@@ -238,10 +238,10 @@ static int run_wait(struct run *x, uint32_t i) {
     hle_ctx *c = x->c;
     const struct hle_frame *f = x->f;
     const struct hle_frame_op *o = &f->ops[i];
-    uint64_t w = 0;
+    uint64_t w = 0, since = 0; /* (the locked spin counts toward the wait's spin and its yielding) */
     int r;
     if (!x->unlocked) {
-        if ((r = locked_look(x, o, &w)) < 0) return r;
+        if ((r = locked_look(x, o, &w, &since)) < 0) return r;
         if (r > 0) {
             x->stop->word = w;
             return w > HL_TIMELINE_MAX ? HLE_FRAME_FAILED : HL_OK;
@@ -253,7 +253,8 @@ static int run_wait(struct run *x, uint32_t i) {
         int64_t slice = f->slice_ns > 0 ? f->slice_ns : x->timeout;
         /* (the hook, where the run was unlocked before this WAIT: after the wait's first look) */
         r = hle_wait_unlocked_hooked(c, o->handle, x->frame, slice, x->spin, &w, x->intr, &x->tok,
-                                     x->hook ? call_hook_cb : NULL, x);
+                                     x->hook ? call_hook_cb : NULL, x, since);
+        since = 0;
         x->stop->word = w;
         if (r == HL_OK) return w > HL_TIMELINE_MAX ? HLE_FRAME_FAILED : HL_OK;
         if (r != HL_E_TIMEOUT) return r;

@@ -170,12 +170,12 @@ int hle_wait(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int64_t spin
  * locked spin: the caller released its lock already). */
 int hle_wait_unlocked(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int64_t spin, uint64_t *out,
                       int interruptible, void **tok) {
-    return hle_wait_unlocked_hooked(c, h, thr, timeout, spin, out, interruptible, tok, NULL, NULL);
+    return hle_wait_unlocked_hooked(c, h, thr, timeout, spin, out, interruptible, tok, NULL, NULL, 0);
 }
 
 /* Contract in engine.h. */
 int hle_wait_unlocked_hooked(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int64_t spin, uint64_t *out,
-                             int interruptible, void **tok, void (*not_yet)(void *), void *arg) {
+                             int interruptible, void **tok, void (*not_yet)(void *), void *arg, uint64_t since) {
     if (CLOSING(c)) return hle_closed_error(c, "the domain was closed during the wait");
     int64_t idx = hle_check_handle(c, h, 0, 1);
     if (idx < 0) return (int)idx;
@@ -191,7 +191,7 @@ int hle_wait_unlocked_hooked(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeo
     }
     struct word_wait x = {c, f, HL_HANDLE_KIND(h) == HL_KIND_TIMELINE ? &f->wake : (uint32_t *)&f->word, thr, w,
                           HL_HANDLE_KIND(h) == HL_KIND_MERGED};
-    uint64_t t0 = now_ns();
+    uint64_t t0 = since ? since : now_ns();
     struct hle_waiter wt = {word_poll, word_sleep, NULL, &x, t0, timeout, spin > 0 ? (uint64_t)spin : 0,
                             interruptible};
     int r = hle_wait_loop(c, &wt, tok);
