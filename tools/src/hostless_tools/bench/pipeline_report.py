@@ -291,7 +291,7 @@ def travel_rows(bd: Mapping[str, Any] | None) -> list[list[str]]:
         rows.append(
             [
                 "frame",
-                "the host's span around CompiledGraph.run",
+                "the host's clock just before and after CompiledGraph.run",
                 fmt_ns(f["p50"]),
                 fmt_ns(f["p10"]),
                 fmt_ns(f["p90"]),
@@ -373,7 +373,8 @@ def report_markdown(result: Mapping[str, Any], plot_file: str | None = None) -> 
             "",
             f"Agent set {bd.get('agent_set')}, a second domain with a trace ring; each frame cut into "
             "its steps "
-            "from the ring's ENQUEUE / START / END / SIGNAL events and a host span around `run` "
+            "from the ring's ENQUEUE / START / END / SIGNAL events and the host's clock just before and "
+            "after `run` (no Python span around it) "
             "(`hostless_tools.bench.pipeline_trace`); the steps of a frame add up to it.",
             "",
         ]
