@@ -273,6 +273,29 @@ def test_an_output_array_not_made_falls_back_to_a_copy_after_the_frame(dom: hl.D
         out.release()
 
 
+def test_an_interrupt_in_the_output_maker_is_raised_once_the_frame_is_done(dom: hl.Domain) -> None:
+    """A KeyboardInterrupt raised while the outputs' arrays are made (a signal handler that
+    ran in the maker's Python code) is not swallowed with the maker's other failures: the
+    frame runs to its end, then the interrupt is raised."""
+    tl, out = dom.timeline(), dom.buffer((16,), np.float32)
+    called = threading.Event()
+
+    def maker(view: np.ndarray) -> np.ndarray:
+        called.set()
+        raise KeyboardInterrupt
+
+    try:
+        prog = _wait_program(dom, tl, out, maker)
+        th = _finish_later(tl, out, 4, np.zeros(16, np.float32), called)
+        with pytest.raises(KeyboardInterrupt):
+            prog.frame(None, 4, 10.0)
+        th.join()
+        assert tl.value == 4  # the frame was waited for to its end first
+    finally:
+        tl.release()
+        out.release()
+
+
 def test_an_output_buffer_released_while_the_frame_ran_is_not_read(dom: hl.Domain) -> None:
     """The output buffer is checked (still held, same generation) before its bytes are
     copied: one released meanwhile (here by the maker itself) is InvalidHandle, not

@@ -308,6 +308,7 @@ struct fio_pre {
     PyObject *out;   /* {name: array}; NULL: not made (view.copy() after the frame) */
     Py_buffer *bufs; /* the arrays' data, one per output */
     Py_ssize_t held; /* bufs[0 .. held) are held */
+    PyObject *et, *ev, *etb; /* a KeyboardInterrupt (or another non-Exception) raised meanwhile */
 };
 
 static void fio_pre_drop(struct fio_pre *x) {
@@ -318,7 +319,8 @@ static void fio_pre_drop(struct fio_pre *x) {
 
 /* One empty array per output (numpy.empty_like of its view), held for a memcpy.  A
  * failure leaves none and no error: the frame is in flight, and view.copy() after it
- * raises the error again if it still happens. */
+ * raises the error again if it still happens.  A KeyboardInterrupt (a signal handler that
+ * ran meanwhile) or SystemExit is kept and raised once the frame is done. */
 static int fio_pre_make(void *a) {
     struct fio_pre *x = a;
     FrameProgram *p = x->p;
@@ -334,7 +336,10 @@ static int fio_pre_make(void *a) {
     }
     return 0;
 fail:
-    PyErr_Clear();
+    if (PyErr_ExceptionMatches(PyExc_Exception) || x->et)
+        PyErr_Clear();
+    else
+        PyErr_Fetch(&x->et, &x->ev, &x->etb);
     fio_pre_drop(x);
     return 0;
 }
@@ -388,7 +393,7 @@ PyObject *hlpy_fp_frame(FrameProgram *p, PyObject *const *args, Py_ssize_t nargs
         Py_RETURN_NONE;
     }
     Py_buffer stack[FIO_PRE_STACK];
-    struct fio_pre pre = {p, NULL, stack, 0};
+    struct fio_pre pre = {p, NULL, stack, 0, NULL, NULL, NULL};
     if (p->nout > FIO_PRE_STACK && !(pre.bufs = PyMem_Malloc((size_t)p->nout * sizeof *pre.bufs)))
         pre.bufs = NULL; /* (no arrays made ahead: view.copy() after the frame) */
     struct hle_frame_stop stop;
@@ -403,5 +408,11 @@ PyObject *hlpy_fp_frame(FrameProgram *p, PyObject *const *args, Py_ssize_t nargs
         res = fio_outputs(p, &pre);
     fio_pre_drop(&pre);
     if (pre.bufs != stack) PyMem_Free(pre.bufs);
+    if (pre.et) { /* the frame ran (its outputs dropped): the interrupt now */
+        Py_XDECREF(res);
+        PyErr_Clear();
+        PyErr_Restore(pre.et, pre.ev, pre.etb);
+        return NULL;
+    }
     return res;
 }

@@ -365,8 +365,8 @@ void hle_agent_default_table(const struct hle_agent_cfg *cfg, uint32_t *present,
  * checked against the mapping by subtraction).  It keeps the binding's lock
  * (the GIL) until an op must block: a push into a full queue, a WAIT whose
  * timeline is not there after a spin of at most 2 us (none where spin_ns is
- * 0), a COPY over 64 KiB; a frame done within that spin is never unlocked.  Returns HL_OK;
- * HLE_FRAME_FAILED (> 0: the WAIT op stop->op found its timeline failed,
+ * 0), a COPY over 64 KiB; a frame done within that spin is never unlocked.
+ * Returns HL_OK; HLE_FRAME_FAILED (> 0: the WAIT op stop->op found its timeline failed,
  * stop->word the word); HLE_FRAME_WATCH (> 0: a watched timeline,
  * watch[stop->watch], failed during WAIT op stop->op; stop->word its word);
  * HL_E_TIMEOUT (WAIT op stop->op timed out); or the code of the failing op
