@@ -300,8 +300,8 @@ static int fio_timeout(PyObject *t, int64_t *ns) {
     return 1;
 }
 
-/* The outputs' arrays, made while the agents work (fio_pre_make: the program's
- * hook before its first wait). */
+/* The outputs' arrays, made while the agents work (fio_pre_make: the program's hook
+ * at its first wait that has to wait). */
 #define FIO_PRE_STACK 8
 struct fio_pre {
     FrameProgram *p;
@@ -397,8 +397,8 @@ PyObject *hlpy_fp_frame(FrameProgram *p, PyObject *const *args, Py_ssize_t nargs
     if (p->nout > FIO_PRE_STACK && !(pre.bufs = PyMem_Malloc((size_t)p->nout * sizeof *pre.bufs)))
         pre.bufs = NULL; /* (no arrays made ahead: view.copy() after the frame) */
     struct hle_frame_stop stop;
-    int r = hle_frame_run_hooked(&c->ctx, &p->f, frame, timeout, c->ctx.spin_ns, p->nout && pre.bufs ? fio_pre_make : NULL,
-                                 &pre, &stop);
+    int (*make)(void *) = p->nout && pre.bufs ? fio_pre_make : NULL;
+    int r = hle_frame_run_hooked(&c->ctx, &p->f, frame, timeout, c->ctx.spin_ns, make, &pre, &stop);
     PyObject *res;
     if (r != HL_OK)
         res = hlpy_frame_stop_result(r, &stop);
