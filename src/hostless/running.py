@@ -123,8 +123,8 @@ class FrameRunner:
 
     def _exec(self, prog: tuple[Any, list[Any]], value: int, timeout: float | None) -> None:
         """Run one of a slot's frame programs for frame ``value`` (one C call, the GIL
-        released); StageFailed, TimeoutError and the push errors as the host path
-        always raised them."""
+        released where an op blocks: a wait past 2 us, a full queue); StageFailed,
+        TimeoutError and the push errors as the host path always raised them."""
         stop = prog[0].run(value, -1 if timeout is None else _timeout_ns(timeout))
         if stop is not None:
             self._stopped(prog, value, stop)

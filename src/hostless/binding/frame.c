@@ -1,8 +1,9 @@
 /*
  * frame.c (binding) -- hostless._core.FrameProgram: a frame program
  * (core/frame.c) built and validated once from a Python description, run
- * per frame with one call (the GIL released for the whole program, taken
- * back only for the interrupt hook).
+ * per frame with one call (the GIL kept until an op must block, then
+ * released to the end, taken back only for the interrupt hook and, in
+ * frame(), the hook that makes the outputs' arrays: core/frame.c).
  *
  *   FrameProgram(core, ops, watch, slice_ns)
  *     ops: a sequence of tuples, in order:
