@@ -68,8 +68,10 @@
  * two CPUs either way (benchmarks/colocated.py).  Waits shorter than this never yield. */
 #define HLE_SPIN_PURE_NS 10000ull
 /* A wait spins at most this long before it gives the binding's lock (the GIL) away: a
- * cross-process round trip within it costs no unlock and relock (hle_wait, frame programs). */
+ * cross-process round trip within it costs no unlock and relock (hle_wait, frame programs:
+ * hle_spin_locked polls *word until it reaches thr, for that much of spin from t0; 1: *w). */
 #define HLE_LOCKED_SPIN_NS 2000ull
+int hle_spin_locked(const uint64_t *word, uint64_t thr, int64_t spin, uint64_t t0, uint64_t *w);
 
 /* What a blocking call does around its GIL-free sections, supplied by the
  * binding (all NULL for C programs: nothing to release, no interrupts).
@@ -435,10 +437,9 @@ int hle_wait_loop(hle_ctx *c, struct hle_waiter *w, void **token);
  * wait for them: they bail out after the hook). */
 extern __thread hle_ctx *hle_tls_hook_ctx;
 extern __thread int hle_tls_hook_depth;
-/* Call fn(arg) inside a busy section of c with the binding's lock held (the interrupt
- * hook, a frame program's hook): what it runs (a signal handler, a finalizer) may close c,
- * and leave() must not wait for this busy thread then.  Returns fn's value; the caller
- * checks CLOSING(c) after it (the mapping may be gone) before touching the domain. */
+/* Call fn(arg) in a busy section of c, lock held (the interrupt hook, a frame program's): what
+ * it runs may close c, and leave() must not wait for this busy thread.  Returns fn's value;
+ * the caller checks CLOSING(c) (the mapping may be gone) before touching the domain again. */
 int hle_hook_call(hle_ctx *c, int (*fn)(void *), void *arg);
 /* Is the calling thread interruptible (the hooks say so; called locked)? */
 int hle_interruptible(hle_ctx *c);

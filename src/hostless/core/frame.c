@@ -210,7 +210,7 @@ static void call_hook(struct run *x) {
 static void call_hook_cb(void *a) { call_hook(a); }
 
 /* A WAIT's first look, the hook, and a spin while locked: 1 when the timeline is there (or
- * failed: *w), 0 to wait unlocked (*t0: when the spin began, 0 for none), < 0 an error. */
+ * failed: *w), 0 to wait unlocked (*t0: when the spin began), < 0 an error. */
 static int locked_look(struct run *x, const struct hle_frame_op *o, uint64_t *w, uint64_t *t0) {
     hle_ctx *c = x->c;
     int64_t idx = hle_check_handle(c, o->handle, HL_KIND_TIMELINE, 1);
@@ -222,15 +222,8 @@ static int locked_look(struct run *x, const struct hle_frame_op *o, uint64_t *w,
         /* what the hook ran may have released the timeline: look it up again */
         if ((idx = hle_check_handle(c, o->handle, HL_KIND_TIMELINE, 1)) < 0) return (int)idx;
     }
-    uint64_t limit = x->spin <= 0 ? 0 : (uint64_t)x->spin < HLE_LOCKED_SPIN_NS ? (uint64_t)x->spin : HLE_LOCKED_SPIN_NS;
-    struct hl_fence *tf = slot(c, (uint32_t)idx);
-    *t0 = limit ? now_ns() : 0;
-    for (unsigned it = 0; limit; it++) {
-        if ((*w = __atomic_load_n(&tf->word, __ATOMIC_ACQUIRE)) >= x->frame) return 1;
-        cpu_relax();
-        if ((it & 63) == 63 && now_ns() - *t0 >= limit) break;
-    }
-    return 0;
+    *t0 = now_ns();
+    return hle_spin_locked(&slot(c, (uint32_t)idx)->word, x->frame, x->spin, *t0, w);
 }
 
 /* One WAIT: the locked look, then slices, the watch check after each, the deadline. */

@@ -125,6 +125,17 @@ static int word_sleep(void *a, uint64_t nap) {
     return 0;
 }
 
+/* Contract in engine.h. */
+int hle_spin_locked(const uint64_t *word, uint64_t thr, int64_t spin, uint64_t t0, uint64_t *w) {
+    uint64_t limit = spin <= 0 ? 0 : (uint64_t)spin < HLE_LOCKED_SPIN_NS ? (uint64_t)spin : HLE_LOCKED_SPIN_NS;
+    for (unsigned it = 0; limit; it++) {
+        if ((*w = __atomic_load_n(word, __ATOMIC_ACQUIRE)) >= thr) return 1;
+        cpu_relax();
+        if ((it & 63) == 63 && now_ns() - t0 >= limit) break;
+    }
+    return 0;
+}
+
 /* Contract in hostless_engine.h.  Spins (first locked, at most 2 us, then
  * unlocked) for spin_ns, then sleeps on the futex in bounded slices. */
 int hle_wait(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int64_t spin, uint64_t *out) {
@@ -139,17 +150,9 @@ int hle_wait(hle_ctx *c, uint64_t h, uint64_t thr, int64_t timeout, int64_t spin
     }
     /* short spin while locked (with the GIL): the fast cross-process round trip */
     uint64_t t0 = now_ns();
-    uint64_t gil_spin = spin > (int64_t)HLE_LOCKED_SPIN_NS ? HLE_LOCKED_SPIN_NS : (spin > 0 ? (uint64_t)spin : 0);
-    if (gil_spin) {
-        for (unsigned it = 0;; it++) {
-            w = __atomic_load_n(&f->word, __ATOMIC_ACQUIRE);
-            if (w >= thr) {
-                *out = w;
-                return HL_OK;
-            }
-            cpu_relax();
-            if ((it & 63) == 63 && now_ns() - t0 >= gil_spin) break;
-        }
+    if (hle_spin_locked(&f->word, thr, spin, t0, &w)) {
+        *out = w;
+        return HL_OK;
     }
     struct word_wait x = {c, f, HL_HANDLE_KIND(h) == HL_KIND_TIMELINE ? &f->wake : (uint32_t *)&f->word, thr, w,
                           HL_HANDLE_KIND(h) == HL_KIND_MERGED};

@@ -47,6 +47,7 @@ def traced_frames(
     from hostless import trace
     from hostless._abi import C
     from hostless.trace import USER_MAGIC
+    from hostless.wire import TRACE_SPAN_BEGIN, TRACE_SPAN_END
 
     for _ in range(warmup):
         cg.run(inputs)
@@ -58,7 +59,7 @@ def traced_frames(
         run(inputs)
         bounds[i] = (t0, mono())
     evs = [e for e in trace.events(dom) if e["ts"] >= t_from]
-    user, begin, end = int(C.EV_USER), USER_MAGIC | 4, USER_MAGIC | 5  # (hostless.trace's span records)
+    user, begin, end = int(C.EV_USER), USER_MAGIC | TRACE_SPAN_BEGIN, USER_MAGIC | TRACE_SPAN_END
     for i, (t0, t1) in enumerate(bounds.tolist(), 1):
         evs.append({"type": user, "a": begin, "b": i, "ts": t0})
         evs.append({"type": user, "a": end, "b": i, "ts": t1})
@@ -79,7 +80,9 @@ def frame_steps(evs: Sequence[Mapping[str, int]], stages: Sequence[str]) -> list
     from hostless._abi import C
 
     ev_enq, ev_start, ev_end, ev_sig = int(C.EV_ENQUEUE), int(C.EV_START), int(C.EV_END), int(C.EV_SIGNAL)
-    begin_sub, end_sub = 4, 5  # hostless.trace's span records
+    from hostless.wire import TRACE_SPAN_BEGIN as begin_sub
+    from hostless.wire import TRACE_SPAN_END as end_sub
+
     spans: list[tuple[int, int]] = []
     open_at: dict[int, int] = {}
     for e in evs:
