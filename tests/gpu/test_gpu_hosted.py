@@ -34,7 +34,9 @@ cu = pytest.importorskip("cuda.bindings.driver")
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(_why is not None, reason=f"no usable GPU: {_why}"),
-    pytest.mark.skipif(not hasattr(cu, "cuGreenCtxCreate"), reason="these CUDA bindings have no green contexts"),
+    pytest.mark.skipif(
+        not hasattr(cu, "cuGreenCtxCreate"), reason="these CUDA bindings have no green contexts"
+    ),
 ]
 
 
@@ -101,7 +103,8 @@ def test_user_stages_and_processor_kernels_in_one_graph(dom, gpu, dispatch, data
             for _ in range(4):
                 x = rng.standard_normal((n, n)).astype("f4")
                 y = cg.run({"x": x}, timeout=60)["y"]
-                np.testing.assert_allclose(y, F.ref_softmax(np.maximum(F.ref_affine(x, w, 0.5), 0)), atol=2e-5)
+                ref = F.ref_softmax(np.maximum(F.ref_affine(x, w, 0.5), 0))
+                np.testing.assert_allclose(y, ref, atol=2e-5)
         # a new segment, captured now: CuPy/PyTorch loads and a graph capture beside the kernel
         t0 = time.monotonic()
         g2 = Graph(dom).input("x", (n,), "f4")
