@@ -31,8 +31,11 @@ Each kind of agent is a spec (:mod:`~hostless.agents.kinds`, ``agent.spec``):
 its kernels, packet format, placement, options and command line.  Modules:
 :mod:`~hostless.agents.worker` (the agent process's entry point),
 :mod:`~hostless.agents.native` (the C loop's Python callbacks),
-:mod:`~hostless.agents.loop` (the loop in Python the cuda agent runs) and
-:mod:`~hostless.agents.cuda_agent` (the GPU's loop).
+:mod:`~hostless.agents.agent` (the handle :func:`spawn` returns),
+:mod:`~hostless.agents.loop` (the loop in Python the cuda agent runs),
+:mod:`~hostless.agents.cuda_agent` (the GPU's loop),
+:mod:`~hostless.agents.gpucp` (the GPU command processor) and
+:mod:`~hostless.agents.hosted` (one GPU process per device: a processor in a cuda agent's process).
 """
 
 from __future__ import annotations
