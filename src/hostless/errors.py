@@ -20,7 +20,6 @@ __all__ = [
     "HostlessWarning",
     "DeviceAtomicsWarning",
     "WritableDomainWarning",
-    "GpuTimeSliceWarning",
     "DeviceHeapUnavailable",
     "CudaUnavailable",
     "UnsafeRuntimeDirectory",
@@ -138,14 +137,6 @@ class UnsafeRuntimeDirectory(HostlessError, PermissionError):
     not private: a symbolic link, not a directory, owned by another user, or open to group
     or others.  Another user may have created it first; the message names it and its owner:
     remove it (as its owner or root) and retry."""
-
-
-class GpuTimeSliceWarning(HostlessWarning):
-    """A cuda agent and a GPU command processor (``gpucp``) of one GPU run in separate
-    processes.  CUDA contexts of different processes share a GPU by time slices (without
-    MPS), so while the resident kernel runs, the cuda agent's work waits for its slices
-    (milliseconds a frame).  Spawn the cuda agent first and the gpucp agent after it: the
-    processor then runs in the cuda agent's process (:mod:`hostless.agents.hosted`)."""
 
 
 class UntrustedPeer(HostlessWarning):

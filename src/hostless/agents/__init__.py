@@ -33,9 +33,8 @@ its kernels, packet format, placement, options and command line.  Modules:
 :mod:`~hostless.agents.native` (the C loop's Python callbacks),
 :mod:`~hostless.agents.agent` (the handle :func:`spawn` returns),
 :mod:`~hostless.agents.loop` (the loop in Python the cuda agent runs),
-:mod:`~hostless.agents.cuda_agent` (the GPU's loop),
-:mod:`~hostless.agents.gpucp` (the GPU command processor) and
-:mod:`~hostless.agents.hosted` (one GPU process per device: a processor in a cuda agent's process).
+:mod:`~hostless.agents.cuda_agent` (the GPU's loop) and
+:mod:`~hostless.agents.gpucp` (the GPU command processor).
 """
 
 from __future__ import annotations
@@ -112,7 +111,6 @@ def spawn(
     label: str | None = None,
     user_kernels: dict[str, str] | None = None,
     timeout: float = 30.0,
-    process: Any = None,
     **opts: Any,
 ) -> Agent:
     """Start an agent of ``kind`` ("cpu", "npu", "cuda" or "gpucp") consuming ``queue`` (a new one
@@ -129,16 +127,6 @@ def spawn(
     (:mod:`hostless.agents.cuda_agent`); a "gpucp" agent is the GPU command processor
     (:mod:`hostless.agents.gpucp`): a resident kernel takes the queue's packets with no
     host in the loop.
-
-    One GPU process per device: a gpucp agent runs, by default, in the process of a live cuda
-    agent of the same domain and device that this process spawned, in a green context of its
-    own (:mod:`hostless.agents.hosted`: contexts of different processes share a GPU by time
-    slices, milliseconds a frame); ``process=`` names that cuda agent, or ``"own"`` gives the
-    processor a process of its own (as it gets where no cuda agent runs there, with
-    ``isolation="grid"``, or where the cuda agent has no green context:
-    ``agent.capabilities["hosted_unavailable"]`` says why).  Spawning a cuda agent and a gpucp
-    agent of one GPU in separate processes gives a
-    :class:`~hostless.errors.GpuTimeSliceWarning`.
 
     ``device=N`` (cuda, gpucp) picks the GPU.  ``sms`` (gpucp, default 8) is
     the number of SMs it holds, one block each (a front end and ``sms - 1`` workers): a green
@@ -213,20 +201,6 @@ def spawn(
     spec.check(user_kernels)
     if dom.name is None:
         raise ValueError("agents open the domain by name: create it with a name")
-    hosted_unavailable = ""
-    if process is not None and not spec.resident:
-        raise TypeError(f"{spec.name} agents take no option process (gpucp agents do)")
-    if spec.resident:
-        from .hosted import HostedUnavailable, host_for, spawn_hosted
-
-        host = host_for(dom, settings, process)
-        if host is not None:
-            try:
-                return spawn_hosted(dom, spec, settings, host, queue, capacity, timeout)
-            except HostedUnavailable as e:
-                if process is not None:
-                    raise
-                hosted_unavailable = str(e)
     q = queue if queue is not None else dom.queue(capacity)
     cmd = spec.command(dom.name, q.handle, settings, label)
     ids: dict[str, int] = {}
@@ -288,12 +262,6 @@ def spawn(
             a.capabilities = dict(json.loads(lines[1]))
         except ValueError:
             pass
-    if hosted_unavailable:
-        a.capabilities["hosted_unavailable"] = hosted_unavailable
-    if spec.gpu:
-        from .hosted import note_spawned
-
-        note_spawned(a)
     if a.capabilities.get("host_native_atomics") is False and a.capabilities.get("pushes") == "device":
         warnings.warn(
             f"{kind} agent told to push with device atomics on a GPU without host-native atomics: its "

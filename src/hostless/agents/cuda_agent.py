@@ -30,7 +30,6 @@ from ..status import Status
 from ..wire import FO_PACKET, BadPacket, Packet, PacketType, follow_offset
 from .cuda_armed import Armed, pass_frames
 from .gpufn import MAX_RUNNERS, Runner, Segment
-from .hosted import Processors
 from .kinds import FLAG_STAGE_COPY
 from .loop import _EV_END, _EV_START, _SIGNALABLE, _WAITABLE, FAIL_BUDGET, AgentLoop, _debug, _kind
 
@@ -87,8 +86,6 @@ class CudaLoop(AgentLoop):
         # that the host function never holds up the slot's next frame; "inline" (the old way,
         # for A/B runs of the benchmarks) queues it on the slot's stream
         self.wake_inline = os.environ.get("HOSTLESS_CUDA_ARMED_WAKE", "") == "inline"
-        # GPU command processors in this process (hostless.agents.hosted): one process per GPU
-        self.processors = Processors(self)
         _precise_sleeps()
 
     ARMED_POLL_NS = 100_000
@@ -120,7 +117,6 @@ class CudaLoop(AgentLoop):
         return box[0]  # type: ignore[no-any-return]
 
     def service(self) -> None:
-        self.processors.watch()
         for key, a in list(self.armed.items()):
             try:
                 ok = a.pump()
@@ -142,9 +138,7 @@ class CudaLoop(AgentLoop):
 
     def _request(self, req: dict[str, Any]) -> dict[str, Any]:
         """``segment``: load a segment under ``id``; ``prepare``: capture it over ``buffers``;
-        ``arm``: arm a frame slot of it; ``drop``: forget it; ``processor`` and
-        ``processor_close``: start or stop a hosted GPU command processor
-        (:class:`~hostless.agents.hosted.Processors`).  Every request first lets the stream drain."""
+        ``drop``: forget it.  Every request first lets the stream drain."""
         from ..kernels import FUNCTION_KERNEL_BASE
 
         op, kid = req.get("op"), req.get("id")
@@ -153,8 +147,6 @@ class CudaLoop(AgentLoop):
         self._quiesce()
         self.peer.stream.synchronize()
         self._recycle()
-        if op in ("processor", "processor_close"):
-            return {"id": kid, **self.processors.request(req)}
         if op == "segment":
             if kid in self.kernels:
                 raise ValueError(f"kernel id {kid} is taken")

@@ -75,7 +75,6 @@ __all__ = [
     "CU_PARTS",
     "LIMITS",
     "read_ctl",
-    "discard_stale_on_host",
     "stats",
     "compile_cubin",
     "nvrtc_options",
@@ -213,18 +212,8 @@ class GpuCommandProcessor:
     """The host half of a GPU command processor (see the module doc)."""
 
     def __init__(
-        self,
-        dom: Domain,
-        queue: Queue,
-        parent: int,
-        device: int,
-        sms: int = 8,
-        isolation: str = "auto",
-        peer: Any = None,
+        self, dom: Domain, queue: Queue, parent: int, device: int, sms: int = 8, isolation: str = "auto"
     ) -> None:
-        """``peer``: the process's :class:`hostless.cuda.CudaPeer` of ``device`` when it has one
-        (a cuda agent hosting the processor: the domain is registered with the GPU once per
-        process); closing the processor then leaves it open."""
         from cuda.bindings import driver as cu
 
         from ..cuda import CudaPeer
@@ -235,8 +224,7 @@ class GpuCommandProcessor:
             raise ValueError(f"isolation must be 'auto', 'green' or 'grid', not {isolation!r}")
         self.dom, self.queue, self.parent, self.device = dom, queue, parent, device
         self.cu = cu
-        self._own_peer = peer is None
-        self.peer = CudaPeer(dom, device) if peer is None else peer
+        self.peer = CudaPeer(dom, device)
         cp = self.cp = self.peer.cp
         self.ctl_buf = dom.buffer((_CTL_WORDS,), np.uint64)
         self.ctl = self.ctl_buf.numpy().view(np.uint64)
@@ -419,42 +407,4 @@ class GpuCommandProcessor:
             self.cu.cuStreamDestroy(self.stream)
             self.cu.cuGreenCtxDestroy(self.green)
             self.green = None
-        if self._own_peer:
-            self.peer.close()
-
-
-def discard_stale_on_host(dom: Domain, q: Any, parent: int, stale_below: int) -> None:
-    """A gpucp agent (its own process, or a cuda agent hosting it) that took over a dead
-    consumer's queue: fail what was queued for the dead one (every index below
-    ``stale_below``) on the host, by the engine's rule
-    (:meth:`AgentLoop.discard_stale`), before the resident kernel starts at ``read_index``.
-
-    Only cells below ``stale_below`` are popped; those were reserved before the takeover, so
-    they are published soon or skipped by recovery (their producer died).  The one case
-    where a pop can reach past ``stale_below`` (the last stale cell was skipped for a dead
-    producer inside the pop) fails that packet with ERROR and a record instead of running it
-    on the host: nothing is lost silently."""
-    from ..status import Status
-    from ..wire import Packet
-    from .loop import AgentLoop
-
-    if not stale_below:
-        return
-    loop = AgentLoop(dom, q, "gpucp", {}, parent, 1.0, 1.0)  # its finish / fail rule only
-    deadline = time.monotonic() + 30.0
-    while q.info()["read_index"] < stale_below:
-        r = q.pop_raw(50_000_000, 0)
-        if r is None:
-            if os.getppid() != parent:
-                raise SystemExit(1)
-            if time.monotonic() > deadline:
-                raise HostlessError(f"queue {q.handle:#x}: stale packets below {stale_below} never came")
-            continue
-        idx, raw = r
-        pkt = Packet.decode(raw)
-        if idx < stale_below:
-            loop.discard_stale(idx, pkt)
-        else:
-            loop.records.write(pkt.signal, "gpucp takeover: popped on the host past the stale range; not run")
-            loop.finish(pkt, Status.ERROR, idx)
-        q.completed()
+        self.peer.close()

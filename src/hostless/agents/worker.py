@@ -28,7 +28,10 @@ import threading
 from typing import Any
 
 from ..domain import Domain
+from ..errors import HostlessError
 from ..kernels import Kernel, load_user_kernel
+from ..status import Status
+from .loop import AgentLoop
 
 __all__ = ["main"]
 
@@ -89,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     q = dom.import_queue(a.queue)
     stale_below = q.bind()  # bound before the id is printed (the C loop reads stale_below from the engine)
     if a.kind == "gpucp":
-        from .gpucp import discard_stale_on_host
-
-        discard_stale_on_host(dom, q, a.parent, stale_below)
+        _discard_stale_on_host(dom, q, a.parent, stale_below)
         return _run_gpucp(dom, q, a.parent, a.device, a.sms, a.isolation)
     sys.stdout.write(f"{dom.participant_id}\n")
     if a.kind != "cuda":
@@ -114,7 +115,6 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 loop.run()
             finally:
-                loop.processors.close()  # the processors it hosts leave first
                 loop.cache.clear()
         else:
             _run_c_loop(dom, q.handle, a, user, control, wait_timeout, follow_timeout)
@@ -154,6 +154,42 @@ def _run_c_loop(
         )
     finally:
         cb.cache.clear()
+
+
+def _discard_stale_on_host(dom: Domain, q: Any, parent: int, stale_below: int) -> None:
+    """A gpucp agent that took over a dead consumer's queue: fail what was queued for the
+    dead one (every index below ``stale_below``) on the host, by the engine's rule
+    (:meth:`AgentLoop.discard_stale`), before the resident kernel starts at ``read_index``.
+
+    Only cells below ``stale_below`` are popped; those were reserved before the takeover, so
+    they are published soon or skipped by recovery (their producer died).  The one case
+    where a pop can reach past ``stale_below`` (the last stale cell was skipped for a dead
+    producer inside the pop) fails that packet with ERROR and a record instead of running it
+    on the host: nothing is lost silently."""
+    import time
+
+    from ..wire import Packet
+
+    if not stale_below:
+        return
+    loop = AgentLoop(dom, q, "gpucp", {}, parent, 1.0, 1.0)  # its finish / fail rule only
+    deadline = time.monotonic() + 30.0
+    while q.info()["read_index"] < stale_below:
+        r = q.pop_raw(50_000_000, 0)
+        if r is None:
+            if os.getppid() != parent:
+                raise SystemExit(1)
+            if time.monotonic() > deadline:
+                raise HostlessError(f"queue {q.handle:#x}: stale packets below {stale_below} never came")
+            continue
+        idx, raw = r
+        pkt = Packet.decode(raw)
+        if idx < stale_below:
+            loop.discard_stale(idx, pkt)
+        else:
+            loop.records.write(pkt.signal, "gpucp takeover: popped on the host past the stale range; not run")
+            loop.finish(pkt, Status.ERROR, idx)
+        q.completed()
 
 
 def _run_gpucp(dom: Domain, q: Any, parent: int, device: int, sms: int, isolation: str) -> int:

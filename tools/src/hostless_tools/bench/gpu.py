@@ -247,8 +247,7 @@ def run(
             modes = hostless_modes(dom, chain, n, frames, gpu, npu if use_npu else None)
             if name != "gemm":  # the command processor is one block: latency-bound chains only
                 # spawned only for its own runs: a resident kernel makes every other process's
-                # CUDA work (the plain CuPy and graph anchors of this process) wait for a time
-                # slice; it runs in the cuda agent's process (hostless.agents.hosted)
+                # CUDA work wait for a time slice (contexts of processes are time-sliced)
                 gcp = agents.spawn(dom, "gpucp", device=0)
                 try:
                     cpm = hostless_modes(dom, chain, n, frames, gcp, npu if use_npu else None)
