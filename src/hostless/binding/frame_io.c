@@ -368,9 +368,7 @@ static PyObject *fio_outputs(FrameProgram *p, struct fio_pre *x) {
         memcpy(x->bufs[i].buf, c->base + o->off, (size_t)o->nbytes);
     }
     PyObject *out = x->out;
-    x->out = NULL; /* (given to the caller) */
-    for (Py_ssize_t i = 0; i < x->held; i++) PyBuffer_Release(&x->bufs[i]);
-    x->held = 0;
+    x->out = NULL; /* (given to the caller; its fio_pre_drop releases the buffers) */
     return out;
 }
 
